@@ -1,0 +1,5 @@
+//! The command line (placeholder until the CLI lands).
+
+pub fn main() -> i32 {
+    0
+}

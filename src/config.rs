@@ -1,0 +1,884 @@
+//! Configuration: the TOML file (strict, unknown keys are errors) is read into `RawConfig`,
+//! then validated once into `Config`, with secrets resolved. Nothing downstream re-checks.
+
+use crate::secret::{Secret, SecretError};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("bad config {path}: key `{key}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+    #[error("bad config {path}: key `{key}`: {source}")]
+    Secret {
+        path: PathBuf,
+        key: String,
+        source: SecretError,
+    },
+    #[error(
+        "no vault given: pass --vault DIR or set `vault = \"...\"` in the config (looked for {looked})"
+    )]
+    NoVault { looked: String },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw: exactly the file's shape.
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub vault: Option<String>,
+    pub state_dir: Option<String>,
+    pub workers: Option<usize>,
+    pub max_calls_per_note: Option<usize>,
+    pub max_note_bytes: Option<u64>,
+    pub shutdown_grace: Option<String>,
+    /// "events" (inotify, default) or "poll".
+    pub watch: Option<String>,
+    pub poll_interval: Option<String>,
+    pub rescan_interval: Option<String>,
+    #[serde(default)]
+    pub folders: RawFolders,
+    #[serde(default)]
+    pub tools: RawTools,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFolders {
+    pub needs_action: Option<String>,
+    pub in_progress: Option<String>,
+    pub pending_approval: Option<String>,
+    pub approved: Option<String>,
+    pub rejected: Option<String>,
+    pub done: Option<String>,
+    pub failed: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTools {
+    #[serde(default)]
+    pub search_web: RawSearchWeb,
+    #[serde(default)]
+    pub send_notification: RawSendNotification,
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateLimit {
+    pub per_hour: Option<u32>,
+    pub per_day: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSearchWeb {
+    pub enabled: Option<bool>,
+    pub provider: Option<String>,
+    pub base_url: Option<String>,
+    pub api_key: Option<String>,
+    pub timeout: Option<String>,
+    pub rate_limit: Option<RawRateLimit>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSendNotification {
+    pub enabled: Option<bool>,
+    pub approval: Option<String>,
+    pub approval_via: Option<String>,
+    pub allowed_recipients: Option<Vec<String>>,
+    pub timeout: Option<String>,
+    pub rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    pub email: RawEmail,
+    #[serde(default)]
+    pub slack: RawWebhooks,
+    #[serde(default)]
+    pub discord: RawWebhooks,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEmail {
+    pub transport: Option<String>,
+    pub outbox: Option<String>,
+    pub smtp_url: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub from: Option<String>,
+    /// STARTTLS policy for smtp:// URLs: "opportunistic" (default) or "required".
+    pub starttls: Option<String>,
+    /// Host name used in `Message-ID: <call_id@host>`; defaults to the machine's host name.
+    pub message_id_host: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWebhooks {
+    #[serde(default)]
+    pub webhooks: BTreeMap<String, String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated.
+
+/// The effective configuration, validated and with secrets resolved.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The config file this came from, if any (named in error messages and `vaultd config`).
+    pub source: Option<PathBuf>,
+    /// The vault root, absolute and canonical.
+    pub vault: PathBuf,
+    /// Where the journal and the lock live.
+    pub state_dir: PathBuf,
+    /// Global cap on calls running at once, across all notes.
+    pub workers: usize,
+    pub max_calls_per_note: usize,
+    pub max_note_bytes: u64,
+    pub shutdown_grace: Duration,
+    pub watch: WatchMode,
+    /// A full scan every so often, because events are hints and the folders are the truth.
+    pub rescan_interval: Duration,
+    pub folders: Folders,
+    pub tools: ToolsConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchMode {
+    Events,
+    Poll(Duration),
+}
+
+/// Folder names relative to the vault root, one per state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Folders {
+    pub needs_action: String,
+    pub in_progress: String,
+    pub pending_approval: String,
+    pub approved: String,
+    pub rejected: String,
+    pub done: String,
+    pub failed: String,
+}
+
+impl Default for Folders {
+    fn default() -> Self {
+        Folders {
+            needs_action: "Needs_Action".into(),
+            in_progress: "In_Progress".into(),
+            pending_approval: "Pending_Approval".into(),
+            approved: "Approved".into(),
+            rejected: "Rejected".into(),
+            done: "Done".into(),
+            failed: "Failed".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RateLimit {
+    pub per_hour: Option<u32>,
+    pub per_day: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ToolsConfig {
+    pub search_web: SearchWebConfig,
+    pub send_notification: SendNotificationConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchProvider {
+    DuckDuckGo,
+    Searxng,
+    Brave,
+    Tavily,
+}
+
+impl SearchProvider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SearchProvider::DuckDuckGo => "duckduckgo",
+            SearchProvider::Searxng => "searxng",
+            SearchProvider::Brave => "brave",
+            SearchProvider::Tavily => "tavily",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SearchWebConfig {
+    pub enabled: bool,
+    pub provider: SearchProvider,
+    /// None = the provider's public default.
+    pub base_url: Option<String>,
+    pub api_key: Option<Secret>,
+    pub timeout: Duration,
+    pub rate_limit: RateLimit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval {
+    Never,
+    Unlisted,
+    Always,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalVia {
+    /// Moving the note into `Approved/` or `Rejected/` decides.
+    Folder,
+    /// Only `vaultd approve` / `vaultd reject` decide; folder moves are ignored.
+    Cli,
+}
+
+#[derive(Debug, Clone)]
+pub struct SendNotificationConfig {
+    pub enabled: bool,
+    pub approval: Approval,
+    pub approval_via: ApprovalVia,
+    pub allowed_recipients: Vec<String>,
+    pub timeout: Duration,
+    pub rate_limit: RateLimit,
+    pub email: EmailConfig,
+    /// Slack incoming-webhook URLs by the name a note uses as `recipient`.
+    pub slack: BTreeMap<String, Secret>,
+    /// Discord webhook URLs by name.
+    pub discord: BTreeMap<String, Secret>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartTls {
+    Opportunistic,
+    Required,
+}
+
+#[derive(Debug, Clone)]
+pub enum EmailTransport {
+    /// Write `.eml` files into this folder: the default, so a fresh install sends nothing.
+    File { outbox: PathBuf },
+    Smtp {
+        /// `smtp://host[:port]` or `smtps://host[:port]`, without credentials.
+        url: String,
+        starttls: StartTls,
+        username: Option<String>,
+        password: Option<Secret>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct EmailConfig {
+    pub transport: EmailTransport,
+    pub from: String,
+    pub message_id_host: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading.
+
+/// What the command line says about where things are; every subcommand takes these.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub vault: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+}
+
+/// The config file to read, by the lookup order of DESIGN §6: `--config`, `$VAULTD_CONFIG`,
+/// `<vault>/.vaultd.toml`, the user config dir. `None` when no file exists (defaults apply).
+pub fn locate(overrides: &Overrides) -> Option<PathBuf> {
+    if let Some(p) = &overrides.config {
+        return Some(p.clone());
+    }
+    if let Some(p) = std::env::var_os("VAULTD_CONFIG").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(v) = &overrides.vault {
+        let p = v.join(".vaultd.toml");
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    let user = user_config_file()?;
+    user.is_file().then_some(user)
+}
+
+fn user_config_file() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("CONFIGURATION_DIRECTORY").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(dir).join("config.toml"));
+    }
+    directories::ProjectDirs::from("", "", "vaultd").map(|d| d.config_dir().join("config.toml"))
+}
+
+fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("STATE_DIRECTORY").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    directories::ProjectDirs::from("", "", "vaultd")
+        .and_then(|d| d.state_dir().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from(".vaultd-state"))
+}
+
+/// Expands a leading `~/` to the home directory.
+pub fn expand_tilde(p: &str) -> PathBuf {
+    if let Some(rest) = p.strip_prefix("~/")
+        && let Some(home) = directories::BaseDirs::new()
+    {
+        return home.home_dir().join(rest);
+    }
+    if p == "~"
+        && let Some(home) = directories::BaseDirs::new()
+    {
+        return home.home_dir().to_path_buf();
+    }
+    PathBuf::from(p)
+}
+
+/// Finds, reads and validates the config. The vault folder must exist.
+pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
+    let path = locate(overrides);
+    let raw = match &path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.clone(),
+                source,
+            })?;
+            parse_raw(&text, p)?
+        }
+        None => RawConfig::default(),
+    };
+    from_raw(raw, path, overrides)
+}
+
+pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn parse_duration(
+    value: &Option<String>,
+    key: &str,
+    default: Duration,
+    path: &Path,
+) -> Result<Duration, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(s) => humantime::parse_duration(s).map_err(|e| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key: key.into(),
+            message: format!("`{s}` is not a duration like \"30s\" or \"5m\": {e}"),
+        }),
+    }
+}
+
+fn rate_limit(raw: Option<RawRateLimit>, default: RateLimit) -> RateLimit {
+    match raw {
+        None => default,
+        Some(r) => RateLimit {
+            per_hour: r.per_hour,
+            per_day: r.per_day,
+        },
+    }
+}
+
+/// Validates a raw config into a `Config`. `source` names the file in errors.
+pub fn from_raw(
+    raw: RawConfig,
+    source: Option<PathBuf>,
+    overrides: &Overrides,
+) -> Result<Config, ConfigError> {
+    let path = source
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("<defaults>"));
+    let invalid = |key: &str, message: String| ConfigError::Invalid {
+        path: path.clone(),
+        key: key.to_string(),
+        message,
+    };
+    let secret = |key: &str, reference: &str| {
+        Secret::resolve(reference).map_err(|source| ConfigError::Secret {
+            path: path.clone(),
+            key: key.to_string(),
+            source,
+        })
+    };
+
+    let vault = match (&overrides.vault, &raw.vault) {
+        (Some(v), _) => v.clone(),
+        (None, Some(v)) => expand_tilde(v),
+        (None, None) => {
+            return Err(ConfigError::NoVault {
+                looked: source
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "no config file found".into()),
+            });
+        }
+    };
+    let vault = std::fs::canonicalize(&vault).map_err(|e| {
+        invalid(
+            "vault",
+            format!("vault folder {} is not usable: {e}", vault.display()),
+        )
+    })?;
+    if !vault.is_dir() {
+        return Err(invalid(
+            "vault",
+            format!("{} is not a folder", vault.display()),
+        ));
+    }
+    let state_dir = match (&overrides.state_dir, &raw.state_dir) {
+        (Some(s), _) => s.clone(),
+        (None, Some(s)) => expand_tilde(s),
+        (None, None) => default_state_dir(),
+    };
+
+    let workers = raw.workers.unwrap_or(10);
+    if workers == 0 || workers > 1024 {
+        return Err(invalid(
+            "workers",
+            format!("must be 1..=1024, got {workers}"),
+        ));
+    }
+    let max_calls_per_note = raw.max_calls_per_note.unwrap_or(10);
+    if max_calls_per_note == 0 {
+        return Err(invalid("max_calls_per_note", "must be at least 1".into()));
+    }
+    let max_note_bytes = raw.max_note_bytes.unwrap_or(1024 * 1024);
+    if max_note_bytes == 0 {
+        return Err(invalid("max_note_bytes", "must be at least 1".into()));
+    }
+    let shutdown_grace = parse_duration(
+        &raw.shutdown_grace,
+        "shutdown_grace",
+        Duration::from_secs(10),
+        &path,
+    )?;
+    let poll_interval = parse_duration(
+        &raw.poll_interval,
+        "poll_interval",
+        Duration::from_secs(2),
+        &path,
+    )?;
+    let watch = match raw.watch.as_deref() {
+        None | Some("events") => WatchMode::Events,
+        Some("poll") => WatchMode::Poll(poll_interval),
+        Some(other) => {
+            return Err(invalid(
+                "watch",
+                format!("`{other}` is not one of \"events\", \"poll\""),
+            ));
+        }
+    };
+    let rescan_interval = parse_duration(
+        &raw.rescan_interval,
+        "rescan_interval",
+        Duration::from_secs(300),
+        &path,
+    )?;
+
+    let d = Folders::default();
+    let f = raw.folders;
+    let folders = Folders {
+        needs_action: f.needs_action.unwrap_or(d.needs_action),
+        in_progress: f.in_progress.unwrap_or(d.in_progress),
+        pending_approval: f.pending_approval.unwrap_or(d.pending_approval),
+        approved: f.approved.unwrap_or(d.approved),
+        rejected: f.rejected.unwrap_or(d.rejected),
+        done: f.done.unwrap_or(d.done),
+        failed: f.failed.unwrap_or(d.failed),
+    };
+    {
+        let all = [
+            ("folders.needs_action", &folders.needs_action),
+            ("folders.in_progress", &folders.in_progress),
+            ("folders.pending_approval", &folders.pending_approval),
+            ("folders.approved", &folders.approved),
+            ("folders.rejected", &folders.rejected),
+            ("folders.done", &folders.done),
+            ("folders.failed", &folders.failed),
+        ];
+        for (i, (key, name)) in all.iter().enumerate() {
+            let p = Path::new(name.as_str());
+            let plain = !name.is_empty()
+                && p.components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)))
+                && !name.starts_with('.');
+            if !plain {
+                return Err(invalid(
+                    key,
+                    format!("`{name}` must be a relative folder name inside the vault"),
+                ));
+            }
+            for (other_key, other) in &all[..i] {
+                let (a, b) = (Path::new(name.as_str()), Path::new(other.as_str()));
+                if a.starts_with(b) || b.starts_with(a) {
+                    return Err(invalid(
+                        key,
+                        format!("`{name}` overlaps `{other_key}` = `{other}`"),
+                    ));
+                }
+            }
+        }
+    }
+
+    // search_web
+    let s = raw.tools.search_web;
+    let provider = match s.provider.as_deref() {
+        None | Some("duckduckgo") => SearchProvider::DuckDuckGo,
+        Some("searxng") => SearchProvider::Searxng,
+        Some("brave") => SearchProvider::Brave,
+        Some("tavily") => SearchProvider::Tavily,
+        Some(other) => {
+            return Err(invalid(
+                "tools.search_web.provider",
+                format!("`{other}` is not one of duckduckgo, searxng, brave, tavily"),
+            ));
+        }
+    };
+    if let Some(url) = &s.base_url
+        && reqwest::Url::parse(url).is_err()
+    {
+        return Err(invalid(
+            "tools.search_web.base_url",
+            format!("`{url}` is not a URL"),
+        ));
+    }
+    let api_key = match &s.api_key {
+        Some(r) => Some(secret("tools.search_web.api_key", r)?),
+        None => None,
+    };
+    let search_web = SearchWebConfig {
+        enabled: s.enabled.unwrap_or(true),
+        provider,
+        base_url: s.base_url,
+        api_key,
+        timeout: parse_duration(
+            &s.timeout,
+            "tools.search_web.timeout",
+            Duration::from_secs(30),
+            &path,
+        )?,
+        rate_limit: rate_limit(
+            s.rate_limit,
+            RateLimit {
+                per_hour: Some(120),
+                per_day: Some(1000),
+            },
+        ),
+    };
+
+    // send_notification
+    let n = raw.tools.send_notification;
+    let approval = match n.approval.as_deref() {
+        None | Some("unlisted") => Approval::Unlisted,
+        Some("never") => Approval::Never,
+        Some("always") => Approval::Always,
+        Some(other) => {
+            return Err(invalid(
+                "tools.send_notification.approval",
+                format!("`{other}` is not one of never, unlisted, always"),
+            ));
+        }
+    };
+    let approval_via = match n.approval_via.as_deref() {
+        None | Some("folder") => ApprovalVia::Folder,
+        Some("cli") => ApprovalVia::Cli,
+        Some(other) => {
+            return Err(invalid(
+                "tools.send_notification.approval_via",
+                format!("`{other}` is not one of folder, cli"),
+            ));
+        }
+    };
+    let allowed_recipients = n.allowed_recipients.unwrap_or_default();
+    for r in &allowed_recipients {
+        let ok = match r.strip_prefix("*@") {
+            Some(domain) => !domain.is_empty() && !domain.contains('@'),
+            None => r.contains('@'),
+        };
+        if !ok {
+            return Err(invalid(
+                "tools.send_notification.allowed_recipients",
+                format!("`{r}` is neither an address nor `*@domain`"),
+            ));
+        }
+    }
+    let e = n.email;
+    let starttls = match e.starttls.as_deref() {
+        None | Some("opportunistic") => StartTls::Opportunistic,
+        Some("required") => StartTls::Required,
+        Some(other) => {
+            return Err(invalid(
+                "tools.send_notification.email.starttls",
+                format!("`{other}` is not one of opportunistic, required"),
+            ));
+        }
+    };
+    let transport = match e.transport.as_deref() {
+        None | Some("file") => EmailTransport::File {
+            outbox: e
+                .outbox
+                .as_deref()
+                .map(expand_tilde)
+                .unwrap_or_else(|| state_dir.join("outbox")),
+        },
+        Some("smtp") => {
+            let Some(url) = e.smtp_url.clone() else {
+                return Err(invalid(
+                    "tools.send_notification.email.smtp_url",
+                    "transport = \"smtp\" needs smtp_url = \"smtp://host:port\" or \"smtps://host:port\"".into(),
+                ));
+            };
+            let parsed = reqwest::Url::parse(&url).map_err(|err| {
+                invalid(
+                    "tools.send_notification.email.smtp_url",
+                    format!("`{url}` is not a URL: {err}"),
+                )
+            })?;
+            if !matches!(parsed.scheme(), "smtp" | "smtps") || parsed.host_str().is_none() {
+                return Err(invalid(
+                    "tools.send_notification.email.smtp_url",
+                    format!("`{url}` must be smtp://host[:port] or smtps://host[:port]"),
+                ));
+            }
+            if !parsed.username().is_empty() || parsed.password().is_some() {
+                return Err(invalid(
+                    "tools.send_notification.email.smtp_url",
+                    "put credentials in `username` and `password` (a secret reference), not in the URL".into(),
+                ));
+            }
+            let password = match &e.password {
+                Some(r) => Some(secret("tools.send_notification.email.password", r)?),
+                None => None,
+            };
+            EmailTransport::Smtp {
+                url,
+                starttls,
+                username: e.username.clone(),
+                password,
+            }
+        }
+        Some(other) => {
+            return Err(invalid(
+                "tools.send_notification.email.transport",
+                format!("`{other}` is not one of file, smtp"),
+            ));
+        }
+    };
+    let from = e
+        .from
+        .clone()
+        .unwrap_or_else(|| "vaultd <vaultd@localhost>".to_string());
+    if from.parse::<lettre::message::Mailbox>().is_err() {
+        return Err(invalid(
+            "tools.send_notification.email.from",
+            format!("`{from}` is not a mailbox like \"Name <a@b.org>\""),
+        ));
+    }
+    let message_id_host = e.message_id_host.clone().unwrap_or_else(local_hostname);
+    let mut slack = BTreeMap::new();
+    for (name, r) in &n.slack.webhooks {
+        slack.insert(
+            name.clone(),
+            secret(&format!("tools.send_notification.slack.webhooks.{name}"), r)?,
+        );
+    }
+    let mut discord = BTreeMap::new();
+    for (name, r) in &n.discord.webhooks {
+        discord.insert(
+            name.clone(),
+            secret(
+                &format!("tools.send_notification.discord.webhooks.{name}"),
+                r,
+            )?,
+        );
+    }
+    let send_notification = SendNotificationConfig {
+        enabled: n.enabled.unwrap_or(true),
+        approval,
+        approval_via,
+        allowed_recipients,
+        timeout: parse_duration(
+            &n.timeout,
+            "tools.send_notification.timeout",
+            Duration::from_secs(30),
+            &path,
+        )?,
+        rate_limit: rate_limit(
+            n.rate_limit,
+            RateLimit {
+                per_hour: Some(20),
+                per_day: Some(100),
+            },
+        ),
+        email: EmailConfig {
+            transport,
+            from,
+            message_id_host,
+        },
+        slack,
+        discord,
+    };
+
+    Ok(Config {
+        source,
+        vault,
+        state_dir,
+        workers,
+        max_calls_per_note,
+        max_note_bytes,
+        shutdown_grace,
+        watch,
+        rescan_interval,
+        folders,
+        tools: ToolsConfig {
+            search_web,
+            send_notification,
+        },
+    })
+}
+
+fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+impl ToolsConfig {
+    /// The defaults, for commands that need tool specs but no vault (`vaultd tools`).
+    pub fn defaults() -> ToolsConfig {
+        let dir = tempfile_free_dir();
+        let overrides = Overrides {
+            vault: Some(dir.clone()),
+            state_dir: Some(dir),
+            config: None,
+        };
+        from_raw(RawConfig::default(), None, &overrides)
+            .expect("the default config is valid")
+            .tools
+    }
+}
+
+fn tempfile_free_dir() -> PathBuf {
+    std::env::temp_dir()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(text: &str, vault: &Path) -> Result<Config, ConfigError> {
+        let path = PathBuf::from("test.toml");
+        let raw = parse_raw(text, &path)?;
+        from_raw(
+            raw,
+            Some(path),
+            &Overrides {
+                vault: Some(vault.to_path_buf()),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn defaults_match_the_design() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = load_str("", dir.path()).unwrap();
+        assert_eq!(c.workers, 10);
+        assert_eq!(c.max_calls_per_note, 10);
+        assert_eq!(c.max_note_bytes, 1_048_576);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.folders, Folders::default());
+        assert_eq!(c.tools.search_web.provider, SearchProvider::DuckDuckGo);
+        assert_eq!(c.tools.search_web.rate_limit.per_hour, Some(120));
+        assert_eq!(c.tools.send_notification.rate_limit.per_day, Some(100));
+        assert_eq!(c.tools.send_notification.approval, Approval::Unlisted);
+        assert!(matches!(
+            c.tools.send_notification.email.transport,
+            EmailTransport::File { .. }
+        ));
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load_str("workerz = 3\n", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("workerz"), "{err}");
+        assert!(err.contains("test.toml"), "{err}");
+        let err = load_str("[tools.search_web]\nprovidr = \"brave\"\n", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("providr"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load_str("[tools.search_web]\nprovider = \"bing\"\n", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tools.search_web.provider"), "{err}");
+        let err = load_str("[tools.search_web]\ntimeout = \"soon\"\n", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tools.search_web.timeout"), "{err}");
+        let err = load_str("[folders]\ndone = \"../x\"\n", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("folders.done"), "{err}");
+    }
+
+    #[test]
+    fn rate_limit_keys_may_be_given_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = load_str(
+            "[tools.search_web]\nrate_limit = { per_hour = 2 }\n",
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(c.tools.search_web.rate_limit.per_hour, Some(2));
+        assert_eq!(c.tools.search_web.rate_limit.per_day, None);
+    }
+
+    #[test]
+    fn smtp_needs_a_url_without_credentials() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load_str(
+            "[tools.send_notification.email]\ntransport = \"smtp\"\n",
+            dir.path(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("smtp_url"), "{err}");
+        let err = load_str(
+            "[tools.send_notification.email]\ntransport = \"smtp\"\nsmtp_url = \"smtp://u:p@h\"\n",
+            dir.path(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("credentials"), "{err}");
+    }
+}

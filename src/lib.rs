@@ -1,0 +1,39 @@
+//! vaultd turns an Obsidian-style markdown vault into a safe tool-calling loop.
+//!
+//! ```text
+//!  Needs_Action/  ──watch──▶ claim (rename) ──▶ In_Progress/
+//!                                 │
+//!                      parse ─▶ validate ─▶ policy ─▶ run (semaphore, timeout, rate limit)
+//!                                 │                           │
+//!                                 ▼                           ▼
+//!                         journal (SQLite)  ◀────────  results in call order
+//!                                 │
+//!                 append callouts + frontmatter (atomic write)
+//!                                 │
+//!                 move ─▶ Done/ | Failed/ | Pending_Approval/
+//! ```
+//!
+//! # Layout
+//! - [`cli`]: the command line.
+//! - [`config`]: TOML -> validated `Config`.
+//! - [`secret`]: secret references and the redactor.
+//! - [`call`]: error codes, results: the shared vocabulary.
+//! - [`note`]: parse, render, atomic write of one note.
+//! - [`vault`]: folders, states, moves, ignore rules.
+//! - [`watch`]: filesystem events into a bounded channel.
+//! - [`runner`]: one call under permit, timeout, rate limit and policy.
+//! - [`journal`]: the SQLite record of every claim, call and move.
+//! - [`tools`]: the registry and the built-in tools.
+//! - [`daemon`]: the pipeline, start-up recovery and shutdown.
+
+pub mod call;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod journal;
+pub mod note;
+pub mod runner;
+pub mod secret;
+pub mod tools;
+pub mod vault;
+pub mod watch;

@@ -1,0 +1,11 @@
+//! Everything about one markdown note: finding its tool calls and results (`parse`),
+//! rendering result callouts and frontmatter edits (`render`), and the one atomic write
+//! (`write`). `parse` and `render` are pure: `&str` in, values out.
+
+pub mod parse;
+pub mod render;
+pub mod write;
+
+pub use parse::{CallBlock, CallBody, LineEnding, ParsedNote, parse_note};
+pub use render::{Block, append_blocks};
+pub use write::{WriteError, update_note};

@@ -1,0 +1,243 @@
+//! Secret references (`env:NAME`, `file:PATH`, `credential:NAME`) and the redactor that every
+//! outward string (note, journal, log line, `vaultd config`) passes through.
+
+use base64::Engine;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error(
+        "`{0}` is not a secret reference: write env:NAME, file:PATH or credential:NAME (a literal secret in the config is refused)"
+    )]
+    NotAReference(String),
+    #[error("environment variable {0} is not set or empty")]
+    EnvMissing(String),
+    #[error("cannot read secret file {path}: {source}")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("credential:{0} needs $CREDENTIALS_DIRECTORY (set by systemd's LoadCredential=)")]
+    NoCredentialsDirectory(String),
+    #[error("secret {0} is empty")]
+    Empty(String),
+}
+
+/// A resolved secret. `Debug` never shows the value; only `expose()` does, at the point of use.
+#[derive(Clone)]
+pub struct Secret {
+    /// The reference as written in the config (`env:SMTP_PASSWORD`), safe to print.
+    reference: String,
+    value: String,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({})", self.reference)
+    }
+}
+
+impl Secret {
+    /// Resolves a reference. `file:` secrets have one trailing newline trimmed (DESIGN §8.7).
+    pub fn resolve(reference: &str) -> Result<Secret, SecretError> {
+        let value = if let Some(name) = reference.strip_prefix("env:") {
+            std::env::var(name)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| SecretError::EnvMissing(name.to_string()))?
+        } else if let Some(path) = reference.strip_prefix("file:") {
+            read_trimmed(PathBuf::from(crate::config::expand_tilde(path)))?
+        } else if let Some(name) = reference.strip_prefix("credential:") {
+            let dir = std::env::var_os("CREDENTIALS_DIRECTORY")
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| SecretError::NoCredentialsDirectory(name.to_string()))?;
+            read_trimmed(PathBuf::from(dir).join(name))?
+        } else {
+            return Err(SecretError::NotAReference(redact_literal(reference)));
+        };
+        if value.is_empty() {
+            return Err(SecretError::Empty(reference.to_string()));
+        }
+        Ok(Secret {
+            reference: reference.to_string(),
+            value,
+        })
+    }
+
+    /// A secret from a literal value, for tests and for secrets that come from elsewhere.
+    pub fn literal(reference: &str, value: &str) -> Secret {
+        Secret {
+            reference: reference.to_string(),
+            value: value.to_string(),
+        }
+    }
+
+    pub fn reference(&self) -> &str {
+        &self.reference
+    }
+
+    /// The secret value itself. Call only where it is handed to a client.
+    pub fn expose(&self) -> &str {
+        &self.value
+    }
+}
+
+/// Shows the shape of a mistaken literal without the literal itself.
+fn redact_literal(s: &str) -> String {
+    if s.len() <= 4 {
+        "[redacted]".into()
+    } else {
+        format!(
+            "{}…[redacted]",
+            &s[..s.char_indices().nth(2).map_or(s.len(), |(i, _)| i)]
+        )
+    }
+}
+
+fn read_trimmed(path: PathBuf) -> Result<String, SecretError> {
+    let mut s = std::fs::read_to_string(&path).map_err(|source| SecretError::File {
+        path: path.clone(),
+        source,
+    })?;
+    if s.ends_with('\n') {
+        s.pop();
+        if s.ends_with('\r') {
+            s.pop();
+        }
+    }
+    Ok(s)
+}
+
+/// Replaces every known secret — plain, URL-encoded, base64 (SMTP AUTH) — with `[redacted]`.
+#[derive(Debug, Clone, Default)]
+pub struct Redactor {
+    /// Longest first, so a secret that contains another is replaced whole.
+    needles: Vec<String>,
+}
+
+pub const REDACTED: &str = "[redacted]";
+
+impl Redactor {
+    /// `secrets` are the values; `usernames` are used only to build the SMTP AUTH PLAIN form.
+    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a Secret>, usernames: &[&str]) -> Redactor {
+        let mut needles = Vec::new();
+        let b64 = base64::engine::general_purpose::STANDARD;
+        for s in secrets {
+            let v = s.expose();
+            if v.len() < 4 {
+                // Too short to redact without mangling ordinary text; config refuses empty ones.
+                continue;
+            }
+            needles.push(v.to_string());
+            let url = percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC)
+                .to_string();
+            needles.push(url);
+            let form: String = url_form_encode(v);
+            needles.push(form);
+            needles.push(b64.encode(v));
+            for u in usernames {
+                needles.push(b64.encode(format!("\0{u}\0{v}")));
+                needles.push(b64.encode(format!("{u}\0{u}\0{v}")));
+            }
+            // Webhook URLs: their path (the token part) is the secret too, wherever a client
+            // quotes only the path.
+            if let Ok(url) = reqwest::Url::parse(v)
+                && url.path().len() > 8
+            {
+                needles.push(url.path().to_string());
+            }
+        }
+        needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        needles.dedup();
+        Redactor { needles }
+    }
+
+    pub fn redact(&self, s: &str) -> String {
+        let mut out = s.to_string();
+        for n in &self.needles {
+            if out.contains(n.as_str()) {
+                out = out.replace(n.as_str(), REDACTED);
+            }
+        }
+        out
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.needles.is_empty()
+    }
+}
+
+fn url_form_encode(v: &str) -> String {
+    let mut out = String::new();
+    for b in v.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_plain_url_encoded_and_base64_forms() {
+        let s = Secret::literal("env:X", "p@ss w/rd!");
+        let r = Redactor::new([&s], &["agent"]);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        for text in [
+            "p@ss w/rd!".to_string(),
+            "p%40ss%20w%2Frd%21".to_string(),
+            "p%40ss+w%2Frd%21".to_string(),
+            b64.encode("\0agent\0p@ss w/rd!"),
+        ] {
+            let out = r.redact(&format!("error near {text} here"));
+            assert_eq!(out, "error near [redacted] here", "{text}");
+        }
+    }
+
+    #[test]
+    fn redacts_webhook_url_and_its_path() {
+        let s = Secret::literal(
+            "env:H",
+            "https://hooks.slack.com/services/T000/B000/XXXXSECRET",
+        );
+        let r = Redactor::new([&s], &[]);
+        assert_eq!(
+            r.redact("POST https://hooks.slack.com/services/T000/B000/XXXXSECRET failed"),
+            "POST [redacted] failed"
+        );
+        assert_eq!(
+            r.redact("status for /services/T000/B000/XXXXSECRET"),
+            "status for [redacted]"
+        );
+    }
+
+    #[test]
+    fn file_secrets_lose_one_trailing_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s");
+        std::fs::write(&p, "abc\n\n").unwrap();
+        let s = Secret::resolve(&format!("file:{}", p.display())).unwrap();
+        assert_eq!(s.expose(), "abc\n");
+    }
+
+    #[test]
+    fn literals_are_refused_without_echoing_them() {
+        let err = Secret::resolve("hunter2-verysecret")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2-verysecret"), "{err}");
+    }
+
+    #[test]
+    fn debug_never_shows_the_value() {
+        let s = Secret::literal("env:X", "topsecret");
+        assert!(!format!("{s:?}").contains("topsecret"));
+    }
+}

@@ -1,0 +1,399 @@
+//! The vault on disk: state folders, which notes count (ignore rules), scans, and state moves
+//! by rename that never overwrite (` (2)`, ` (3)`, … on collisions).
+
+use crate::config::Folders;
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+/// A note's state: which folder it is in (DESIGN §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    NeedsAction,
+    InProgress,
+    PendingApproval,
+    Approved,
+    Rejected,
+    Done,
+    Failed,
+}
+
+impl State {
+    pub const ALL: [State; 7] = [
+        State::NeedsAction,
+        State::InProgress,
+        State::PendingApproval,
+        State::Approved,
+        State::Rejected,
+        State::Done,
+        State::Failed,
+    ];
+
+    /// The `tool_status` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::NeedsAction => "needs_action",
+            State::InProgress => "in_progress",
+            State::PendingApproval => "pending_approval",
+            State::Approved => "approved",
+            State::Rejected => "rejected",
+            State::Done => "done",
+            State::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VaultError {
+    #[error("cannot create folder {path}: {source}")]
+    CreateFolder { path: PathBuf, source: io::Error },
+    #[error(
+        "state folders must be on one file system (renames across devices fail): {a} and {b} are not"
+    )]
+    CrossDevice { a: PathBuf, b: PathBuf },
+    #[error("cannot move {from} to {to}: {source}")]
+    Move {
+        from: PathBuf,
+        to: PathBuf,
+        source: io::Error,
+    },
+    #[error("{path} is not inside a state folder of the vault")]
+    NotInVault { path: PathBuf },
+}
+
+#[derive(Debug, Clone)]
+pub struct Vault {
+    root: PathBuf,
+    folders: Folders,
+}
+
+impl Vault {
+    /// `root` should be canonical (config makes it so).
+    pub fn new(root: PathBuf, folders: Folders) -> Vault {
+        Vault { root, folders }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn folder_name(&self, state: State) -> &str {
+        let f = &self.folders;
+        match state {
+            State::NeedsAction => &f.needs_action,
+            State::InProgress => &f.in_progress,
+            State::PendingApproval => &f.pending_approval,
+            State::Approved => &f.approved,
+            State::Rejected => &f.rejected,
+            State::Done => &f.done,
+            State::Failed => &f.failed,
+        }
+    }
+
+    pub fn folder(&self, state: State) -> PathBuf {
+        self.root.join(self.folder_name(state))
+    }
+
+    /// Creates the missing state folders and refuses folders on different file systems.
+    pub fn prepare(&self) -> Result<(), VaultError> {
+        for s in State::ALL {
+            let p = self.folder(s);
+            std::fs::create_dir_all(&p)
+                .map_err(|source| VaultError::CreateFolder { path: p, source })?;
+        }
+        self.check_one_filesystem()
+    }
+
+    fn check_one_filesystem(&self) -> Result<(), VaultError> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev());
+        let first = self.folder(State::InProgress);
+        let Ok(d0) = dev(&first) else { return Ok(()) };
+        for s in State::ALL {
+            let p = self.folder(s);
+            if let Ok(d) = dev(&p)
+                && d != d0
+            {
+                return Err(VaultError::CrossDevice { a: first, b: p });
+            }
+        }
+        Ok(())
+    }
+
+    /// The state folder `path` is in, and its path relative to that folder. None for paths
+    /// outside the state folders or that the ignore rules exclude.
+    pub fn locate(&self, path: &Path) -> Option<(State, PathBuf)> {
+        let rel = path.strip_prefix(&self.root).ok()?;
+        for s in State::ALL {
+            if let Ok(inner) = rel.strip_prefix(self.folder_name(s)) {
+                if inner.as_os_str().is_empty() || is_ignored(inner) {
+                    return None;
+                }
+                return Some((s, inner.to_path_buf()));
+            }
+        }
+        None
+    }
+
+    /// The path relative to the vault root, for logs, the journal and `check`.
+    pub fn relative(&self, path: &Path) -> String {
+        path.strip_prefix(&self.root)
+            .unwrap_or(path)
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Every note in `state`'s folder (recursively), sorted; symlinks and ignored names skipped.
+    pub fn scan(&self, state: State) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let base = self.folder(state);
+        walk(&base, &base, &mut out);
+        out.sort();
+        out
+    }
+
+    /// Moves a note into `to`, keeping its path relative to its state folder. Never
+    /// overwrites: a taken name gets ` (2)`, ` (3)`, … Returns the new path.
+    pub fn move_to(&self, path: &Path, to: State) -> Result<PathBuf, VaultError> {
+        let (_, rel) = self.locate(path).ok_or_else(|| VaultError::NotInVault {
+            path: path.to_path_buf(),
+        })?;
+        let target = self.folder(to).join(&rel);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| VaultError::CreateFolder {
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+        for n in 1..10_000u32 {
+            let candidate = if n == 1 {
+                target.clone()
+            } else {
+                numbered(&target, n)
+            };
+            match rename_noreplace(path, &candidate) {
+                Ok(()) => {
+                    if let Some(parent) = candidate.parent() {
+                        fsync_dir(parent);
+                    }
+                    if let Some(parent) = path.parent() {
+                        fsync_dir(parent);
+                    }
+                    return Ok(candidate);
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(source) => {
+                    return Err(VaultError::Move {
+                        from: path.to_path_buf(),
+                        to: candidate,
+                        source,
+                    });
+                }
+            }
+        }
+        Err(VaultError::Move {
+            from: path.to_path_buf(),
+            to: target,
+            source: io::Error::other("10,000 notes of that name already exist"),
+        })
+    }
+}
+
+fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(ft) = entry.file_type() else { continue };
+        let path = entry.path();
+        let name = entry.file_name();
+        if ft.is_symlink() || is_hidden(&name) {
+            continue;
+        }
+        if ft.is_dir() {
+            walk(base, &path, out);
+        } else if ft.is_file()
+            && let Ok(rel) = path.strip_prefix(base)
+            && !is_ignored(rel)
+        {
+            out.push(path);
+        }
+    }
+}
+
+fn is_hidden(name: &OsStr) -> bool {
+    name.as_bytes().first() == Some(&b'.')
+}
+
+/// DESIGN §1 and §8.15: only `*.md`; hidden files and folders, editor temp files and sync
+/// conflict copies never count.
+pub fn is_ignored(rel: &Path) -> bool {
+    for c in rel.components() {
+        match c {
+            Component::Normal(name) => {
+                if is_hidden(name) {
+                    return true;
+                }
+            }
+            _ => return true,
+        }
+    }
+    let Some(name) = rel.file_name().and_then(|n| n.to_str()) else {
+        // Not UTF-8: still a note (reported later if its content is unusable).
+        return !rel
+            .file_name()
+            .is_some_and(|n| n.as_bytes().ends_with(b".md"));
+    };
+    let lower = name.to_ascii_lowercase();
+    !lower.ends_with(".md")
+        || name.ends_with('~')
+        || name.starts_with(".#")
+        || lower.ends_with(".swp")
+        || lower.ends_with(".tmp")
+        || lower.contains(".sync-conflict-")
+        || lower.contains("conflicted copy")
+        || name.starts_with(".syncthing.")
+        || name.starts_with("~syncthing~")
+}
+
+/// `a.md` -> `a (n).md`, shortening the stem so the name stays within 255 bytes.
+fn numbered(target: &Path, n: u32) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (stem, ext) = match name.rfind('.') {
+        Some(i) if i > 0 => (&name[..i], &name[i..]),
+        _ => (name.as_str(), ""),
+    };
+    let suffix = format!(" ({n}){ext}");
+    let mut stem = stem.to_string();
+    while stem.len() + suffix.len() > 255 {
+        stem.pop();
+    }
+    target.with_file_name(format!("{stem}{suffix}"))
+}
+
+/// rename(2) that fails with AlreadyExists instead of replacing the target.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::ffi::CString;
+    let f = CString::new(from.as_os_str().as_bytes())?;
+    let t = CString::new(to.as_os_str().as_bytes())?;
+    // SAFETY: both pointers are valid NUL-terminated strings for the duration of the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        // File systems without RENAME_NOREPLACE: check, then rename (a narrow race, but
+        // nothing is lost: the worst case is a replaced name on such a file system).
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            if to.symlink_metadata().is_ok() {
+                return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+            }
+            std::fs::rename(from, to)
+        }
+        _ => Err(err),
+    }
+}
+
+/// Makes a rename durable. Errors are ignored: some file systems refuse fsync on folders.
+pub fn fsync_dir(dir: &Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vault() -> (tempfile::TempDir, Vault) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let v = Vault::new(root, Folders::default());
+        v.prepare().unwrap();
+        (dir, v)
+    }
+
+    #[test]
+    fn ignore_rules() {
+        for name in [
+            "a.txt",
+            ".a.md",
+            ".obsidian/x.md",
+            "a.md~",
+            ".#a.md",
+            "a.md.swp",
+            "a.tmp",
+            "a.sync-conflict-20260101-abc.md",
+            "a (conflicted copy 2026).md",
+            ".syncthing.a.md.tmp",
+            "~syncthing~a.md.tmp",
+            "sub/.trash/a.md",
+        ] {
+            assert!(is_ignored(Path::new(name)), "{name} should be ignored");
+        }
+        for name in ["a.md", "sub/a b.md", "-x.md", "A.MD", "ünï.md"] {
+            assert!(!is_ignored(Path::new(name)), "{name} should count");
+        }
+    }
+
+    #[test]
+    fn moves_keep_subfolders_and_number_collisions() {
+        let (_d, v) = vault();
+        let sub = v.folder(State::NeedsAction).join("work");
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::create_dir_all(v.folder(State::Done).join("work")).unwrap();
+        std::fs::write(v.folder(State::Done).join("work/a.md"), "old").unwrap();
+        std::fs::write(sub.join("a.md"), "new").unwrap();
+        let moved = v.move_to(&sub.join("a.md"), State::Done).unwrap();
+        assert_eq!(moved, v.folder(State::Done).join("work/a (2).md"));
+        assert_eq!(std::fs::read_to_string(&moved).unwrap(), "new");
+        assert_eq!(
+            std::fs::read_to_string(v.folder(State::Done).join("work/a.md")).unwrap(),
+            "old"
+        );
+    }
+
+    #[test]
+    fn numbered_names_stay_within_255_bytes() {
+        let long = format!("{}.md", "x".repeat(252));
+        let p = numbered(Path::new(&format!("/v/Done/{long}")), 2);
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert!(name.len() <= 255);
+        assert!(name.ends_with(" (2).md"));
+        let uni = format!("{}.md", "é".repeat(126));
+        let p = numbered(Path::new(&format!("/v/Done/{uni}")), 3);
+        assert!(p.file_name().unwrap().len() <= 255);
+    }
+
+    #[test]
+    fn scan_skips_symlinks_hidden_and_ignored() {
+        let (_d, v) = vault();
+        let inbox = v.folder(State::NeedsAction);
+        std::fs::write(inbox.join("a.md"), "").unwrap();
+        std::fs::write(inbox.join("b.txt"), "").unwrap();
+        std::fs::create_dir_all(inbox.join(".hidden")).unwrap();
+        std::fs::write(inbox.join(".hidden/c.md"), "").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", inbox.join("d.md")).unwrap();
+        std::fs::create_dir_all(inbox.join("sub")).unwrap();
+        std::fs::write(inbox.join("sub/e.md"), "").unwrap();
+        let found: Vec<_> = v
+            .scan(State::NeedsAction)
+            .into_iter()
+            .map(|p| v.relative(&p))
+            .collect();
+        assert_eq!(found, vec!["Needs_Action/a.md", "Needs_Action/sub/e.md"]);
+    }
+}
