@@ -1,5 +1,465 @@
-//! The command line (placeholder until the CLI lands).
+//! The command line: `run | once | check | tools | init | status | log | approve | reject |
+//! config`. Maps every failure to a message and an exit code; `anyhow` lives only here.
 
+use crate::config::{self, Config, Overrides};
+use crate::daemon::{self, Mode};
+use crate::note::{CallBody, parse_note};
+use crate::secret::Redactor;
+use crate::tools::Registry;
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "vaultd",
+    version,
+    about = "Runs the tool calls that agents write into markdown notes"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Taken by every subcommand (DESIGN §8.8).
+#[derive(Debug, Args, Clone)]
+pub struct GlobalArgs {
+    /// The vault folder (overrides `vault` in the config).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub vault: Option<PathBuf>,
+    /// The config file (else $VAULTD_CONFIG, <vault>/.vaultd.toml, the user config dir).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where the journal lives (overrides `state_dir`).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Log line format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum ToolFormat {
+    Openai,
+    Anthropic,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon in the foreground (systemd runs this).
+    Run,
+    /// Process everything pending, then exit.
+    Once,
+    /// Parse and validate notes; print what would run. Exit 1 when any call is invalid.
+    Check {
+        #[arg(required = true)]
+        notes: Vec<PathBuf>,
+        /// One JSON object per note (JSON Lines).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the tools with their descriptions and JSON Schemas.
+    Tools {
+        #[arg(long)]
+        json: bool,
+        /// Print a ready-to-use tool list for an LLM API.
+        #[arg(long, value_enum)]
+        format: Option<ToolFormat>,
+    },
+    /// Create the folders, a commented config and a welcome note in DIR.
+    Init { dir: PathBuf },
+    /// Print the effective configuration, secrets redacted.
+    Config,
+}
+
+/// Parses the command line, runs it, returns the process exit code.
 pub fn main() -> i32 {
-    0
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("vaultd: {e:#}");
+            2
+        }
+    }
+}
+
+fn overrides(g: &GlobalArgs) -> Overrides {
+    Overrides {
+        vault: g.vault.clone(),
+        config: g.config.clone(),
+        state_dir: g.state_dir.clone(),
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<i32> {
+    let g = cli.global;
+    match cli.command {
+        Command::Run => serve(&g, Mode::Run),
+        Command::Once => serve(&g, Mode::Once),
+        Command::Check { notes, json } => check(&g, &notes, json),
+        Command::Tools { json, format } => tools(&g, json, format),
+        Command::Init { dir } => init(&dir),
+        Command::Config => print_config(&g),
+    }
+}
+
+fn load(g: &GlobalArgs) -> Result<Config> {
+    Ok(config::load(&overrides(g))?)
+}
+
+/// The config for commands that work without a vault (`check`, `tools`): the current folder
+/// stands in for a missing vault.
+fn load_lenient(g: &GlobalArgs) -> Result<Config> {
+    match config::load(&overrides(g)) {
+        Err(config::ConfigError::NoVault { .. }) => {
+            let mut o = overrides(g);
+            o.vault = Some(std::env::current_dir()?);
+            Ok(config::load(&o)?)
+        }
+        other => Ok(other?),
+    }
+}
+
+fn serve(g: &GlobalArgs, mode: Mode) -> Result<i32> {
+    let config = load(g)?;
+    let redactor = Arc::new(daemon::redactor_for(&config));
+    init_tracing(redactor.clone(), g.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        daemon::run(config, mode, redactor, shutdown_signal())
+            .await
+            .map_err(anyhow::Error::from)
+    })?;
+    Ok(0)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler can be installed");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+/// Logs go to stderr through the redactor: plain lines without colours or timestamps under
+/// systemd's journal, colours on a terminal, JSON with `--log-format json`.
+pub fn init_tracing(redactor: Arc<Redactor>, format: LogFormat) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let ansi = std::io::stderr().is_terminal() && !under_journal;
+    let writer = RedactingStderr(redactor);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(ansi)
+        .with_target(false);
+    let _ = match (format, under_journal) {
+        (LogFormat::Json, _) => builder.json().try_init(),
+        (LogFormat::Text, true) => builder.without_time().try_init(),
+        (LogFormat::Text, false) => builder.try_init(),
+    };
+}
+
+/// A stderr writer that passes every log line through the redactor.
+#[derive(Clone)]
+struct RedactingStderr(Arc<Redactor>);
+
+struct RedactingLine(Arc<Redactor>);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RedactingStderr {
+    type Writer = RedactingLine;
+    fn make_writer(&'a self) -> RedactingLine {
+        RedactingLine(self.0.clone())
+    }
+}
+
+impl Write for RedactingLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr().write_all(self.0.redact(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+fn registry_for(config: &Config) -> Result<Registry> {
+    Ok(Registry::from_config(
+        &config.tools,
+        daemon::http_client()?,
+    )?)
+}
+
+fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
+    let config = load_lenient(g)?;
+    let registry = registry_for(&config)?;
+    let mut any_invalid = false;
+    let mut out = std::io::stdout().lock();
+    for path in notes {
+        let text = match std::fs::read(path) {
+            Ok(b) => match String::from_utf8(b) {
+                Ok(s) => s,
+                Err(_) => {
+                    any_invalid = true;
+                    report_unreadable(&mut out, path, "note is not UTF-8", as_json)?;
+                    continue;
+                }
+            },
+            Err(e) => {
+                any_invalid = true;
+                report_unreadable(&mut out, path, &format!("cannot read: {e}"), as_json)?;
+                continue;
+            }
+        };
+        let parsed = parse_note(&text);
+        let mut calls = Vec::new();
+        for call in &parsed.calls {
+            let (status, error) = if parsed.has_result(&call.call_id) {
+                ("done", None)
+            } else {
+                match &call.body {
+                    CallBody::Broken(e) => ("invalid", Some(e.clone())),
+                    CallBody::Call { name, parameters } => {
+                        match registry.resolve(name, parameters) {
+                            Err(e) => ("invalid", Some(e)),
+                            Ok(tool) => match tool.tool.admit(parameters) {
+                                crate::tools::Admission::Deny(e) => ("invalid", Some(e)),
+                                _ => ("pending", None),
+                            },
+                        }
+                    }
+                }
+            };
+            any_invalid |= status == "invalid";
+            let mut entry = json!({
+                "call_id": call.call_id,
+                "name": call.name,
+                "line": call.line,
+                "status": status,
+            });
+            if let Some(e) = error {
+                entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
+            }
+            calls.push(entry);
+        }
+        if as_json {
+            let line = json!({ "path": path.display().to_string(), "calls": calls });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(out, "{}: {} call(s)", path.display(), calls.len())?;
+            for c in &calls {
+                write!(
+                    out,
+                    "  line {:>4}  {:<10} {} {}",
+                    c["line"],
+                    c["status"].as_str().unwrap_or(""),
+                    c["call_id"].as_str().unwrap_or(""),
+                    c["name"].as_str().unwrap_or("?")
+                )?;
+                if let Some(e) = c.get("error") {
+                    write!(
+                        out,
+                        "  {}: {}",
+                        e["code"].as_str().unwrap_or(""),
+                        e["message"].as_str().unwrap_or("")
+                    )?;
+                }
+                writeln!(out)?;
+            }
+        }
+    }
+    Ok(if any_invalid { 1 } else { 0 })
+}
+
+fn report_unreadable(
+    out: &mut impl Write,
+    path: &Path,
+    message: &str,
+    as_json: bool,
+) -> Result<()> {
+    if as_json {
+        let line = json!({ "path": path.display().to_string(), "calls": [], "error": { "code": "UNREADABLE", "message": message } });
+        writeln!(out, "{line}")?;
+    } else {
+        writeln!(out, "{}: {message}", path.display())?;
+    }
+    Ok(())
+}
+
+fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i32> {
+    let config = load_lenient(g)?;
+    let registry = registry_for(&config)?;
+    let described = registry.describe();
+    let list = described.as_array().cloned().unwrap_or_default();
+    let out: Value = match format {
+        Some(ToolFormat::Openai) => Value::Array(
+            list.iter()
+                .map(|t| json!({ "type": "function", "function": { "name": t["name"], "description": t["description"], "parameters": t["parameters"] } }))
+                .collect(),
+        ),
+        Some(ToolFormat::Anthropic) => Value::Array(
+            list.iter()
+                .map(|t| json!({ "name": t["name"], "description": t["description"], "input_schema": t["parameters"] }))
+                .collect(),
+        ),
+        None if as_json => described.clone(),
+        None => {
+            for t in &list {
+                println!(
+                    "{} ({})\n  {}\n  parameters: {}\n",
+                    t["name"].as_str().unwrap_or(""),
+                    t["effect"].as_str().unwrap_or(""),
+                    t["description"].as_str().unwrap_or(""),
+                    serde_json::to_string_pretty(&t["parameters"])?.replace('\n', "\n  ")
+                );
+            }
+            return Ok(0);
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(0)
+}
+
+const INIT_CONFIG: &str = include_str!("init_config.toml");
+const WELCOME_NOTE: &str = include_str!("welcome.md");
+
+fn init(dir: &Path) -> Result<i32> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let folders = config::Folders::default();
+    let vault = crate::vault::Vault::new(dir.to_path_buf(), folders);
+    vault.prepare()?;
+    let config_path = dir.join(".vaultd.toml");
+    let mut created = Vec::new();
+    if !config_path.exists() {
+        std::fs::write(&config_path, INIT_CONFIG)?;
+        created.push(config_path.display().to_string());
+    }
+    let welcome = vault
+        .folder(crate::vault::State::NeedsAction)
+        .join("Welcome.md");
+    // Welcome.md is written only into a fresh vault: once processed it lives in Done/.
+    let any_note = crate::vault::State::ALL
+        .iter()
+        .any(|s| !vault.scan(*s).is_empty());
+    if !any_note {
+        std::fs::write(&welcome, WELCOME_NOTE)?;
+        created.push(welcome.display().to_string());
+    }
+    if created.is_empty() {
+        println!(
+            "{} is already a vaultd vault; nothing changed",
+            dir.display()
+        );
+    } else {
+        for c in created {
+            println!("created {c}");
+        }
+        println!(
+            "run it with: vaultd run --vault {}",
+            shell_quote(&dir.display().to_string())
+        );
+    }
+    Ok(0)
+}
+
+fn shell_quote(s: &str) -> String {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-~".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+fn print_config(g: &GlobalArgs) -> Result<i32> {
+    let c = load(g)?;
+    let rl = |r: &config::RateLimit| json!({ "per_hour": r.per_hour, "per_day": r.per_day });
+    let t = &c.tools;
+    let email = match &t.send_notification.email.transport {
+        config::EmailTransport::File { outbox } => {
+            json!({ "transport": "file", "outbox": outbox.display().to_string() })
+        }
+        config::EmailTransport::Smtp {
+            url,
+            starttls,
+            username,
+            password,
+        } => json!({
+            "transport": "smtp", "smtp_url": url,
+            "starttls": format!("{starttls:?}").to_lowercase(),
+            "username": username,
+            "password": password.as_ref().map(|p| format!("{} [redacted]", p.reference())),
+        }),
+    };
+    let hooks = |m: &std::collections::BTreeMap<String, crate::secret::Secret>| {
+        Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.clone(), json!(format!("{} [redacted]", v.reference()))))
+                .collect(),
+        )
+    };
+    let mut email = email;
+    email["from"] = json!(t.send_notification.email.from);
+    let effective = json!({
+        "source": c.source.as_ref().map(|p| p.display().to_string()),
+        "vault": c.vault.display().to_string(),
+        "state_dir": c.state_dir.display().to_string(),
+        "workers": c.workers,
+        "max_calls_per_note": c.max_calls_per_note,
+        "max_note_bytes": c.max_note_bytes,
+        "shutdown_grace": humantime::format_duration(c.shutdown_grace).to_string(),
+        "watch": match c.watch { config::WatchMode::Events => "events".to_string(), config::WatchMode::Poll(d) => format!("poll every {}", humantime::format_duration(d)) },
+        "rescan_interval": humantime::format_duration(c.rescan_interval).to_string(),
+        "folders": {
+            "needs_action": c.folders.needs_action, "in_progress": c.folders.in_progress,
+            "pending_approval": c.folders.pending_approval, "approved": c.folders.approved,
+            "rejected": c.folders.rejected, "done": c.folders.done, "failed": c.folders.failed,
+        },
+        "tools": {
+            "search_web": {
+                "enabled": t.search_web.enabled,
+                "provider": t.search_web.provider.as_str(),
+                "base_url": t.search_web.base_url,
+                "api_key": t.search_web.api_key.as_ref().map(|k| format!("{} [redacted]", k.reference())),
+                "timeout": humantime::format_duration(t.search_web.timeout).to_string(),
+                "rate_limit": rl(&t.search_web.rate_limit),
+            },
+            "send_notification": {
+                "enabled": t.send_notification.enabled,
+                "approval": format!("{:?}", t.send_notification.approval).to_lowercase(),
+                "approval_via": format!("{:?}", t.send_notification.approval_via).to_lowercase(),
+                "allowed_recipients": t.send_notification.allowed_recipients,
+                "timeout": humantime::format_duration(t.send_notification.timeout).to_string(),
+                "rate_limit": rl(&t.send_notification.rate_limit),
+                "email": email,
+                "slack": { "webhooks": hooks(&t.send_notification.slack) },
+                "discord": { "webhooks": hooks(&t.send_notification.discord) },
+            }
+        }
+    });
+    let redactor = daemon::redactor_for(&c);
+    let text = serde_json::to_string_pretty(&effective)?;
+    println!("{}", redactor.redact(&text));
+    Ok(0)
 }

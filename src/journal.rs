@@ -127,3 +127,16 @@ impl Journal {
         todo!()
     }
 }
+
+impl Journal {
+    pub fn oldest_call_since(
+        &self,
+        _tool: &str,
+        _since: SystemTime,
+    ) -> Result<Option<SystemTime>, JournalError> {
+        todo!()
+    }
+    pub fn record_problem(&self, _note: &str, _message: &str) -> Result<(), JournalError> {
+        todo!()
+    }
+}

@@ -1,1 +1,158 @@
-//! TODO
+//! The only file that touches `notify`: watches the inbox folders (recursively) and turns raw
+//! events into hints on a bounded channel. Events are hints; the folders are the truth: when
+//! the channel or the kernel queue overflows, a `Rescan` is asked for instead.
+
+use crate::config::WatchMode;
+use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
+use notify::{Event, EventKind, RecursiveMode, Watcher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::mpsc;
+
+/// What the watcher tells the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hint {
+    /// The writer is done with this file (closed after writing, or renamed into place):
+    /// look at it now.
+    Ready(PathBuf),
+    /// The file changed and may still be being written: look after a short settle.
+    Changed(PathBuf),
+    /// A folder appeared: its files may have been created before its watch was added.
+    NewFolder(PathBuf),
+    /// Events were lost: scan everything.
+    Rescan,
+}
+
+/// Keeps the OS watcher alive; dropping it stops watching.
+pub struct WatchHandle {
+    _watcher: Box<dyn Watcher + Send>,
+    /// Set when a hint could not be queued; the daemon answers with a full scan.
+    pub overflowed: Arc<AtomicBool>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot watch {path}: {source}")]
+pub struct WatchError {
+    pub path: PathBuf,
+    pub source: notify::Error,
+}
+
+/// Starts watching `folders` recursively; hints go to `tx`.
+pub fn start(
+    folders: &[PathBuf],
+    mode: WatchMode,
+    tx: mpsc::Sender<Hint>,
+) -> Result<WatchHandle, WatchError> {
+    let overflowed = Arc::new(AtomicBool::new(false));
+    let flag = overflowed.clone();
+    let poll = matches!(mode, WatchMode::Poll(_));
+    let handler = move |res: notify::Result<Event>| {
+        let hints = match res {
+            Ok(event) => hints_for(event, poll),
+            Err(e) => {
+                tracing::warn!("file watcher error, scanning everything: {e}");
+                vec![Hint::Rescan]
+            }
+        };
+        for hint in hints {
+            if tx.try_send(hint).is_err() {
+                flag.store(true, Ordering::SeqCst);
+            }
+        }
+    };
+    let mut watcher: Box<dyn Watcher + Send> =
+        match mode {
+            WatchMode::Events => Box::new(notify::recommended_watcher(handler).map_err(
+                |source| WatchError {
+                    path: folders.first().cloned().unwrap_or_default(),
+                    source,
+                },
+            )?),
+            WatchMode::Poll(interval) => Box::new(
+                notify::PollWatcher::new(
+                    handler,
+                    notify::Config::default().with_poll_interval(interval),
+                )
+                .map_err(|source| WatchError {
+                    path: folders.first().cloned().unwrap_or_default(),
+                    source,
+                })?,
+            ),
+        };
+    for f in folders {
+        watcher
+            .watch(f, RecursiveMode::Recursive)
+            .map_err(|source| WatchError {
+                path: f.clone(),
+                source,
+            })?;
+    }
+    Ok(WatchHandle {
+        _watcher: watcher,
+        overflowed,
+    })
+}
+
+fn hints_for(event: Event, poll: bool) -> Vec<Hint> {
+    if event.need_rescan() {
+        return vec![Hint::Rescan];
+    }
+    let mut paths = event.paths;
+    match event.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
+            paths.into_iter().map(Hint::Ready).collect()
+        }
+        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+            paths.into_iter().map(Hint::Ready).collect()
+        }
+        EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => {
+            // [from, to]: only the destination matters.
+            paths.pop().map(Hint::Ready).into_iter().collect()
+        }
+        EventKind::Create(CreateKind::Folder) => paths.into_iter().map(Hint::NewFolder).collect(),
+        EventKind::Create(_) | EventKind::Modify(ModifyKind::Data(_)) => {
+            paths.into_iter().map(Hint::Changed).collect()
+        }
+        // Poll watchers report renames and metadata changes coarsely.
+        EventKind::Modify(_) | EventKind::Any if poll => {
+            paths.into_iter().map(Hint::Changed).collect()
+        }
+        EventKind::Modify(ModifyKind::Any) => paths.into_iter().map(Hint::Changed).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::Flag;
+
+    #[test]
+    fn close_write_and_moved_in_are_ready_at_once() {
+        let p = PathBuf::from("/v/Needs_Action/a.md");
+        let e =
+            Event::new(EventKind::Access(AccessKind::Close(AccessMode::Write))).add_path(p.clone());
+        assert_eq!(hints_for(e, false), vec![Hint::Ready(p.clone())]);
+        let e = Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::Both)))
+            .add_path(PathBuf::from("/v/Needs_Action/.a.tmp"))
+            .add_path(p.clone());
+        assert_eq!(hints_for(e, false), vec![Hint::Ready(p)]);
+    }
+
+    #[test]
+    fn overflow_asks_for_a_rescan() {
+        let e = Event::new(EventKind::Other).set_flag(Flag::Rescan);
+        assert_eq!(hints_for(e, false), vec![Hint::Rescan]);
+    }
+
+    #[test]
+    fn opens_and_removals_are_not_hints() {
+        let p = PathBuf::from("/v/Needs_Action/a.md");
+        let e =
+            Event::new(EventKind::Access(AccessKind::Open(AccessMode::Any))).add_path(p.clone());
+        assert!(hints_for(e, false).is_empty());
+        let e = Event::new(EventKind::Remove(notify::event::RemoveKind::File)).add_path(p);
+        assert!(hints_for(e, false).is_empty());
+    }
+}

@@ -1,0 +1,416 @@
+//! Domain verbs for the integration tests: a temp vault, the real `vaultd` binary, a real
+//! SMTP server, a SearXNG-format search server.
+
+#![allow(dead_code)]
+
+pub mod searx;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vaultd"))
+}
+
+/// A temp vault with its own state dir and config file.
+pub struct TestVault {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub state: PathBuf,
+    pub config: PathBuf,
+}
+
+impl TestVault {
+    /// A vault whose config is `extra` (TOML) on top of a searxng provider at `search_url`.
+    pub fn new(search_url: &str, extra: &str) -> TestVault {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("vault");
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&root).unwrap();
+        let root = root.canonicalize().unwrap();
+        let config = dir.path().join("vaultd.toml");
+        let vault = TestVault {
+            dir,
+            root,
+            state,
+            config,
+        };
+        vault.write_config(search_url, extra);
+        vault
+    }
+
+    pub fn write_config(&self, search_url: &str, extra: &str) {
+        let text = format!(
+            "vault = {root:?}\nstate_dir = {state:?}\n{top}\n[tools.search_web]\nprovider = \"searxng\"\nbase_url = {url:?}\ntimeout = \"5s\"\n{search}\n{rest}\n",
+            root = self.root.display().to_string(),
+            state = self.state.display().to_string(),
+            url = search_url,
+            top = section(extra, ""),
+            search = section(extra, "[tools.search_web]"),
+            rest = rest_sections(extra),
+        );
+        std::fs::write(&self.config, text).unwrap();
+    }
+
+    pub fn path(&self, folder: &str, rel: &str) -> PathBuf {
+        self.root.join(folder).join(rel)
+    }
+
+    /// Drops a note into Needs_Action the way an agent does: write elsewhere, rename in.
+    pub fn drop_note(&self, rel: &str, text: &str) -> PathBuf {
+        self.drop_into("Needs_Action", rel, text.as_bytes())
+    }
+
+    pub fn drop_into(&self, folder: &str, rel: &str, bytes: &[u8]) -> PathBuf {
+        let target = self.path(folder, rel);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let tmp = self
+            .dir
+            .path()
+            .join(format!("drop-{}", rel.replace('/', "_")));
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, &target).unwrap();
+        target
+    }
+
+    /// Writes a note in place (open, write, close), as an editor without atomic saves does.
+    pub fn write_in_place(&self, folder: &str, rel: &str, text: &str) -> PathBuf {
+        let target = self.path(folder, rel);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(&target, text).unwrap();
+        target
+    }
+
+    /// Moves a note between folders, as a person in Obsidian does.
+    pub fn move_note(&self, from: &str, to: &str, rel: &str) -> PathBuf {
+        let target = self.path(to, rel);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::rename(self.path(from, rel), &target).unwrap();
+        target
+    }
+
+    pub fn read(&self, folder: &str, rel: &str) -> String {
+        std::fs::read_to_string(self.path(folder, rel))
+            .unwrap_or_else(|e| panic!("{folder}/{rel}: {e}"))
+    }
+
+    pub fn exists(&self, folder: &str, rel: &str) -> bool {
+        self.path(folder, rel).exists()
+    }
+
+    /// Waits until `folder/rel` exists and no claim is in progress, then returns its text.
+    pub fn wait_until_in(&self, folder: &str, rel: &str) -> String {
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(self.path(folder, rel))
+                && (folder == "Needs_Action" || text.contains("tool_status:"))
+            {
+                return text;
+            }
+            if start.elapsed() > DEADLINE {
+                panic!(
+                    "{folder}/{rel} did not appear within {DEADLINE:?}; vault holds: {:#?}",
+                    self.all_notes()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every `.md` file in the vault, relative paths, sorted.
+    pub fn all_notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        walk(&self.root, &self.root, &mut out);
+        out.sort();
+        out
+    }
+
+    pub fn notes_in(&self, folder: &str) -> Vec<String> {
+        self.all_notes()
+            .into_iter()
+            .filter(|n| n.starts_with(&format!("{folder}/")))
+            .collect()
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.arg("--config").arg(&self.config);
+        c.env_remove("VAULTD_CONFIG");
+        c.env("RUST_LOG", "vaultd=debug,info");
+        c
+    }
+
+    /// `vaultd once`; returns (exit code, stderr).
+    pub fn once(&self) -> (i32, String) {
+        let out = self.cmd().arg("once").output().expect("run vaultd once");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Starts `vaultd run` and waits until it is watching.
+    pub fn start(&self) -> RunningDaemon {
+        RunningDaemon::start(self.cmd(), self.dir.path().join("daemon.log"))
+    }
+}
+
+fn section(extra: &str, header: &str) -> String {
+    // The text of `extra` under `header` ("" = before the first header).
+    let mut out = String::new();
+    let mut current = String::new();
+    for line in extra.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            current = t.to_string();
+            continue;
+        }
+        if current == header {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn rest_sections(extra: &str) -> String {
+    let mut out = String::new();
+    let mut current = String::new();
+    for line in extra.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            current = t.to_string();
+        }
+        if !current.is_empty() && current != "[tools.search_web]" {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        if p.is_dir() {
+            walk(base, &p, out);
+        } else if name.ends_with(".md") {
+            out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+        }
+    }
+}
+
+/// A `vaultd run` child process; killed when dropped.
+pub struct RunningDaemon {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl RunningDaemon {
+    pub fn start(mut cmd: Command, log: PathBuf) -> RunningDaemon {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .arg("run")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn vaultd run");
+        let d = RunningDaemon { child, log };
+        d.wait_for_log("vaultd started");
+        d
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn wait_for_log(&self, needle: &str) {
+        let start = Instant::now();
+        while !self.log_text().contains(needle) {
+            if start.elapsed() > DEADLINE {
+                panic!("log never said {needle:?}; log:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        unsafe { libc_kill(self.pid(), 15) };
+        let status = self.child.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for RunningDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// A note with the given call blocks (JSON of the `tool_call` value), one after the other.
+pub fn note_with_calls(title: &str, calls: &[serde_json::Value]) -> String {
+    let mut s = format!("# {title}\n\nSome text the agent wrote.\n");
+    for c in calls {
+        s.push_str(&format!(
+            "\n```json\n{}\n```\n",
+            serde_json::to_string_pretty(&serde_json::json!({ "tool_call": c })).unwrap()
+        ));
+    }
+    s
+}
+
+pub fn search_call(query: &str) -> serde_json::Value {
+    serde_json::json!({ "name": "search_web", "parameters": { "query": query, "num_results": 3 } })
+}
+
+/// Every `tool_result` JSON in a note, in order.
+pub fn results_in(text: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let body = line.strip_prefix("> ").or_else(|| line.strip_prefix(">"));
+        match (body, current.as_mut()) {
+            (Some(b), None) if b.trim_start().starts_with("```json") => {
+                current = Some(String::new())
+            }
+            (Some(b), Some(_)) if b.trim_start().starts_with("```") => {
+                let json = current.take().unwrap();
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&json)
+                    && let Some(r) = v.get("tool_result")
+                {
+                    out.push(r.clone());
+                }
+            }
+            (Some(b), Some(buf)) => {
+                buf.push_str(b);
+                buf.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The value of a frontmatter property.
+pub fn property(text: &str, key: &str) -> Option<String> {
+    let body = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let rest = body.strip_prefix("---")?;
+    let end = rest.find("\n---")?;
+    rest[..end].lines().find_map(|l| {
+        l.strip_prefix(&format!("{key}:"))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// A real SMTP server (mailin-embedded) on 127.0.0.1.
+
+#[derive(Debug, Clone, Default)]
+pub struct Mail {
+    pub from: String,
+    pub to: Vec<String>,
+    pub data: String,
+}
+
+#[derive(Clone, Default)]
+struct Capture {
+    mails: Arc<Mutex<Vec<Mail>>>,
+    current: Mail,
+    reply_delay: Duration,
+}
+
+impl mailin_embedded::Handler for Capture {
+    fn data_start(
+        &mut self,
+        _domain: &str,
+        from: &str,
+        _is8bit: bool,
+        to: &[String],
+    ) -> mailin_embedded::Response {
+        self.current = Mail {
+            from: from.to_string(),
+            to: to.to_vec(),
+            data: String::new(),
+        };
+        mailin_embedded::response::OK
+    }
+
+    fn data(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.current.data.push_str(&String::from_utf8_lossy(buf));
+        Ok(())
+    }
+
+    fn data_end(&mut self) -> mailin_embedded::Response {
+        if !self.reply_delay.is_zero() {
+            std::thread::sleep(self.reply_delay);
+        }
+        self.mails.lock().unwrap().push(self.current.clone());
+        mailin_embedded::response::OK
+    }
+}
+
+pub struct SmtpServer {
+    pub port: u16,
+    mails: Arc<Mutex<Vec<Mail>>>,
+}
+
+impl SmtpServer {
+    pub fn start() -> SmtpServer {
+        SmtpServer::start_with_delay(Duration::ZERO)
+    }
+
+    /// A server that waits `delay` before acknowledging a message's data.
+    pub fn start_with_delay(delay: Duration) -> SmtpServer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let capture = Capture {
+            reply_delay: delay,
+            ..Default::default()
+        };
+        let mails = capture.mails.clone();
+        let mut server = mailin_embedded::Server::new(capture);
+        server
+            .with_name("test.local")
+            .with_ssl(mailin_embedded::SslConfig::None)
+            .unwrap()
+            .with_tcp_listener(listener);
+        std::thread::spawn(move || {
+            let _ = server.serve();
+        });
+        SmtpServer { port, mails }
+    }
+
+    pub fn received(&self) -> Vec<Mail> {
+        self.mails.lock().unwrap().clone()
+    }
+}
