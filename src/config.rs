@@ -420,9 +420,19 @@ pub fn from_raw(
         })
     };
 
+    // Relative paths in a config file are relative to the file's folder.
+    let base = source
+        .as_ref()
+        .and_then(|p| p.parent())
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let config_path = |p: &str| {
+        let p = expand_tilde(p);
+        if p.is_relative() { base.join(p) } else { p }
+    };
     let vault = match (&overrides.vault, &raw.vault) {
         (Some(v), _) => v.clone(),
-        (None, Some(v)) => expand_tilde(v),
+        (None, Some(v)) => config_path(v),
         (None, None) => {
             return Err(ConfigError::NoVault {
                 looked: source
@@ -446,7 +456,7 @@ pub fn from_raw(
     }
     let state_dir = match (&overrides.state_dir, &raw.state_dir) {
         (Some(s), _) => s.clone(),
-        (None, Some(s)) => expand_tilde(s),
+        (None, Some(s)) => config_path(s),
         (None, None) => default_state_dir(),
     };
 
@@ -637,7 +647,7 @@ pub fn from_raw(
             outbox: e
                 .outbox
                 .as_deref()
-                .map(expand_tilde)
+                .map(config_path)
                 .unwrap_or_else(|| state_dir.join("outbox")),
         },
         Some("smtp") => {
