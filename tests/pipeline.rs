@@ -1,11 +1,10 @@
 //! End-to-end tests of the loop: the real `vaultd` binary on temp vaults, against a SearXNG-format
 //! server and a real SMTP server on 127.0.0.1.
 
-
-use serde_json::json;
-use std::time::Duration;
 use crate::util::searx::{Answer, SearxServer};
 use crate::util::*;
+use serde_json::json;
+use std::time::Duration;
 
 async fn searx() -> SearxServer {
     SearxServer::start(Duration::ZERO).await
