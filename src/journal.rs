@@ -341,14 +341,17 @@ impl Journal {
             };
             let error_code = result.outcome.as_ref().err().map(|e| e.code.as_str());
             let ended = to_ms(result.ended_at);
-            let unfinished: Option<i64> = tx
+            // The outcome belongs to the newest start of the call, if that one has none yet;
+            // otherwise (never started, or an outcome already recorded) it is a row of its own.
+            let newest: Option<(i64, bool)> = tx
                 .query_row(
-                    "SELECT id FROM calls WHERE run_id = ?1 AND call_id = ?2
-                     AND result_json IS NULL ORDER BY id DESC LIMIT 1",
+                    "SELECT id, result_json IS NULL FROM calls WHERE run_id = ?1 AND call_id = ?2
+                     ORDER BY id DESC LIMIT 1",
                     params![run, result.call_id],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
+            let unfinished = newest.and_then(|(id, open)| open.then_some(id));
             match unfinished {
                 Some(id) => tx.execute(
                     "UPDATE calls SET ended_at_ms = ?1, result_json = ?2, error_code = ?3
@@ -1048,4 +1051,819 @@ fn from_ns(ns: i64) -> SystemTime {
 fn rfc3339(ms: i64) -> String {
     // humantime cannot format times before 1970; a clock that wrong shows as the epoch.
     humantime::format_rfc3339_millis(from_ms(ms.max(0))).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::ErrorCode;
+    use serde_json::json;
+    use tempfile::TempDir;
+
+    /// A journal in a fresh state dir; keep the dir alive as long as the journal.
+    fn fresh_journal() -> (TempDir, Journal) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let journal = Journal::open(dir.path()).expect("open journal");
+        (dir, journal)
+    }
+
+    fn search_ok(call_id: &str) -> CallResult {
+        // Odd nanoseconds, to prove the times survive exactly.
+        let started = UNIX_EPOCH + Duration::new(1_790_000_000, 123_456_789);
+        CallResult {
+            call_id: call_id.to_string(),
+            name: "search_web".to_string(),
+            outcome: Ok(ToolOutput {
+                data: json!({ "results": [ { "title": "t", "url": "https://x.test/", "snippet": "ünï" } ] }),
+                summary: "1 result".to_string(),
+            }),
+            started_at: started,
+            ended_at: started + Duration::from_nanos(412_000_001),
+        }
+    }
+
+    fn invalid_params(call_id: &str) -> CallResult {
+        CallResult::failed_now(
+            call_id,
+            "search_web",
+            CallError::new(ErrorCode::InvalidParams, "parameters do not match").with_details(
+                json!({ "violations": [ { "pointer": "/query", "message": "is required" } ] }),
+            ),
+        )
+    }
+
+    fn timed_out(call_id: &str) -> CallResult {
+        CallResult::failed_now(
+            call_id,
+            "search_web",
+            CallError::new(ErrorCode::Timeout, "no answer within 30 s"),
+        )
+    }
+
+    fn progress_of(journal: &Journal, note: &str) -> Vec<(String, CallProgress)> {
+        journal
+            .run_for_note(note)
+            .expect("query")
+            .expect("open run")
+            .calls
+            .into_iter()
+            .map(|c| (c.call_id, c.progress))
+            .collect()
+    }
+
+    fn start_search(journal: &Journal, run: RunId, call_id: &str) {
+        journal
+            .call_started(
+                run,
+                call_id,
+                "search_web",
+                Effect::ReadOnly,
+                &json!({ "query": "q" }),
+            )
+            .expect("call_started");
+    }
+
+    fn start_send(journal: &Journal, run: RunId, call_id: &str) {
+        journal
+            .call_started(
+                run,
+                call_id,
+                "send_notification",
+                Effect::ExternalSideEffect,
+                &json!({ "recipient": "me@example.com" }),
+            )
+            .expect("call_started");
+    }
+
+    #[test]
+    fn open_sets_wal_and_schema_version() {
+        let (dir, journal) = fresh_journal();
+        assert_eq!(journal.path(), dir.path().join("journal.sqlite"));
+        let conn = journal.lock();
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn open_creates_missing_state_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("a/b/state");
+        Journal::open(&state).expect("open");
+        assert!(state.join("journal.sqlite").is_file());
+    }
+
+    #[test]
+    fn open_refuses_a_newer_schema() {
+        let (dir, journal) = fresh_journal();
+        journal
+            .lock()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        drop(journal);
+        let err = Journal::open(dir.path()).expect_err("newer schema");
+        let text = err.to_string();
+        assert!(text.contains("journal.sqlite"), "{text}");
+        assert!(text.contains("newer vaultd"), "{text}");
+    }
+
+    #[test]
+    fn errors_name_the_journal_file() {
+        let (dir, journal) = fresh_journal();
+        let err = journal
+            .call_finished(42, &timed_out("c-1"))
+            .expect_err("no such run");
+        assert!(
+            err.to_string()
+                .contains(&dir.path().join("journal.sqlite").display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn finished_results_round_trip_exactly() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let ok = search_ok("c-ok");
+        let failed = invalid_params("c-bad");
+        start_search(&journal, run, "c-ok");
+        journal.call_finished(run, &ok).unwrap();
+        // Never started: validation failure recorded directly.
+        journal.call_finished(run, &failed).unwrap();
+
+        let runs = journal.open_runs().unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].run_id, run);
+        assert_eq!(runs[0].note, "In_Progress/a.md");
+        assert_eq!(
+            runs[0].calls,
+            vec![
+                JournalCall {
+                    call_id: "c-ok".into(),
+                    tool: "search_web".into(),
+                    effect: Effect::ReadOnly,
+                    progress: CallProgress::Finished(ok),
+                },
+                JournalCall {
+                    call_id: "c-bad".into(),
+                    tool: "search_web".into(),
+                    effect: Effect::ReadOnly,
+                    progress: CallProgress::Finished(failed),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn progress_goes_started_finished_written() {
+        let (_dir, journal) = fresh_journal();
+        let note = "In_Progress/work/a.md";
+        let run = journal.begin_run(note).unwrap();
+        start_search(&journal, run, "c-1");
+        start_send(&journal, run, "c-2");
+        assert_eq!(
+            progress_of(&journal, note),
+            vec![
+                ("c-1".into(), CallProgress::Started),
+                ("c-2".into(), CallProgress::Started)
+            ]
+        );
+        let effects: Vec<Effect> = journal.open_runs().unwrap()[0]
+            .calls
+            .iter()
+            .map(|c| c.effect)
+            .collect();
+        assert_eq!(effects, vec![Effect::ReadOnly, Effect::ExternalSideEffect]);
+
+        let result = search_ok("c-1");
+        journal.call_finished(run, &result).unwrap();
+        assert_eq!(
+            progress_of(&journal, note),
+            vec![
+                ("c-1".into(), CallProgress::Finished(result)),
+                ("c-2".into(), CallProgress::Started)
+            ]
+        );
+
+        journal.results_written(run, &["c-1"]).unwrap();
+        assert_eq!(
+            progress_of(&journal, note),
+            vec![
+                ("c-1".into(), CallProgress::Written),
+                ("c-2".into(), CallProgress::Started)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_call_run_again_shows_its_newest_progress_in_first_start_order() {
+        let (_dir, journal) = fresh_journal();
+        let note = "In_Progress/a.md";
+        let run = journal.begin_run(note).unwrap();
+        start_search(&journal, run, "c-1");
+        start_search(&journal, run, "c-2");
+        // After a crash the read_only c-1 runs again.
+        start_search(&journal, run, "c-1");
+        let result = search_ok("c-1");
+        journal.call_finished(run, &result).unwrap();
+        assert_eq!(
+            progress_of(&journal, note),
+            vec![
+                ("c-1".into(), CallProgress::Finished(result)),
+                ("c-2".into(), CallProgress::Started)
+            ]
+        );
+        let running: Vec<_> = journal
+            .running_calls()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.call_id.unwrap())
+            .collect();
+        assert_eq!(running, vec!["c-2".to_string()]);
+    }
+
+    #[test]
+    fn unknown_outcome_recorded_on_recovery_finishes_the_started_row() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_send(&journal, run, "c-send");
+        let unknown = CallResult::failed_now(
+            "c-send",
+            "send_notification",
+            CallError::new(
+                ErrorCode::UnknownOutcome,
+                "the daemon stopped while sending",
+            ),
+        );
+        journal.call_finished(run, &unknown).unwrap();
+        let calls = &journal.open_runs().unwrap()[0].calls;
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].effect, Effect::ExternalSideEffect);
+        assert_eq!(calls[0].progress, CallProgress::Finished(unknown));
+        // It did start once: it counts against the rate limit once.
+        assert_eq!(
+            journal
+                .calls_started_since("send_notification", UNIX_EPOCH)
+                .unwrap(),
+            1
+        );
+    }
+
+    #[test]
+    fn ending_move_closes_the_run_and_a_new_claim_starts_another() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, run, "c-1");
+        journal
+            .note_moved(run, "Done/a.md", true)
+            .expect("note_moved");
+        assert!(journal.open_runs().unwrap().is_empty());
+        assert!(journal.run_for_note("In_Progress/a.md").unwrap().is_none());
+        assert!(journal.run_for_note("Done/a.md").unwrap().is_none());
+        assert!(journal.running_calls().unwrap().is_empty());
+
+        let again = journal.begin_run("In_Progress/a.md").unwrap();
+        assert_ne!(again, run);
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].run_id, again);
+        assert!(open[0].calls.is_empty());
+    }
+
+    #[test]
+    fn non_ending_move_keeps_the_run_at_its_new_path() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, run, "c-1");
+        journal
+            .note_moved(run, "In_Progress/a (2).md", false)
+            .unwrap();
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].note, "In_Progress/a (2).md");
+        assert!(journal.run_for_note("In_Progress/a.md").unwrap().is_none());
+        let found = journal
+            .run_for_note("In_Progress/a (2).md")
+            .unwrap()
+            .expect("open run at new path");
+        assert_eq!(found.run_id, run);
+        assert_eq!(found.calls.len(), 1);
+
+        let moves: Vec<_> = journal
+            .log(&LogFilter::default())
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event == "move")
+            .map(|e| (e.note, e.detail))
+            .collect();
+        assert_eq!(
+            moves,
+            vec![(
+                "In_Progress/a.md".to_string(),
+                Some("In_Progress/a (2).md".to_string())
+            )]
+        );
+    }
+
+    #[test]
+    fn a_second_claim_of_the_same_path_supersedes_a_stale_run() {
+        let (_dir, journal) = fresh_journal();
+        let stale = journal.begin_run("In_Progress/a.md").unwrap();
+        let fresh = journal.begin_run("In_Progress/a.md").unwrap();
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].run_id, fresh);
+        assert_ne!(stale, fresh);
+    }
+
+    #[test]
+    fn abandoned_run_is_closed_and_reported() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/gone.md").unwrap();
+        journal
+            .abandon_run(run, "note no longer in In_Progress")
+            .unwrap();
+        assert!(journal.open_runs().unwrap().is_empty());
+        let problems = journal.problems(10).unwrap();
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].note, "In_Progress/gone.md");
+    }
+
+    #[test]
+    fn everything_survives_a_restart() {
+        let (dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_send(&journal, run, "c-send");
+        start_search(&journal, run, "c-search");
+        let result = search_ok("c-search");
+        journal.call_finished(run, &result).unwrap();
+        journal
+            .record_approval("Pending_Approval/b.md", "c-b", "h1", Decision::Approved)
+            .unwrap();
+        journal
+            .record_problem("Needs_Action/big.md", "over max_note_bytes")
+            .unwrap();
+        let before = journal.log(&LogFilter::default()).unwrap();
+        drop(journal); // the daemon is killed
+
+        let journal = Journal::open(dir.path()).expect("reopen");
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(
+            open[0].calls,
+            vec![
+                JournalCall {
+                    call_id: "c-send".into(),
+                    tool: "send_notification".into(),
+                    effect: Effect::ExternalSideEffect,
+                    progress: CallProgress::Started,
+                },
+                JournalCall {
+                    call_id: "c-search".into(),
+                    tool: "search_web".into(),
+                    effect: Effect::ReadOnly,
+                    progress: CallProgress::Finished(result),
+                },
+            ]
+        );
+        assert_eq!(
+            journal.approval("c-b", "h1").unwrap(),
+            Some(Decision::Approved)
+        );
+        assert_eq!(journal.problems(5).unwrap().len(), 1);
+        assert_eq!(journal.log(&LogFilter::default()).unwrap(), before);
+        assert_eq!(
+            journal
+                .calls_started_since("send_notification", UNIX_EPOCH)
+                .unwrap(),
+            1
+        );
+        // And the run carries on after the restart.
+        journal.results_written(run, &["c-search"]).unwrap();
+        journal.note_moved(run, "Failed/a.md", true).unwrap();
+        assert!(journal.open_runs().unwrap().is_empty());
+    }
+
+    #[test]
+    fn rate_limit_counts_starts_across_runs_and_windows() {
+        let (_dir, journal) = fresh_journal();
+        let before_all = SystemTime::now() - Duration::from_secs(1);
+        let a = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, a, "c-1");
+        start_search(&journal, a, "c-2");
+        journal.note_moved(a, "Done/a.md", true).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let middle = SystemTime::now();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = journal.begin_run("In_Progress/b.md").unwrap();
+        start_search(&journal, b, "c-3");
+        start_send(&journal, b, "c-4");
+        // Results recorded without a start do not count.
+        journal.call_finished(b, &invalid_params("c-5")).unwrap();
+        journal.call_finished(b, &timed_out("c-3")).unwrap();
+
+        assert_eq!(
+            journal
+                .calls_started_since("search_web", before_all)
+                .unwrap(),
+            3
+        );
+        assert_eq!(
+            journal.calls_started_since("search_web", middle).unwrap(),
+            1
+        );
+        assert_eq!(
+            journal
+                .calls_started_since("send_notification", before_all)
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            journal
+                .calls_started_since("search_web", SystemTime::now() + Duration::from_secs(1))
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            journal.calls_started_since("unknown", before_all).unwrap(),
+            0
+        );
+
+        let oldest = journal
+            .oldest_call_since("search_web", before_all)
+            .unwrap()
+            .expect("some call");
+        assert!(oldest >= before_all && oldest < middle);
+        let oldest_after_middle = journal
+            .oldest_call_since("search_web", middle)
+            .unwrap()
+            .expect("some call");
+        assert!(oldest_after_middle >= middle);
+        assert_eq!(
+            journal
+                .oldest_call_since("search_web", SystemTime::now() + Duration::from_secs(1))
+                .unwrap(),
+            None
+        );
+
+        assert_eq!(
+            journal.rate_use("search_web", middle, before_all).unwrap(),
+            RateUse {
+                last_hour: 1,
+                last_day: 3
+            }
+        );
+    }
+
+    #[test]
+    fn start_within_limits_refuses_the_call_past_the_limit() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let hour = RateWindow {
+            max: 2,
+            length: Duration::from_secs(3600),
+        };
+        let day = RateWindow {
+            max: 10,
+            length: Duration::from_secs(86400),
+        };
+        let params = json!({ "query": "q" });
+        let start = |id: &str| {
+            journal
+                .call_started_within(
+                    run,
+                    id,
+                    "search_web",
+                    Effect::ReadOnly,
+                    &params,
+                    &[hour, day],
+                )
+                .unwrap()
+        };
+        assert_eq!(start("c-1"), StartAdmission::Started);
+        let first = journal
+            .oldest_call_since("search_web", UNIX_EPOCH)
+            .unwrap()
+            .unwrap();
+        assert_eq!(start("c-2"), StartAdmission::Started);
+        match start("c-3") {
+            StartAdmission::RateLimited { window, reset_at } => {
+                assert_eq!(window, hour);
+                assert_eq!(reset_at, first + Duration::from_secs(3600));
+            }
+            other => panic!("expected RateLimited, got {other:?}"),
+        }
+        // Nothing was recorded for the refused call.
+        assert_eq!(
+            journal
+                .calls_started_since("search_web", UNIX_EPOCH)
+                .unwrap(),
+            2
+        );
+        assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 2);
+        // Other tools have their own windows.
+        assert_eq!(
+            journal
+                .call_started_within(
+                    run,
+                    "c-4",
+                    "send_notification",
+                    Effect::ExternalSideEffect,
+                    &params,
+                    &[hour]
+                )
+                .unwrap(),
+            StartAdmission::Started
+        );
+    }
+
+    #[test]
+    fn approvals_latest_wins_and_are_bound_to_the_params_hash() {
+        let (_dir, journal) = fresh_journal();
+        let note = "Pending_Approval/a.md";
+        assert_eq!(journal.approval("c-1", "hash-a").unwrap(), None);
+        journal
+            .record_approval(note, "c-1", "hash-a", Decision::Approved)
+            .unwrap();
+        assert_eq!(
+            journal.approval("c-1", "hash-a").unwrap(),
+            Some(Decision::Approved)
+        );
+        // Changed parameters need approving again; another call is another call.
+        assert_eq!(journal.approval("c-1", "hash-b").unwrap(), None);
+        assert_eq!(journal.approval("c-2", "hash-a").unwrap(), None);
+
+        journal
+            .record_approval(note, "c-1", "hash-a", Decision::Rejected)
+            .unwrap();
+        assert_eq!(
+            journal.approval("c-1", "hash-a").unwrap(),
+            Some(Decision::Rejected)
+        );
+        journal
+            .record_approval(note, "c-1", "hash-a", Decision::Approved)
+            .unwrap();
+        assert_eq!(
+            journal.approval("c-1", "hash-a").unwrap(),
+            Some(Decision::Approved)
+        );
+
+        let events: Vec<_> = journal
+            .log(&LogFilter::default())
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.event, e.call_id, e.outcome))
+            .collect();
+        assert_eq!(events.len(), 3);
+        assert_eq!(
+            events[1],
+            (
+                "approval".to_string(),
+                Some("c-1".to_string()),
+                Some("rejected".to_string())
+            )
+        );
+    }
+
+    #[test]
+    fn an_approval_counts_once() {
+        let (_dir, journal) = fresh_journal();
+        journal
+            .record_approval("Pending_Approval/a.md", "c-1", "h", Decision::Approved)
+            .unwrap();
+        assert_eq!(
+            journal.consume_approval("c-1", "h").unwrap(),
+            Some(Decision::Approved)
+        );
+        assert_eq!(journal.approval("c-1", "h").unwrap(), None);
+        assert_eq!(journal.consume_approval("c-1", "h").unwrap(), None);
+        // A new decision is usable again.
+        journal
+            .record_approval("Pending_Approval/a.md", "c-1", "h", Decision::Approved)
+            .unwrap();
+        assert_eq!(
+            journal.approval("c-1", "h").unwrap(),
+            Some(Decision::Approved)
+        );
+    }
+
+    /// Two notes, two tools, an ok call and a failure.
+    fn journal_with_history() -> (TempDir, Journal, SystemTime) {
+        let (dir, journal) = fresh_journal();
+        let a = journal.begin_run("In_Progress/work/alpha.md").unwrap();
+        start_search(&journal, a, "c-a1");
+        journal.call_finished(a, &search_ok("c-a1")).unwrap();
+        journal.results_written(a, &["c-a1"]).unwrap();
+        journal.note_moved(a, "Done/work/alpha.md", true).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let middle = SystemTime::now();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = journal.begin_run("In_Progress/beta.md").unwrap();
+        start_send(&journal, b, "c-b1");
+        journal
+            .call_finished(
+                b,
+                &CallResult::failed_now(
+                    "c-b1",
+                    "send_notification",
+                    CallError::new(ErrorCode::ExecutionError, "SMTP said 554"),
+                ),
+            )
+            .unwrap();
+        (dir, journal, middle)
+    }
+
+    fn kinds(entries: &[LogEntry]) -> Vec<&str> {
+        entries.iter().map(|e| e.event.as_str()).collect()
+    }
+
+    #[test]
+    fn log_lists_everything_oldest_first() {
+        let (_dir, journal, _) = journal_with_history();
+        let all = journal.log(&LogFilter::default()).unwrap();
+        assert_eq!(
+            kinds(&all),
+            vec![
+                "claim",
+                "call_start",
+                "call_end",
+                "written",
+                "move",
+                "claim",
+                "call_start",
+                "call_end"
+            ]
+        );
+        let end = &all[2];
+        assert_eq!(end.note, "In_Progress/work/alpha.md");
+        assert_eq!(end.tool.as_deref(), Some("search_web"));
+        assert_eq!(end.outcome.as_deref(), Some("ok"));
+        assert_eq!(end.duration_ms, Some(412));
+        assert!(
+            humantime::parse_rfc3339(&end.time).is_ok(),
+            "RFC 3339: {}",
+            end.time
+        );
+        let failed = &all[7];
+        assert_eq!(failed.outcome.as_deref(), Some("EXECUTION_ERROR"));
+        assert_eq!(failed.detail.as_deref(), Some("SMTP said 554"));
+        let serialized = serde_json::to_value(end).unwrap();
+        assert_eq!(serialized["event"], "call_end");
+    }
+
+    #[test]
+    fn log_filters_by_tool_note_since_and_limit() {
+        let (_dir, journal, middle) = journal_with_history();
+        let by_tool = journal
+            .log(&LogFilter {
+                tool: Some("send_notification".into()),
+                ..LogFilter::default()
+            })
+            .unwrap();
+        assert_eq!(kinds(&by_tool), vec!["call_start", "call_end"]);
+
+        // Substring, not a pattern: `_` is a literal here.
+        let by_note = journal
+            .log(&LogFilter {
+                note: Some("work/al".into()),
+                ..LogFilter::default()
+            })
+            .unwrap();
+        assert_eq!(
+            kinds(&by_note),
+            vec!["claim", "call_start", "call_end", "written", "move"]
+        );
+        let underscore = journal
+            .log(&LogFilter {
+                note: Some("In_Progress/b".into()),
+                ..LogFilter::default()
+            })
+            .unwrap();
+        assert_eq!(kinds(&underscore), vec!["claim", "call_start", "call_end"]);
+        let wildcard = journal
+            .log(&LogFilter {
+                note: Some("%".into()),
+                ..LogFilter::default()
+            })
+            .unwrap();
+        assert!(wildcard.is_empty());
+
+        let since = journal
+            .log(&LogFilter {
+                since: Some(middle),
+                ..LogFilter::default()
+            })
+            .unwrap();
+        assert_eq!(kinds(&since), vec!["claim", "call_start", "call_end"]);
+
+        let newest_two = journal
+            .log(&LogFilter {
+                limit: Some(2),
+                ..LogFilter::default()
+            })
+            .unwrap();
+        assert_eq!(kinds(&newest_two), vec!["call_start", "call_end"]);
+
+        let combined = journal
+            .log(&LogFilter {
+                tool: Some("search_web".into()),
+                note: Some("alpha".into()),
+                limit: Some(1),
+                since: None,
+            })
+            .unwrap();
+        assert_eq!(kinds(&combined), vec!["written"]);
+    }
+
+    #[test]
+    fn status_queries_show_failures_problems_and_running_calls() {
+        let (_dir, journal, _) = journal_with_history();
+        let run = journal.begin_run("In_Progress/gamma.md").unwrap();
+        start_search(&journal, run, "c-g1");
+        journal.call_finished(run, &timed_out("c-g2")).unwrap();
+
+        let failures = journal.recent_failures(10).unwrap();
+        let codes: Vec<_> = failures
+            .iter()
+            .map(|e| e.outcome.clone().unwrap())
+            .collect();
+        assert_eq!(codes, vec!["TIMEOUT", "EXECUTION_ERROR"]);
+        assert_eq!(journal.recent_failures(1).unwrap().len(), 1);
+
+        let running = journal.running_calls().unwrap();
+        assert_eq!(running.len(), 1);
+        assert_eq!(running[0].note, "In_Progress/gamma.md");
+        assert_eq!(running[0].call_id.as_deref(), Some("c-g1"));
+        assert_eq!(running[0].tool.as_deref(), Some("search_web"));
+        assert!(running[0].duration_ms.is_some());
+
+        journal
+            .record_problem("Needs_Action/big.md", "over max_note_bytes (2 MB)")
+            .unwrap();
+        // Found again by the next scan: not recorded twice.
+        journal
+            .record_problem("Needs_Action/big.md", "over max_note_bytes (2 MB)")
+            .unwrap();
+        journal
+            .record_problem("Needs_Action/bin.md", "not UTF-8")
+            .unwrap();
+        let problems = journal.problems(10).unwrap();
+        let notes: Vec<_> = problems.iter().map(|e| e.note.as_str()).collect();
+        assert_eq!(notes, vec!["Needs_Action/bin.md", "Needs_Action/big.md"]);
+        assert_eq!(problems[0].detail.as_deref(), Some("not UTF-8"));
+        assert_eq!(journal.problems(1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn two_handles_on_one_file_write_and_read_concurrently() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = Journal::open(dir.path()).unwrap();
+        let cli = Journal::open(dir.path()).unwrap();
+        const CALLS: usize = 100;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let run = daemon.begin_run("In_Progress/a.md").unwrap();
+                for i in 0..CALLS {
+                    let id = format!("c-{i}");
+                    start_search(&daemon, run, &id);
+                    daemon.call_finished(run, &search_ok(&id)).unwrap();
+                }
+            });
+            s.spawn(|| {
+                // The CLI reads while the daemon writes, and writes too (`vaultd approve`).
+                for i in 0..CALLS {
+                    cli.log(&LogFilter::default()).unwrap();
+                    cli.open_runs().unwrap();
+                    cli.record_approval(
+                        "Pending_Approval/b.md",
+                        &format!("c-{i}"),
+                        "h",
+                        Decision::Approved,
+                    )
+                    .unwrap();
+                }
+            });
+        });
+        assert_eq!(
+            cli.calls_started_since("search_web", UNIX_EPOCH).unwrap(),
+            CALLS as u64
+        );
+        assert_eq!(
+            daemon.approval("c-99", "h").unwrap(),
+            Some(Decision::Approved)
+        );
+        let runs = cli.open_runs().unwrap();
+        assert_eq!(runs[0].calls.len(), CALLS);
+    }
+
+    #[test]
+    fn journal_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Journal>();
+    }
 }
