@@ -1867,16 +1867,3 @@ mod tests {
         assert_send_sync::<Journal>();
     }
 }
-
-impl Journal {
-    pub fn oldest_call_since(
-        &self,
-        _tool: &str,
-        _since: SystemTime,
-    ) -> Result<Option<SystemTime>, JournalError> {
-        todo!()
-    }
-    pub fn record_problem(&self, _note: &str, _message: &str) -> Result<(), JournalError> {
-        todo!()
-    }
-}
