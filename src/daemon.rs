@@ -643,7 +643,17 @@ impl Daemon {
                     Ok(r) => results.push(r),
                     Err(e) => tracing::error!("call task failed: {e}"),
                 },
-                (Step::Done(r), None) => results.push(self.redact_result(r)),
+                (Step::Done(r), None) => {
+                    let r = self.redact_result(r);
+                    let recorded =
+                        matches!(prior.get(&r.call_id), Some(CallProgress::Finished(_)));
+                    let r = if recorded {
+                        r
+                    } else {
+                        self.runner.record(run, r).await
+                    };
+                    results.push(r)
+                }
                 (Step::Hold(h), None) => {
                     held.push(h);
                     waiting = true;

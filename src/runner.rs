@@ -3,13 +3,13 @@
 //! tool says, and the outcome recorded.
 
 use crate::call::{CallError, CallResult, ErrorCode};
-use crate::journal::{Journal, RunId};
+use crate::journal::{Journal, RateWindow, RunId, StartAdmission};
 use crate::secret::Redactor;
 use crate::tools::{Registry, ToolCall};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 
 pub struct Runner {
     pub registry: Arc<Registry>,
@@ -17,9 +17,6 @@ pub struct Runner {
     pub redactor: Arc<Redactor>,
     /// The global cap of `workers` calls running at once, across all notes.
     permits: Arc<Semaphore>,
-    /// Makes "count calls in the window, then record a start" atomic across concurrent calls,
-    /// so two calls cannot both take the last slot of a rate limit.
-    rate_gate: Mutex<()>,
 }
 
 impl Runner {
@@ -34,7 +31,6 @@ impl Runner {
             journal,
             redactor,
             permits: Arc::new(Semaphore::new(workers)),
-            rate_gate: Mutex::new(()),
         }
     }
 
@@ -60,39 +56,43 @@ impl Runner {
             .await
             .expect("the worker semaphore is never closed");
 
-        // Rate limit check and durable start, as one step.
-        {
-            let _gate = self.rate_gate.lock().await;
-            if let Err(e) = self.check_rate_limit(name, tool.rate_limit).await {
-                return CallResult::failed_now(call_id, name, e);
-            }
-            let redacted = self.redact_value(Value::Object(parameters.clone()));
-            let (j, cid, tname, effect) = (
-                self.journal.clone(),
-                call_id.to_string(),
-                name.to_string(),
-                tool.spec().effect,
-            );
-            let recorded = tokio::task::spawn_blocking(move || {
-                j.call_started(run, &cid, &tname, effect, &redacted)
-            })
-            .await;
-            if !matches!(recorded, Ok(Ok(()))) {
-                let why = match recorded {
-                    Ok(Err(e)) => e.to_string(),
-                    Err(e) => e.to_string(),
-                    Ok(Ok(())) => unreachable!(),
+        // Rate limit check and durable start, in one journal transaction, so two calls
+        // cannot both take the last slot and a crash after this line never runs it twice.
+        let limits = rate_windows(tool.rate_limit);
+        let redacted = self.redact_value(Value::Object(parameters.clone()));
+        let (j, cid, tname, effect) = (
+            self.journal.clone(),
+            call_id.to_string(),
+            name.to_string(),
+            tool.spec().effect,
+        );
+        let admitted = tokio::task::spawn_blocking(move || {
+            j.call_started_within(run, &cid, &tname, effect, &redacted, &limits)
+        })
+        .await;
+        match admitted {
+            Ok(Ok(StartAdmission::Started)) => {}
+            Ok(Ok(StartAdmission::RateLimited { window, reset_at })) => {
+                let label = if window.length >= Duration::from_secs(86_400) {
+                    "day"
+                } else {
+                    "hour"
                 };
-                return CallResult::failed_now(
-                    call_id,
-                    name,
-                    CallError::new(
-                        ErrorCode::ExecutionError,
-                        format!("not run: the journal could not record the start: {why}"),
-                    )
-                    .retryable(true),
-                );
+                let reset_s = crate::call::rfc3339_seconds(reset_at);
+                let error = CallError::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "{name} is limited to {} calls per {label}; the next call is allowed at {reset_s}",
+                        window.max
+                    ),
+                )
+                .with_details(serde_json::json!({ "limit": window.max, "window": label, "reset_at": reset_s }));
+                return self.record(run, CallResult::failed_now(call_id, name, error)).await;
             }
+            Ok(Err(e)) => {
+                return CallResult::failed_now(call_id, name, journal_down(&e.to_string()));
+            }
+            Err(e) => return CallResult::failed_now(call_id, name, journal_down(&e.to_string())),
         }
 
         let started_at = SystemTime::now();
@@ -125,62 +125,19 @@ impl Runner {
             started_at,
             ended_at: SystemTime::now(),
         };
+        self.record(run, result).await
+    }
+
+    /// Records a call's outcome in the journal (also for calls that never started, so
+    /// `vaultd log` shows them) and returns it.
+    pub async fn record(&self, run: RunId, result: CallResult) -> CallResult {
         let (j, r) = (self.journal.clone(), result.clone());
         match tokio::task::spawn_blocking(move || j.call_finished(run, &r)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(call_id, "journal could not record the outcome: {e}"),
-            Err(e) => tracing::error!(call_id, "journal task failed: {e}"),
+            Ok(Err(e)) => tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}"),
+            Err(e) => tracing::error!(call_id = %result.call_id, "journal task failed: {e}"),
         }
         result
-    }
-
-    async fn check_rate_limit(
-        &self,
-        name: &str,
-        limit: crate::config::RateLimit,
-    ) -> Result<(), CallError> {
-        let windows = [
-            (limit.per_hour, Duration::from_secs(3600), "hour"),
-            (limit.per_day, Duration::from_secs(86_400), "day"),
-        ];
-        for (max, window, label) in windows {
-            let Some(max) = max else { continue };
-            let since = SystemTime::now() - window;
-            let (j, tool) = (self.journal.clone(), name.to_string());
-            let counted = tokio::task::spawn_blocking(move || {
-                let used = j.calls_started_since(&tool, since)?;
-                let oldest = j.oldest_call_since(&tool, since)?;
-                Ok::<_, crate::journal::JournalError>((used, oldest))
-            })
-            .await;
-            let (used, oldest) = match counted {
-                Ok(Ok(v)) => v,
-                Ok(Err(e)) => {
-                    return Err(CallError::new(
-                        ErrorCode::ExecutionError,
-                        format!("not run: the journal could not count the rate limit: {e}"),
-                    )
-                    .retryable(true));
-                }
-                Err(e) => {
-                    return Err(
-                        CallError::new(ErrorCode::ExecutionError, e.to_string()).retryable(true)
-                    );
-                }
-            };
-            if used >= u64::from(max) {
-                let reset = oldest.map(|t| t + window).unwrap_or_else(SystemTime::now);
-                let reset_s = crate::call::rfc3339_seconds(reset);
-                return Err(CallError::new(
-                    ErrorCode::RateLimited,
-                    format!(
-                        "{name} is limited to {max} calls per {label}; {used} used; the next call is allowed at {reset_s}"
-                    ),
-                )
-                .with_details(serde_json::json!({ "limit": max, "window": label, "used": used, "reset_at": reset_s })));
-            }
-        }
-        Ok(())
     }
 
     pub fn redact_error(&self, mut e: CallError) -> CallError {
@@ -201,4 +158,29 @@ impl Runner {
             serde_json::from_str(&clean).unwrap_or(Value::String(clean))
         }
     }
+}
+
+fn rate_windows(limit: crate::config::RateLimit) -> Vec<RateWindow> {
+    let mut v = Vec::new();
+    if let Some(max) = limit.per_hour {
+        v.push(RateWindow {
+            max: u64::from(max),
+            length: Duration::from_secs(3600),
+        });
+    }
+    if let Some(max) = limit.per_day {
+        v.push(RateWindow {
+            max: u64::from(max),
+            length: Duration::from_secs(86_400),
+        });
+    }
+    v
+}
+
+fn journal_down(why: &str) -> CallError {
+    CallError::new(
+        ErrorCode::ExecutionError,
+        format!("not run: the journal could not record the start: {why}"),
+    )
+    .retryable(true)
 }
