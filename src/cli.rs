@@ -148,13 +148,18 @@ fn serve(g: &GlobalArgs, mode: Mode) -> Result<i32> {
     Ok(0)
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT. The handlers are installed now, inside the runtime, not on
+/// the first poll: the daemon polls this only from its main loop, and until then a SIGTERM
+/// (systemd stopping the unit during start-up) would kill the process instead of waiting.
+fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler can be installed");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler can be installed");
+    async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
     }
 }
 

@@ -140,6 +140,18 @@ impl TestVault {
         let mut c = Command::new(bin());
         c.arg("--config").arg(&self.config);
         c.env_remove("VAULTD_CONFIG");
+        // What systemd hands a service; a test that wants it sets it (tests/service.rs).
+        for var in [
+            "NOTIFY_SOCKET",
+            "WATCHDOG_USEC",
+            "WATCHDOG_PID",
+            "CREDENTIALS_DIRECTORY",
+            "STATE_DIRECTORY",
+            "CONFIGURATION_DIRECTORY",
+            "JOURNAL_STREAM",
+        ] {
+            c.env_remove(var);
+        }
         c.env("RUST_LOG", "vaultd=debug,info");
         c
     }
