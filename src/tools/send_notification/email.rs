@@ -215,7 +215,7 @@ impl Email {
                         format!(
                             "cannot write the email into the outbox {}: {}",
                             outbox.display(),
-                            super::error_chain(&e)
+                            super::root_cause(&e)
                         ),
                     )
                 })?;
@@ -290,15 +290,10 @@ fn smtp_error(server: &str, to: &Address, e: &lettre::transport::smtp::Error) ->
             (false, true) => format!("SMTP server {server} deferred the email to {to}"),
             (false, false) => format!("SMTP server {server} rejected the email to {to}"),
         };
-        let retry = if e.is_transient() {
-            " (temporary; try again later)"
-        } else {
-            ""
-        };
-        return CallError::new(ErrorCode::ExecutionError, format!("{what}: {reply}{retry}"))
+        return CallError::new(ErrorCode::ExecutionError, format!("{what}: {reply}"))
             .retryable(e.is_transient());
     }
-    let cause = root_cause(e);
+    let cause = super::root_cause(e);
     if e.is_timeout() {
         return CallError::new(
             ErrorCode::ExecutionError,
@@ -308,7 +303,7 @@ fn smtp_error(server: &str, to: &Address, e: &lettre::transport::smtp::Error) ->
     }
     // lettre reports a failed TLS handshake (an untrusted certificate, say) as a connection
     // error; the TLS layer marks it as invalid data. Retrying cannot fix a certificate.
-    if e.is_tls() || io_error_kind(e) == Some(std::io::ErrorKind::InvalidData) {
+    if e.is_tls() || super::io_error_kind(e) == Some(std::io::ErrorKind::InvalidData) {
         return CallError::new(
             ErrorCode::ExecutionError,
             format!("TLS with the SMTP server {server} failed: {cause}"),
@@ -327,27 +322,6 @@ fn smtp_error(server: &str, to: &Address, e: &lettre::transport::smtp::Error) ->
         format!("could not reach the SMTP server {server}: {cause}"),
     )
     .retryable(true)
-}
-
-/// The innermost error: lettre nests its own errors, each quoting the next
-/// ("Connection error: Connection error: invalid peer certificate: UnknownIssuer").
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut last = e;
-    while let Some(next) = last.source() {
-        last = next;
-    }
-    last.to_string()
-}
-
-fn io_error_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
-    let mut next = Some(e);
-    while let Some(err) = next {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            return Some(io.kind());
-        }
-        next = err.source();
-    }
-    None
 }
 
 #[cfg(test)]

@@ -88,29 +88,19 @@ impl SendNotification {
         })
     }
 
-    /// Everything `admit` decides except approval: the method, and a recipient that is a
+    /// Everything `admit` decides except approval: the parameters, and where they point — a
     /// valid address or a configured webhook name.
-    fn check_recipient<'p>(
+    fn resolve<'p>(
         &self,
         parameters: &'p Map<String, Value>,
-    ) -> Result<Send<'p>, CallError> {
+    ) -> Result<(Send<'p>, Target<'_>), CallError> {
         let send = Send::from_parameters(parameters)?;
-        match send.method {
-            Method::Email => {
-                parse_address(send.recipient)?;
-            }
-            Method::Slack => {
-                self.slack.get(send.recipient)?;
-            }
-            Method::Discord => {
-                self.discord.get(send.recipient)?;
-            }
-        }
-        Ok(send)
-    }
-
-    fn is_allowed(&self, address: &lettre::Address) -> bool {
-        self.allowed_recipients.iter().any(|a| a.matches(address))
+        let target = match send.method {
+            Method::Email => Target::Email(parse_address(send.recipient)?),
+            Method::Slack => Target::Slack(self.slack.get(send.recipient)?),
+            Method::Discord => Target::Discord(self.discord.get(send.recipient)?),
+        };
+        Ok((send, target))
     }
 
     fn redact(&self, mut error: CallError) -> CallError {
@@ -125,61 +115,49 @@ impl Tool for SendNotification {
     }
 
     fn admit(&self, parameters: &Map<String, Value>) -> Admission {
-        let send = match self.check_recipient(parameters) {
-            Ok(send) => send,
+        let (send, target) = match self.resolve(parameters) {
+            Ok(resolved) => resolved,
             Err(e) => return Admission::Deny(self.redact(e)),
         };
-        match self.approval {
-            Approval::Never => Admission::Run,
-            Approval::Always => Admission::Hold {
+        match (self.approval, target) {
+            (Approval::Never, _) => Admission::Run,
+            (Approval::Always, _) => Admission::Hold {
                 reason: "approval = \"always\": every send is held for a person".to_string(),
             },
-            Approval::Unlisted => match send.method {
-                // A configured webhook name is its own allowlist (DESIGN §8.6).
-                Method::Slack | Method::Discord => Admission::Run,
-                Method::Email => {
-                    let listed = parse_address(send.recipient)
-                        .map(|a| self.is_allowed(&a))
-                        .unwrap_or(false);
-                    if listed {
-                        Admission::Run
-                    } else {
-                        Admission::Hold {
-                            reason: format!(
-                                "recipient {} is not in allowed_recipients",
-                                send.recipient
-                            ),
-                        }
+            // A configured webhook name is its own allowlist (DESIGN §8.6).
+            (Approval::Unlisted, Target::Slack(_) | Target::Discord(_)) => Admission::Run,
+            (Approval::Unlisted, Target::Email(address)) => {
+                if self.allowed_recipients.iter().any(|a| a.matches(&address)) {
+                    Admission::Run
+                } else {
+                    Admission::Hold {
+                        reason: format!(
+                            "recipient {} is not in allowed_recipients",
+                            send.recipient
+                        ),
                     }
                 }
-            },
+            }
         }
     }
 
     fn run<'a>(&'a self, call: ToolCall<'a>) -> ToolFuture<'a> {
         Box::pin(async move {
-            // The runner admitted this call already; checking again costs nothing and keeps a
+            // The runner admitted this call already; resolving again costs nothing and keeps a
             // send to an unconfigured name impossible even if a caller skips `admit`.
-            let send = self
-                .check_recipient(call.parameters)
-                .map_err(|e| self.redact(e))?;
+            let (send, target) = self.resolve(call.parameters).map_err(|e| self.redact(e))?;
             tracing::info!(
                 call_id = call.call_id,
                 method = send.method.as_str(),
                 recipient = send.recipient,
                 "sending notification"
             );
-            let outcome = match send.method {
-                Method::Email => {
-                    let to = parse_address(send.recipient)?;
-                    self.email.send(&call, to, send.subject, send.body).await
-                }
-                Method::Slack => {
-                    let hook = self.slack.get(send.recipient)?;
+            let outcome = match target {
+                Target::Email(to) => self.email.send(&call, to, send.subject, send.body).await,
+                Target::Slack(hook) => {
                     slack::post(&self.http, hook, send.subject, send.body, &call).await
                 }
-                Method::Discord => {
-                    let hook = self.discord.get(send.recipient)?;
+                Target::Discord(hook) => {
                     discord::post(&self.http, hook, send.subject, send.body, &call).await
                 }
             };
@@ -190,6 +168,13 @@ impl Tool for SendNotification {
             })
         })
     }
+}
+
+/// Where a send goes, once checked against the config.
+enum Target<'t> {
+    Email(lettre::Address),
+    Slack(&'t Webhook),
+    Discord(&'t Webhook),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,7 +313,7 @@ impl Webhooks {
             let url = reqwest::Url::parse(secret.expose())
                 .map_err(|e| setup(format!("is not a URL: {e}")))?;
             if !matches!(url.scheme(), "https" | "http") {
-                return Err(setup("must be an https:// URL".to_string()));
+                return Err(setup("must be an https:// (or http://) URL".to_string()));
             }
             hooks.insert(
                 name.clone(),
@@ -377,15 +362,17 @@ fn request_error(hook: &Webhook, error: reqwest::Error) -> CallError {
             ),
         );
     }
-    // A connection that failed or broke is worth retrying (DESIGN §8.4); a request that could
-    // not even be built is not.
-    let retryable = !error.is_builder();
+    // A connection that failed or broke is worth retrying (DESIGN §8.4). A request that could
+    // not be built, or a TLS handshake that failed (the TLS layer reports invalid data, e.g.
+    // an untrusted certificate), fails the same way next time.
+    let retryable =
+        !error.is_builder() && io_error_kind(&error) != Some(std::io::ErrorKind::InvalidData);
     CallError::new(
         ErrorCode::ExecutionError,
         format!(
             "{kind} webhook `{}` could not be reached: {}",
             hook.name,
-            error_chain(&error)
+            root_cause(&error)
         ),
     )
     .retryable(retryable)
@@ -454,19 +441,26 @@ fn time_left(hook: &Webhook, deadline: Instant) -> Result<Duration, CallError> {
     Ok(left)
 }
 
-/// "error sending request: client error (Connect): tcp connect error: Connection refused".
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let text = e.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = e.source();
+/// The innermost error, which says what happened ("Connection refused (os error 111)");
+/// the outer layers only repeat it ("Connection error: Connection error: …").
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = error;
+    while let Some(next) = last.source() {
+        last = next;
     }
-    out
+    last.to_string()
+}
+
+/// The kind of the first I/O error in the chain, if any.
+fn io_error_kind(error: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        next = e.source();
+    }
+    None
 }
 
 fn capitalized(kind: &str) -> String {

@@ -223,4 +223,32 @@ mod tests {
         );
         assert_no_url(&err.message, &uri, TOKEN_PATH);
     }
+
+    #[tokio::test]
+    async fn no_answer_before_the_deadline_is_a_timeout() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_string("ok")
+                    .set_delay(std::time::Duration::from_secs(5)),
+            )
+            .mount(&server)
+            .await;
+        let tool = slack_tool(&server.uri()).await;
+        let parameters = slack_params("ops", "s", "b");
+        let err = crate::tools::Tool::run(
+            &tool,
+            ToolCall {
+                call_id: "c-slack7",
+                parameters: &parameters,
+                deadline: std::time::Instant::now() + std::time::Duration::from_millis(300),
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, crate::call::ErrorCode::Timeout);
+        assert!(err.retryable);
+        assert_no_url(&err.message, &server.uri(), TOKEN_PATH);
+    }
 }
