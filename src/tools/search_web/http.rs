@@ -16,6 +16,8 @@ const MAX_DELAY: Duration = Duration::from_secs(5);
 /// An attempt that would start with less time than this before the deadline is not worth
 /// starting: it would only turn a clear "answered 500" into a vague TIMEOUT.
 const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(250);
+/// A request timing out this close to the deadline timed out because of it.
+const DEADLINE_SLACK: Duration = Duration::from_millis(50);
 /// Even with a long deadline, hammering a failing provider more often than this helps no one.
 const MAX_ATTEMPTS: u32 = 6;
 /// Search answers are a few hundred KiB at most; anything bigger is not one.
@@ -225,7 +227,9 @@ pub(super) async fn send(
                 )
                 .retryable(false));
             }
-            Ok(Err(e)) if e.is_timeout() && Instant::now() + MIN_ATTEMPT_TIME / 5 >= deadline => {
+            // The per-attempt timeout is the time left, so this is the deadline, not the
+            // provider; a client-level connect timeout earlier on is retried below.
+            Ok(Err(e)) if e.is_timeout() && Instant::now() + DEADLINE_SLACK >= deadline => {
                 return Err(history.deadline_passed(provider));
             }
             Ok(Err(e)) => Failure::Transport(describe_reqwest_error(e)),
