@@ -81,6 +81,29 @@ pub enum Command {
     Init { dir: PathBuf },
     /// Print the effective configuration, secrets redacted.
     Config,
+    /// Notes per state, running calls, recent failures and problems, rate-limit use.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the journal: claims, calls, results, moves, problems.
+    Log {
+        /// Only entries newer than this (e.g. 30m, 1h, 2days).
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        /// Only calls of this tool.
+        #[arg(long)]
+        tool: Option<String>,
+        /// Only notes whose path contains this text.
+        #[arg(long)]
+        note: Option<String>,
+        /// At most this many entries (the newest).
+        #[arg(long, default_value_t = 200)]
+        limit: usize,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Parses the command line, runs it, returns the process exit code.
@@ -112,6 +135,14 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Command::Tools { json, format } => tools(&g, json, format),
         Command::Init { dir } => init(&dir),
         Command::Config => print_config(&g),
+        Command::Status { json } => status(&g, json),
+        Command::Log {
+            since,
+            tool,
+            note,
+            limit,
+            json,
+        } => log(&g, since, tool, note, limit, json),
     }
 }
 
@@ -466,5 +497,152 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
     let redactor = daemon::redactor_for(&c);
     let text = serde_json::to_string_pretty(&effective)?;
     println!("{}", redactor.redact(&text));
+    Ok(0)
+}
+
+fn open_journal(config: &Config) -> Result<crate::journal::Journal> {
+    Ok(crate::journal::Journal::open(&config.state_dir)?)
+}
+
+fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
+    use crate::vault::{State, Vault};
+    let config = load(g)?;
+    let vault = Vault::new(config.vault.clone(), config.folders.clone());
+    let journal = open_journal(&config)?;
+    let daemon_pid = daemon::running_daemon(&config.vault);
+    let counts: Vec<(State, usize)> = State::ALL
+        .iter()
+        .map(|s| (*s, vault.scan(*s).len()))
+        .collect();
+    let running = journal.running_calls()?;
+    let failures = journal.recent_failures(10)?;
+    let problems = journal.problems(10)?;
+    let now = std::time::SystemTime::now();
+    let hour = now - std::time::Duration::from_secs(3600);
+    let day = now - std::time::Duration::from_secs(86_400);
+    let registry = registry_for(&config)?;
+    let mut rates = Vec::new();
+    for t in registry.tools() {
+        let used = journal.rate_use(t.spec().name, hour, day)?;
+        rates.push(json!({
+            "tool": t.spec().name,
+            "last_hour": used.last_hour, "per_hour": t.rate_limit.per_hour,
+            "last_day": used.last_day, "per_day": t.rate_limit.per_day,
+        }));
+    }
+    if as_json {
+        let v = json!({
+            "vault": config.vault.display().to_string(),
+            "daemon_pid": daemon_pid,
+            "notes": counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "running": running,
+            "recent_failures": failures,
+            "problems": problems,
+            "rate_limits": rates,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    println!("vault  {}", config.vault.display());
+    match daemon_pid {
+        Some(pid) => println!("daemon running (PID {pid})"),
+        None => println!("daemon not running"),
+    }
+    println!("\nnotes");
+    for (s, n) in &counts {
+        println!("  {:<18} {n}", vault.folder_name(*s));
+    }
+    println!("\nrunning now");
+    if running.is_empty() {
+        println!("  nothing");
+    }
+    for e in &running {
+        println!(
+            "  {}  {}  {} for {} ms",
+            e.note,
+            e.call_id.as_deref().unwrap_or(""),
+            e.tool.as_deref().unwrap_or(""),
+            e.duration_ms.unwrap_or(0)
+        );
+    }
+    println!("\nrecent failures");
+    if failures.is_empty() {
+        println!("  none");
+    }
+    for e in &failures {
+        println!(
+            "  {}  {}  {} {}: {}",
+            e.time,
+            e.note,
+            e.tool.as_deref().unwrap_or(""),
+            e.outcome.as_deref().unwrap_or(""),
+            e.detail.as_deref().unwrap_or("")
+        );
+    }
+    if !problems.is_empty() {
+        println!("\nnotes vaultd cannot process");
+        for e in &problems {
+            println!("  {}  {}: {}", e.time, e.note, e.detail.as_deref().unwrap_or(""));
+        }
+    }
+    println!("\nrate limits");
+    for r in &rates {
+        let lim = |v: &Value| v.as_u64().map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+        println!(
+            "  {:<18} {}/{} this hour, {}/{} today",
+            r["tool"].as_str().unwrap_or(""),
+            r["last_hour"],
+            lim(&r["per_hour"]),
+            r["last_day"],
+            lim(&r["per_day"])
+        );
+    }
+    Ok(0)
+}
+
+fn log(
+    g: &GlobalArgs,
+    since: Option<String>,
+    tool: Option<String>,
+    note: Option<String>,
+    limit: usize,
+    as_json: bool,
+) -> Result<i32> {
+    let config = load(g)?;
+    let journal = open_journal(&config)?;
+    let since = match since {
+        Some(s) => {
+            let d = humantime::parse_duration(&s)
+                .with_context(|| format!("--since {s}: not a duration like 30m, 1h, 2days"))?;
+            Some(std::time::SystemTime::now() - d)
+        }
+        None => None,
+    };
+    let entries = journal.log(&crate::journal::LogFilter {
+        since,
+        tool,
+        note,
+        limit: Some(limit),
+    })?;
+    let mut out = std::io::stdout().lock();
+    for e in entries {
+        if as_json {
+            writeln!(out, "{}", serde_json::to_string(&e)?)?;
+        } else {
+            let mut line = format!("{}  {:<10} {}", e.time, e.event, e.note);
+            for part in [&e.call_id, &e.tool, &e.outcome].into_iter().flatten() {
+                line.push_str("  ");
+                line.push_str(part);
+            }
+            if let Some(ms) = e.duration_ms {
+                line.push_str(&format!("  {ms} ms"));
+            }
+            if let Some(d) = &e.detail {
+                line.push_str("  ");
+                line.push_str(d);
+            }
+            writeln!(out, "{line}")?;
+        }
+    }
     Ok(0)
 }

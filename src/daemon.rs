@@ -126,6 +126,19 @@ pub fn lock_vault(vault: &Path) -> Result<VaultLock, DaemonError> {
     Ok(VaultLock { _file: file })
 }
 
+/// The PID of the daemon holding the vault lock, if one is running.
+pub fn running_daemon(vault: &Path) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let path = vault.join(".vaultd.lock");
+    let file = std::fs::File::open(&path).ok()?;
+    // SAFETY: flock on a valid, open file descriptor; a shared lock is released on drop.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    if rc == 0 {
+        return None;
+    }
+    std::fs::read_to_string(&path).ok()?.trim().parse().ok()
+}
+
 /// The shared HTTP client: one connection pool for every tool.
 pub fn http_client() -> Result<reqwest::Client, DaemonError> {
     reqwest::Client::builder()
