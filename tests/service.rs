@@ -274,11 +274,11 @@ async fn a_second_daemon_on_the_same_vault_exits_at_once_naming_the_first() {
 }
 
 /// A config of our own: TestVault's always names the searxng provider.
-fn write_brave_config(vault: &TestVault, api_key: &str) {
+fn write_brave_config(vault: &TestVault, base_url: &str, api_key: &str) {
     std::fs::write(
         &vault.config,
         format!(
-            "vault = {:?}\nstate_dir = {:?}\n\n[tools.search_web]\nprovider = \"brave\"\napi_key = {api_key:?}\n",
+            "vault = {:?}\nstate_dir = {:?}\n\n[tools.search_web]\nprovider = \"brave\"\nbase_url = {base_url:?}\napi_key = {api_key:?}\n",
             vault.root.display().to_string(),
             vault.state.display().to_string(),
         ),
@@ -286,14 +286,20 @@ fn write_brave_config(vault: &TestVault, api_key: &str) {
     .unwrap();
 }
 
+/// `$CREDENTIALS_DIRECTORY` as `LoadCredential=NAME:…` leaves it: one file per secret.
+fn credentials_dir(vault: &TestVault, name: &str, value: &str) -> PathBuf {
+    let creds = vault.dir.path().join("credentials");
+    std::fs::create_dir_all(&creds).unwrap();
+    std::fs::write(creds.join(name), format!("{value}\n")).unwrap();
+    creds
+}
+
 #[test]
 fn credential_secrets_come_from_credentials_directory_and_stay_redacted() {
     let vault = TestVault::new("http://127.0.0.1:9", "");
-    write_brave_config(&vault, "credential:brave_key");
-    let creds = vault.dir.path().join("credentials");
-    std::fs::create_dir_all(&creds).unwrap();
+    write_brave_config(&vault, "http://127.0.0.1:9", "credential:brave_key");
     let secret = "BSA-s3cr3t-from-LoadCredential";
-    std::fs::write(creds.join("brave_key"), format!("{secret}\n")).unwrap();
+    let creds = credentials_dir(&vault, "brave_key", secret);
 
     let out = vault
         .cmd()
@@ -323,6 +329,54 @@ fn credential_secrets_come_from_credentials_directory_and_stay_redacted() {
     assert!(!out.status.success());
     assert!(stderr.contains("CREDENTIALS_DIRECTORY"), "{stderr}");
     assert!(stderr.contains("api_key"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_credential_reaches_the_provider_and_nothing_else() {
+    use wiremock::matchers::{header, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let secret = "BSA-s3cr3t-from-LoadCredential";
+    let brave = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/res/v1/web/search"))
+        .and(header("x-subscription-token", secret))
+        .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "query": { "original": "credentials" },
+            "web": { "results": [
+                { "title": "Credentials", "url": "https://systemd.io/CREDENTIALS/", "description": "LoadCredential=" }
+            ] }
+        })))
+        .expect(1)
+        .mount(&brave)
+        .await;
+    let vault = TestVault::new("http://127.0.0.1:9", "");
+    write_brave_config(&vault, &brave.uri(), "credential:brave_key");
+    let creds = credentials_dir(&vault, "brave_key", secret);
+    vault.drop_note(
+        "key.md",
+        &note_with_calls("Key", &[search_call("credentials")]),
+    );
+
+    let out = vault
+        .cmd()
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .env("RUST_LOG", "trace")
+        .arg("once")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let text = vault.read("Done", "key.md");
+    assert_eq!(
+        results_in(&text)[0]["data"]["results"][0]["title"],
+        "Credentials",
+        "{text}"
+    );
+    assert!(!text.contains(secret) && !log.contains(secret), "{log}");
+    for entry in std::fs::read_dir(&vault.state).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains(secret));
+    }
 }
 
 #[test]
