@@ -524,14 +524,15 @@ fn broken_call(content: &str, name: Option<String>, message: String) -> FoundCal
     }
 }
 
-/// §8.1: a broken block's id hashes its raw content. The content always ends with a line
-/// break, as it does once the block is closed, so an unclosed block at the end of a note
-/// without a final newline gets the same id before and after vaultd appends to it.
+/// §8.1: a broken block's id hashes its raw content, trailing whitespace aside: an unclosed
+/// block at the end of a note or of a list item gains a line break and blank lines when vaultd
+/// appends after it, and its id (so the result written for it) must not change with them.
 fn raw_id(content: &str) -> String {
-    if content.is_empty() || content.ends_with('\n') {
-        hash_id(content.as_bytes())
+    let trimmed = content.trim_end();
+    if trimmed.is_empty() {
+        hash_id(b"")
     } else {
-        hash_id(format!("{content}\n").as_bytes())
+        hash_id(format!("{trimmed}\n").as_bytes())
     }
 }
 
