@@ -353,17 +353,20 @@ fn is_closed(body: &str, f: &Fence) -> bool {
 fn html_terminator(block: &str) -> Option<String> {
     let t = block.trim_start_matches(' ');
     let lower = t.to_ascii_lowercase();
-    if t.starts_with("<!--") {
-        return (!t[4..].contains("-->")).then(|| "-->".to_string());
+    let unterminated = |rest: &str, end: &str| (!rest.contains(end)).then(|| end.to_string());
+    if let Some(rest) = t.strip_prefix("<!--") {
+        return unterminated(rest, "-->");
     }
-    if t.starts_with("<?") {
-        return (!t[2..].contains("?>")).then(|| "?>".to_string());
+    if let Some(rest) = t.strip_prefix("<?") {
+        return unterminated(rest, "?>");
     }
-    if t.starts_with("<![CDATA[") {
-        return (!t[9..].contains("]]>")).then(|| "]]>".to_string());
+    if let Some(rest) = t.strip_prefix("<![CDATA[") {
+        return unterminated(rest, "]]>");
     }
-    if t.starts_with("<!") && t[2..].starts_with(|c: char| c.is_ascii_alphabetic()) {
-        return (!t[2..].contains('>')).then(|| ">".to_string());
+    if let Some(rest) = t.strip_prefix("<!")
+        && rest.starts_with(|c: char| c.is_ascii_alphabetic())
+    {
+        return unterminated(rest, ">");
     }
     for tag in ["pre", "script", "style", "textarea"] {
         let Some(rest) = lower.strip_prefix('<').and_then(|r| r.strip_prefix(tag)) else {
@@ -385,16 +388,16 @@ fn record_notice(f: &Fence, results: &mut Vec<ResultRef>, held: &mut Vec<String>
     let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&f.content) else {
         return;
     };
-    if let Some(Value::Object(r)) = map.get("tool_result") {
-        if let (Some(call_id), Some(ok)) = (
+    if let Some(Value::Object(r)) = map.get("tool_result")
+        && let (Some(call_id), Some(ok)) = (
             r.get("call_id").and_then(Value::as_str),
             r.get("ok").and_then(Value::as_bool),
-        ) {
-            results.push(ResultRef {
-                call_id: call_id.to_string(),
-                ok,
-            });
-        }
+        )
+    {
+        results.push(ResultRef {
+            call_id: call_id.to_string(),
+            ok,
+        });
     }
     if let Some(call_id) = map
         .get("tool_approval")

@@ -488,7 +488,7 @@ tool_updated: 2023-11-14T22:14:20Z
         assert_eq!(after.calls.len(), 2);
         assert_eq!(after.pending_calls().count(), 0);
         assert_eq!(after.results.len(), 2);
-        assert_eq!(after.results[1].ok, false);
+        assert!(!after.results[1].ok);
         let ids = |n: &ParsedNote| {
             n.calls
                 .iter()
