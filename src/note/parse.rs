@@ -940,6 +940,24 @@ mod tests {
     }
 
     #[test]
+    fn pulldown_yaml_option_would_hide_that_call() {
+        // Pins why frontmatter is cut by hand: with the option, the section is metadata.
+        let text = format!("Intro\n\n---\n## Section\n{}\n---\nMore\n", fenced(CALL));
+        let parser = Parser::new_ext(&text, Options::ENABLE_YAML_STYLE_METADATA_BLOCKS);
+        let events: Vec<Event> = parser.collect();
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Event::Start(Tag::MetadataBlock(_))))
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, Event::Start(Tag::CodeBlock(_))))
+        );
+    }
+
+    #[test]
     fn call_without_final_newline() {
         let text = format!("text\n\n```json\n{CALL}\n```");
         let call = only_call(&text);

@@ -179,3 +179,14 @@ proptest! {
         prop_assert_eq!(body(&once), body(&text));
     }
 }
+
+#[test]
+fn deeply_nested_markdown_does_not_overflow() {
+    for unit in ["> ", "- ", "1. ", "[", "*", "<a>", "`", "~~~\n"] {
+        let text = format!(
+            "{}```json\n{{\"tool_call\": {{\"name\": \"t\"}}}}\n```\n",
+            unit.repeat(20_000)
+        );
+        let _ = parse_note(&text);
+    }
+}
