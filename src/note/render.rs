@@ -660,6 +660,8 @@ tool_status: this is body text
             format!("{CALL}\n~~~~\n"),
             "```json\n{\"tool_call\": {\"name\": \"x\"}}\n".to_string(),
             "```json\n{\"tool_call\": {\"name\": \"x\"}}".to_string(),
+            // Found by the proptest: a blank last line without a line break.
+            "```json\ntext\n{\"tool_call\": {\"name\": \"t\"}}\n   ".to_string(),
         ] {
             let results = results_for(&text);
             assert!(!results.is_empty());
