@@ -582,12 +582,21 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     if !problems.is_empty() {
         println!("\nnotes vaultd cannot process");
         for e in &problems {
-            println!("  {}  {}: {}", e.time, e.note, e.detail.as_deref().unwrap_or(""));
+            println!(
+                "  {}  {}: {}",
+                e.time,
+                e.note,
+                e.detail.as_deref().unwrap_or("")
+            );
         }
     }
     println!("\nrate limits");
     for r in &rates {
-        let lim = |v: &Value| v.as_u64().map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+        let lim = |v: &Value| {
+            v.as_u64()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".into())
+        };
         println!(
             "  {:<18} {}/{} this hour, {}/{} today",
             r["tool"].as_str().unwrap_or(""),

@@ -302,6 +302,11 @@ pub struct Overrides {
 /// The config file to read, by the lookup order of DESIGN §6: `--config`, `$VAULTD_CONFIG`,
 /// `<vault>/.vaultd.toml`, the user config dir. `None` when no file exists (defaults apply).
 pub fn locate(overrides: &Overrides) -> Option<PathBuf> {
+    let found = locate_relative(overrides)?;
+    Some(std::path::absolute(&found).unwrap_or(found))
+}
+
+fn locate_relative(overrides: &Overrides) -> Option<PathBuf> {
     if let Some(p) = &overrides.config {
         return Some(p.clone());
     }

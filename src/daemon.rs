@@ -658,8 +658,7 @@ impl Daemon {
                 },
                 (Step::Done(r), None) => {
                     let r = self.redact_result(r);
-                    let recorded =
-                        matches!(prior.get(&r.call_id), Some(CallProgress::Finished(_)));
+                    let recorded = matches!(prior.get(&r.call_id), Some(CallProgress::Finished(_)));
                     let r = if recorded {
                         r
                     } else {

@@ -87,7 +87,9 @@ impl Runner {
                     ),
                 )
                 .with_details(serde_json::json!({ "limit": window.max, "window": label, "reset_at": reset_s }));
-                return self.record(run, CallResult::failed_now(call_id, name, error)).await;
+                return self
+                    .record(run, CallResult::failed_now(call_id, name, error))
+                    .await;
             }
             Ok(Err(e)) => {
                 return CallResult::failed_now(call_id, name, journal_down(&e.to_string()));
@@ -134,7 +136,9 @@ impl Runner {
         let (j, r) = (self.journal.clone(), result.clone());
         match tokio::task::spawn_blocking(move || j.call_finished(run, &r)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}"),
+            Ok(Err(e)) => {
+                tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}")
+            }
             Err(e) => tracing::error!(call_id = %result.call_id, "journal task failed: {e}"),
         }
         result

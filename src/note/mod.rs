@@ -6,6 +6,9 @@ pub mod parse;
 pub mod render;
 pub mod write;
 
+#[cfg(test)]
+mod proptests;
+
 pub use parse::{CallBlock, CallBody, LineEnding, ParsedNote, parse_note};
 pub use render::{Block, append_blocks};
 pub use write::{WriteError, update_note};

@@ -1,8 +1,10 @@
 //! Pure: note text -> the tool calls it holds (with ids, lines, byte spans), the results and
 //! approval notices already written, and the frontmatter span. Parsed with pulldown-cmark.
 
-use crate::call::CallError;
+use crate::call::{CallError, ErrorCode};
+use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 use std::ops::Range;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,8 +90,624 @@ impl ParsedNote {
 }
 
 /// Parses a note. Never fails: broken calls are `CallBody::Broken`.
-pub fn parse_note(_text: &str) -> ParsedNote {
-    todo!("parser")
+pub fn parse_note(text: &str) -> ParsedNote {
+    analyze(text).note
+}
+
+/// A parse plus what the renderer must know to append safely.
+pub(crate) struct Analysis {
+    pub note: ParsedNote,
+    /// A line to append (before any result) so that appended text is not swallowed by a
+    /// construct the note leaves open at its very end: an unclosed top-level fence, or an
+    /// unterminated `<!--`, `<pre>`, `<?`, `<!X`, `<![CDATA[` HTML block. Inside a
+    /// blockquote or list item nothing is needed: the blank line before a callout ends them.
+    pub tail_closer: Option<String>,
+}
+
+/// The full parse behind [`parse_note`].
+pub(crate) fn analyze(text: &str) -> Analysis {
+    let bom = text.starts_with('\u{FEFF}');
+    let content_start = if bom { '\u{FEFF}'.len_utf8() } else { 0 };
+    // Frontmatter is cut off by hand and the rest parsed on its own, instead of letting
+    // pulldown-cmark's YAML option find it: that option also turns a `---` hr in the middle
+    // of a note (followed later by another `---`) into a "metadata block" and would hide
+    // every call between them. Obsidian only knows frontmatter at the very top.
+    let frontmatter = find_frontmatter(&text[content_start..])
+        .map(|r| r.start + content_start..r.end + content_start);
+    let body_start = frontmatter.as_ref().map_or(content_start, |r| r.end);
+    let body = &text[body_start..];
+    let lines = LineIndex::new(text);
+    let scan = scan_blocks(body);
+
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    let mut held = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for fence in scan.fences.iter().filter(|f| f.is_json()) {
+        if fence.in_quote {
+            record_notice(fence, &mut results, &mut held);
+            continue;
+        }
+        let Some(found) = classify_call(fence, body_start, &lines, text) else {
+            continue;
+        };
+        let n = seen.entry(found.base_id.clone()).or_insert(0);
+        *n += 1;
+        let call_id = if *n == 1 {
+            found.base_id
+        } else {
+            format!("{}-{}", found.base_id, n)
+        };
+        let span = fence.range.start + body_start..fence.range.end + body_start;
+        calls.push(CallBlock {
+            call_id,
+            name: found.name,
+            line: lines.line_of(span.start),
+            span,
+            body: found.body,
+        });
+    }
+
+    Analysis {
+        note: ParsedNote {
+            bom,
+            line_ending: detect_line_ending(text),
+            frontmatter,
+            calls,
+            results,
+            held,
+        },
+        tail_closer: scan.tail_closer,
+    }
+}
+
+fn detect_line_ending(text: &str) -> LineEnding {
+    match text.find('\n') {
+        Some(i) if i > 0 && text.as_bytes()[i - 1] == b'\r' => LineEnding::CrLf,
+        _ => LineEnding::Lf,
+    }
+}
+
+/// The next line at `pos`: (line without its line break, start of the following line).
+fn next_line(s: &str, pos: usize) -> Option<(&str, usize)> {
+    if pos >= s.len() {
+        return None;
+    }
+    let end = s[pos..].find('\n').map_or(s.len(), |i| pos + i + 1);
+    let line = s[pos..end].strip_suffix('\n').unwrap_or(&s[pos..end]);
+    Some((line.strip_suffix('\r').unwrap_or(line), end))
+}
+
+/// YAML frontmatter at the start of `s` (BOM already removed): a `---` line, at least one
+/// line, a closing `---` or `...` line. Agrees with pulldown-cmark's YAML metadata rule at
+/// the top of a document (the first inner line may not be blank), except that an empty
+/// `---`/`---` pair also counts, as it does in Obsidian.
+fn find_frontmatter(s: &str) -> Option<Range<usize>> {
+    let (first, mut pos) = next_line(s, 0)?;
+    let opener = first.strip_prefix("---")?;
+    if !opener.bytes().all(|b| b.is_ascii_whitespace()) {
+        return None;
+    }
+    let mut first_inner = true;
+    while let Some((line, next)) = next_line(s, pos) {
+        let trimmed = line.trim_end_matches([' ', '\t']);
+        if trimmed == "---" || trimmed == "..." {
+            return Some(0..next);
+        }
+        if first_inner && line.trim().is_empty() {
+            return None;
+        }
+        first_inner = false;
+        pos = next;
+    }
+    None
+}
+
+/// Byte offset -> 1-based line number, for the whole file.
+struct LineIndex {
+    starts: Vec<usize>,
+}
+
+impl LineIndex {
+    fn new(text: &str) -> Self {
+        let mut starts = vec![0];
+        starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        LineIndex { starts }
+    }
+
+    fn line_of(&self, offset: usize) -> usize {
+        self.starts.partition_point(|&s| s <= offset)
+    }
+
+    fn start_of(&self, line: usize) -> usize {
+        self.starts[line.saturating_sub(1).min(self.starts.len() - 1)]
+    }
+}
+
+/// One fenced code block as pulldown-cmark saw it.
+struct Fence {
+    /// Body-relative span: opening fence to the end of the closing fence (or of the container).
+    range: Range<usize>,
+    info: String,
+    /// The Text events concatenated: indentation and `> ` prefixes stripped, LF line breaks.
+    content: String,
+    /// (offset in `content`, body-relative source range) of each Text event, to map a JSON
+    /// error position back to the file.
+    pieces: Vec<(usize, Range<usize>)>,
+    in_quote: bool,
+    /// Not inside any blockquote or list item.
+    top_level: bool,
+    fence_char: u8,
+    fence_len: usize,
+    closed: bool,
+}
+
+impl Fence {
+    /// The info string's first word is `json`, in any case (`JSON`, `json tool`; not `jsonc`).
+    fn is_json(&self) -> bool {
+        self.info
+            .split_whitespace()
+            .next()
+            .is_some_and(|w| w.eq_ignore_ascii_case("json"))
+    }
+
+    fn closing_line(&self) -> String {
+        (self.fence_char as char)
+            .to_string()
+            .repeat(self.fence_len.max(3))
+    }
+}
+
+struct Scan {
+    fences: Vec<Fence>,
+    tail_closer: Option<String>,
+}
+
+fn scan_blocks(body: &str) -> Scan {
+    let mut fences = Vec::new();
+    let mut quote_depth = 0usize;
+    let mut container_depth = 0usize;
+    let mut current: Option<Fence> = None;
+    let mut last_top_html: Option<Range<usize>> = None;
+    for (event, range) in Parser::new_ext(body, Options::empty()).into_offset_iter() {
+        match event {
+            Event::Start(Tag::BlockQuote(_)) => {
+                quote_depth += 1;
+                container_depth += 1;
+            }
+            Event::End(TagEnd::BlockQuote(_)) => {
+                quote_depth = quote_depth.saturating_sub(1);
+                container_depth = container_depth.saturating_sub(1);
+            }
+            Event::Start(Tag::Item) => container_depth += 1,
+            Event::End(TagEnd::Item) => container_depth = container_depth.saturating_sub(1),
+            Event::Start(Tag::HtmlBlock) if container_depth == 0 => {
+                last_top_html = Some(range);
+            }
+            Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(info))) => {
+                let opener = &body.as_bytes()[range.start..];
+                let fence_char = opener.first().copied().unwrap_or(b'`');
+                let fence_len = opener.iter().take_while(|&&b| b == fence_char).count();
+                current = Some(Fence {
+                    range,
+                    info: info.to_string(),
+                    content: String::new(),
+                    pieces: Vec::new(),
+                    in_quote: quote_depth > 0,
+                    top_level: container_depth == 0,
+                    fence_char,
+                    fence_len,
+                    closed: false,
+                });
+            }
+            Event::Text(t) => {
+                if let Some(f) = current.as_mut() {
+                    f.pieces.push((f.content.len(), range));
+                    f.content.push_str(&t);
+                }
+            }
+            Event::End(TagEnd::CodeBlock) => {
+                if let Some(mut f) = current.take() {
+                    f.range = f.range.start..f.range.end.max(range.end);
+                    f.closed = is_closed(body, &f);
+                    fences.push(f);
+                }
+            }
+            _ => {}
+        }
+    }
+    // A fence still open when the events ran out (cannot happen, but never lose a block).
+    if let Some(f) = current.take() {
+        fences.push(f);
+    }
+
+    let tail_closer = match fences.iter().rev().find(|f| f.top_level && !f.closed) {
+        Some(f) => Some(f.closing_line()),
+        None => last_top_html.and_then(|r| html_terminator(&body[r])),
+    };
+    Scan {
+        fences,
+        tail_closer,
+    }
+}
+
+/// REFERENCE §3: a closed block's span ends with its closing fence line: same char, at least
+/// as long as the opener, nothing else on it, and not itself content (a would-be closer
+/// indented too far arrives as a Text event).
+fn is_closed(body: &str, f: &Fence) -> bool {
+    let block = &body[f.range.clone()];
+    let Some(nl) = block.rfind('\n') else {
+        return false;
+    };
+    let last_line_start = f.range.start + nl + 1;
+    if f.pieces.iter().any(|(_, r)| r.end > last_line_start) {
+        return false;
+    }
+    let last = block[nl + 1..].trim_start_matches([' ', '\t']).trim_end();
+    let run = last.bytes().take_while(|&b| b == f.fence_char).count();
+    run >= f.fence_len && run == last.len()
+}
+
+/// For an HTML block of CommonMark types 1–5 that runs to the end of the note unterminated,
+/// the line that ends it; None for any other block.
+fn html_terminator(block: &str) -> Option<String> {
+    let t = block.trim_start_matches(' ');
+    let lower = t.to_ascii_lowercase();
+    let unterminated = |rest: &str, end: &str| (!rest.contains(end)).then(|| end.to_string());
+    if let Some(rest) = t.strip_prefix("<!--") {
+        return unterminated(rest, "-->");
+    }
+    if let Some(rest) = t.strip_prefix("<?") {
+        return unterminated(rest, "?>");
+    }
+    if let Some(rest) = t.strip_prefix("<![CDATA[") {
+        return unterminated(rest, "]]>");
+    }
+    if let Some(rest) = t.strip_prefix("<!")
+        && rest.starts_with(|c: char| c.is_ascii_alphabetic())
+    {
+        return unterminated(rest, ">");
+    }
+    for tag in ["pre", "script", "style", "textarea"] {
+        let Some(rest) = lower.strip_prefix('<').and_then(|r| r.strip_prefix(tag)) else {
+            continue;
+        };
+        if !rest.is_empty() && !rest.starts_with(|c: char| c.is_ascii_whitespace() || c == '>') {
+            continue;
+        }
+        let ended = ["</pre>", "</script>", "</style>", "</textarea>"]
+            .iter()
+            .any(|end| lower.contains(end));
+        return (!ended).then(|| format!("</{tag}>"));
+    }
+    None
+}
+
+/// A `tool_result` or `tool_approval` block inside a callout.
+fn record_notice(f: &Fence, results: &mut Vec<ResultRef>, held: &mut Vec<String>) {
+    let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&f.content) else {
+        return;
+    };
+    if let Some(Value::Object(r)) = map.get("tool_result")
+        && let (Some(call_id), Some(ok)) = (
+            r.get("call_id").and_then(Value::as_str),
+            r.get("ok").and_then(Value::as_bool),
+        )
+    {
+        results.push(ResultRef {
+            call_id: call_id.to_string(),
+            ok,
+        });
+    }
+    if let Some(call_id) = map
+        .get("tool_approval")
+        .and_then(|a| a.get("call_id"))
+        .and_then(Value::as_str)
+    {
+        held.push(call_id.to_string());
+    }
+}
+
+/// What one `json` block outside callouts turned out to be.
+struct FoundCall {
+    /// The id before duplicate numbering.
+    base_id: String,
+    name: Option<String>,
+    body: CallBody,
+}
+
+/// A well-formed `tool_call` value.
+struct ValidCall {
+    id: String,
+    name: String,
+    parameters: Map<String, Value>,
+}
+
+fn classify_call(f: &Fence, body_start: usize, lines: &LineIndex, text: &str) -> Option<FoundCall> {
+    let parsed = serde_json::from_str::<Value>(&f.content);
+    if !f.closed {
+        if !f.content.contains("tool_call") {
+            return None;
+        }
+        let closer = f.closing_line();
+        // A top-level unclosed fence is closed by vaultd when it appends the result (else the
+        // result would land inside it). Give the block now the id it will have once closed,
+        // so the result written now still belongs to it and it does not run on the next round.
+        let once_closed = match &parsed {
+            Ok(Value::Object(map)) if map.len() == 1 => {
+                map.get("tool_call").map(validate_tool_call)
+            }
+            _ => None,
+        };
+        let name = match &once_closed {
+            Some(Ok(valid)) => Some(valid.name.clone()),
+            _ => readable_name(parsed.as_ref().ok()),
+        };
+        let base_id = match once_closed {
+            Some(Ok(valid)) if f.top_level => valid.id,
+            _ => raw_id(&f.content),
+        };
+        let message = if f.top_level {
+            format!(
+                "fence not closed: add a closing {closer} line (vaultd closed it after the block; \
+                 write the call again to run it)"
+            )
+        } else {
+            format!("fence not closed: add a closing {closer} line")
+        };
+        return Some(FoundCall {
+            base_id,
+            name,
+            body: CallBody::Broken(CallError::new(ErrorCode::InvalidCall, message)),
+        });
+    }
+
+    match parsed {
+        Ok(Value::Object(map)) => {
+            let tool_call = map.get("tool_call")?;
+            let name = tool_call
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            if map.len() > 1 {
+                let others: Vec<String> = map
+                    .keys()
+                    .filter(|k| *k != "tool_call")
+                    .map(|k| format!("`{}`", shorten(k)))
+                    .collect();
+                return Some(broken_call(
+                    &f.content,
+                    name,
+                    format!(
+                        "a call block holds only `tool_call`; found also {}",
+                        others.join(", ")
+                    ),
+                ));
+            }
+            match validate_tool_call(tool_call) {
+                Ok(valid) => Some(FoundCall {
+                    base_id: valid.id,
+                    name: Some(valid.name.clone()),
+                    body: CallBody::Call {
+                        name: valid.name,
+                        parameters: valid.parameters,
+                    },
+                }),
+                Err(problems) => Some(broken_call(&f.content, name, problems)),
+            }
+        }
+        Ok(_) => None,
+        Err(e) => {
+            if !f.content.contains("\"tool_call\"") {
+                return None;
+            }
+            let (line, column) = json_error_position(f, &e, body_start, lines, text);
+            let position = format!(" at line {} column {}", e.line(), e.column());
+            let full = e.to_string();
+            let reason = full.strip_suffix(&position).unwrap_or(&full);
+            let error = CallError::new(
+                ErrorCode::InvalidJson,
+                format!("invalid JSON at line {line}, column {column}: {reason}"),
+            )
+            .with_details(serde_json::json!({ "line": line, "column": column }));
+            Some(FoundCall {
+                base_id: raw_id(&f.content),
+                name: None,
+                body: CallBody::Broken(error),
+            })
+        }
+    }
+}
+
+fn broken_call(content: &str, name: Option<String>, message: String) -> FoundCall {
+    FoundCall {
+        base_id: raw_id(content),
+        name,
+        body: CallBody::Broken(CallError::new(ErrorCode::InvalidCall, message)),
+    }
+}
+
+/// §8.1: a broken block's id hashes its raw content, trailing whitespace aside: an unclosed
+/// block at the end of a note or of a list item gains a line break and blank lines when vaultd
+/// appends after it, and its id (so the result written for it) must not change with them.
+fn raw_id(content: &str) -> String {
+    let trimmed = content.trim_end();
+    if trimmed.is_empty() {
+        hash_id(b"")
+    } else {
+        hash_id(format!("{trimmed}\n").as_bytes())
+    }
+}
+
+/// `tool_call.name` when it is a string, whatever else is wrong with the block.
+fn readable_name(block: Option<&Value>) -> Option<String> {
+    block?
+        .get("tool_call")?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// §8.2. Every problem is reported at once, so the agent can fix the call in one round.
+fn validate_tool_call(tool_call: &Value) -> Result<ValidCall, String> {
+    let Value::Object(obj) = tool_call else {
+        return Err(format!(
+            "`tool_call` must be an object, not {}",
+            kind(tool_call)
+        ));
+    };
+    let mut problems = Vec::new();
+    let name = match obj.get("name") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            problems.push(format!("`name` must be a string, not {}", kind(other)));
+            None
+        }
+        None => {
+            problems.push("`name` is missing".to_string());
+            None
+        }
+    };
+    let id = match obj.get("id") {
+        None => None,
+        Some(Value::String(s)) if is_valid_id(s) => Some(s.clone()),
+        Some(Value::String(s)) => {
+            problems.push(format!(
+                "`id` {:?} must be 1-64 characters of A-Z, a-z, 0-9, `_`, `.`, `-`",
+                shorten(s)
+            ));
+            None
+        }
+        Some(other) => {
+            problems.push(format!("`id` must be a string, not {}", kind(other)));
+            None
+        }
+    };
+    let parameters = match obj.get("parameters") {
+        None => Map::new(),
+        Some(Value::Object(p)) => p.clone(),
+        Some(other) => {
+            problems.push(format!(
+                "`parameters` must be an object, not {}",
+                kind(other)
+            ));
+            Map::new()
+        }
+    };
+    // A misspelt `parameter` would otherwise run the tool silently without its parameters.
+    for key in obj.keys() {
+        if !matches!(key.as_str(), "name" | "parameters" | "id") {
+            problems.push(format!(
+                "unknown key `{}` (a tool_call has only `name`, `parameters` and `id`)",
+                shorten(key)
+            ));
+        }
+    }
+    match name {
+        Some(name) if problems.is_empty() => Ok(ValidCall {
+            id: id.unwrap_or_else(|| hash_id(canonical_json(tool_call).as_bytes())),
+            name,
+            parameters,
+        }),
+        _ => Err(format!("invalid tool_call: {}", problems.join("; "))),
+    }
+}
+
+fn is_valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// User text quoted in an error message, cut to a readable length.
+fn shorten(s: &str) -> String {
+    const MAX: usize = 64;
+    match s.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// §8.1: keys sorted at every level, no whitespace, non-ASCII unescaped. Written by hand
+/// rather than trusting `serde_json::to_string`, whose key order would silently change if
+/// any crate in the build enabled serde_json's `preserve_order` feature.
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (key, value)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(value, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// serde_json's error position (1-based line, 1-based byte column; column 0 = at the line
+/// start) in the block content -> (line, column) in the file, column in characters.
+fn json_error_position(
+    f: &Fence,
+    e: &serde_json::Error,
+    body_start: usize,
+    lines: &LineIndex,
+    text: &str,
+) -> (usize, usize) {
+    let content = &f.content;
+    let line_start = match e.line() {
+        0 | 1 => 0,
+        l => content
+            .match_indices('\n')
+            .nth(l - 2)
+            .map_or(content.len(), |(i, _)| i + 1),
+    };
+    let offset = (line_start + e.column().saturating_sub(1)).min(content.len());
+    let source = match f.pieces.iter().rev().find(|(start, _)| *start <= offset) {
+        Some((start, range)) => range.start + (offset - start).min(range.len()),
+        None => f.range.start,
+    };
+    let mut at = (body_start + source).min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    let line = lines.line_of(at);
+    let column = text[lines.start_of(line)..at].chars().count() + 1;
+    (line, column)
 }
 
 /// `c-` + the first 12 hex digits of SHA-256 over `bytes`.
@@ -102,4 +720,600 @@ pub fn hash_id(bytes: &[u8]) -> String {
         s.push_str(&format!("{b:02x}"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const CALL: &str = r#"{"tool_call": {"name": "search_web", "parameters": {"query": "AI agents", "num_results": 3}}}"#;
+
+    fn fenced(body: &str) -> String {
+        format!("```json\n{body}\n```\n")
+    }
+
+    fn only_call(text: &str) -> CallBlock {
+        let note = parse_note(text);
+        assert_eq!(
+            note.calls.len(),
+            1,
+            "expected one call in {text:?}: {note:#?}"
+        );
+        note.calls.into_iter().next().unwrap()
+    }
+
+    fn broken(call: &CallBlock) -> &CallError {
+        match &call.body {
+            CallBody::Broken(e) => e,
+            other => panic!("expected a broken call, got {other:?}"),
+        }
+    }
+
+    fn no_calls(text: &str) {
+        let note = parse_note(text);
+        assert!(
+            note.calls.is_empty(),
+            "expected no call in {text:?}: {:#?}",
+            note.calls
+        );
+    }
+
+    #[test]
+    fn a_plain_call_has_name_parameters_line_and_span() {
+        let text = format!("# Title\n\nSome text.\n\n{}after\n", fenced(CALL));
+        let call = only_call(&text);
+        assert_eq!(call.name.as_deref(), Some("search_web"));
+        assert_eq!(call.line, 5);
+        assert_eq!(&text[call.span.clone()], format!("```json\n{CALL}\n```"));
+        let CallBody::Call { name, parameters } = &call.body else {
+            panic!("not a call: {call:?}")
+        };
+        assert_eq!(name, "search_web");
+        assert_eq!(
+            Value::Object(parameters.clone()),
+            json!({"query": "AI agents", "num_results": 3})
+        );
+    }
+
+    #[test]
+    fn call_id_is_sha256_of_canonical_tool_call() {
+        use sha2::{Digest, Sha256};
+        let canonical =
+            r#"{"name":"search_web","parameters":{"num_results":3,"query":"AI agents"}}"#;
+        let digest = Sha256::digest(canonical.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let expected = format!("c-{}", &hex[..12]);
+        assert_eq!(expected, "c-c0048a1b8a2c");
+        assert_eq!(only_call(&fenced(CALL)).call_id, expected);
+    }
+
+    #[test]
+    fn call_id_ignores_key_order_and_whitespace() {
+        let reordered = "{\n  \"tool_call\": {\n    \"parameters\": { \"num_results\": 3,\n \"query\": \"AI agents\" },\n    \"name\": \"search_web\"\n  }\n}";
+        assert_eq!(only_call(&fenced(reordered)).call_id, "c-c0048a1b8a2c");
+    }
+
+    #[test]
+    fn call_id_keeps_non_ascii_unescaped() {
+        use sha2::{Digest, Sha256};
+        let text = fenced(r#"{"tool_call":{"name":"t","parameters":{"q":"café \u00e9"}}}"#);
+        let digest = Sha256::digest(r#"{"name":"t","parameters":{"q":"café é"}}"#.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(only_call(&text).call_id, format!("c-{}", &hex[..12]));
+    }
+
+    #[test]
+    fn absent_parameters_are_empty() {
+        let call = only_call(&fenced(r#"{"tool_call": {"name": "ping"}}"#));
+        assert_eq!(
+            call.body,
+            CallBody::Call {
+                name: "ping".into(),
+                parameters: Map::new()
+            }
+        );
+    }
+
+    #[test]
+    fn explicit_id_is_used() {
+        let call = only_call(&fenced(
+            r#"{"tool_call": {"name": "ping", "id": "step-1.a_B"}}"#,
+        ));
+        assert_eq!(call.call_id, "step-1.a_B");
+        assert!(matches!(call.body, CallBody::Call { .. }));
+    }
+
+    #[test]
+    fn duplicate_calls_get_numbered() {
+        let text = format!("{}\n{}\n{}", fenced(CALL), fenced(CALL), fenced(CALL));
+        let ids: Vec<_> = parse_note(&text)
+            .calls
+            .into_iter()
+            .map(|c| c.call_id)
+            .collect();
+        assert_eq!(
+            ids,
+            ["c-c0048a1b8a2c", "c-c0048a1b8a2c-2", "c-c0048a1b8a2c-3"]
+        );
+    }
+
+    #[test]
+    fn duplicate_explicit_ids_get_numbered() {
+        let a = fenced(r#"{"tool_call": {"name": "a", "id": "myid"}}"#);
+        let b = fenced(r#"{"tool_call": {"name": "b", "id": "myid"}}"#);
+        let ids: Vec<_> = parse_note(&format!("{a}\n{b}"))
+            .calls
+            .into_iter()
+            .map(|c| c.call_id)
+            .collect();
+        assert_eq!(ids, ["myid", "myid-2"]);
+    }
+
+    #[test]
+    fn crlf_note() {
+        let text = "intro\r\n\r\n```json\r\n{\"tool_call\": {\"name\": \"ping\"}}\r\n```\r\n";
+        let note = parse_note(text);
+        assert_eq!(note.line_ending, LineEnding::CrLf);
+        assert_eq!(note.calls.len(), 1);
+        assert_eq!(note.calls[0].line, 3);
+        assert_eq!(
+            only_call(text).call_id,
+            only_call(&fenced(r#"{"tool_call": {"name": "ping"}}"#)).call_id
+        );
+    }
+
+    #[test]
+    fn lf_when_no_line_break_or_first_is_lf() {
+        assert_eq!(parse_note("").line_ending, LineEnding::Lf);
+        assert_eq!(parse_note("a\nb\r\n").line_ending, LineEnding::Lf);
+        assert_eq!(parse_note("a\r\nb\n").line_ending, LineEnding::CrLf);
+    }
+
+    #[test]
+    fn bom_then_call_on_first_line() {
+        let text = format!("\u{FEFF}{}", fenced(CALL));
+        let note = parse_note(&text);
+        assert!(note.bom);
+        assert_eq!(note.calls.len(), 1);
+        assert_eq!(note.calls[0].line, 1);
+        assert_eq!(note.calls[0].span.start, 3);
+        assert!(text[note.calls[0].span.clone()].starts_with("```json"));
+    }
+
+    #[test]
+    fn bom_then_frontmatter() {
+        let text = format!("\u{FEFF}---\ntitle: x\n---\n{}", fenced(CALL));
+        let note = parse_note(&text);
+        assert_eq!(note.frontmatter, Some(3..20));
+        assert_eq!(&text[3..20], "---\ntitle: x\n---\n");
+        assert_eq!(note.calls[0].line, 4);
+    }
+
+    #[test]
+    fn frontmatter_span_and_call_line_counts_it() {
+        let text = format!("---\ntitle: x\ntags: [a]\n---\n\n{}", fenced(CALL));
+        let note = parse_note(&text);
+        assert_eq!(note.frontmatter, Some(0..27));
+        assert_eq!(note.calls[0].line, 6);
+    }
+
+    #[test]
+    fn frontmatter_variants() {
+        assert_eq!(parse_note("---\na: 1\n...\nbody").frontmatter, Some(0..13));
+        assert_eq!(parse_note("---\na: 1\n---").frontmatter, Some(0..12));
+        assert_eq!(
+            parse_note("---\r\na: 1\r\n---  \r\nx").frontmatter,
+            Some(0..18)
+        );
+        assert_eq!(parse_note("---\n---\nx").frontmatter, Some(0..8));
+        assert_eq!(parse_note("---\na: 1\n").frontmatter, None, "never closed");
+        assert_eq!(
+            parse_note("---\n\na: 1\n---\n").frontmatter,
+            None,
+            "blank first line"
+        );
+        assert_eq!(parse_note("----\na: 1\n----\n").frontmatter, None);
+        assert_eq!(
+            parse_note("x\n---\na: 1\n---\n").frontmatter,
+            None,
+            "not at the top"
+        );
+        assert_eq!(
+            parse_note(" ---\na: 1\n---\n").frontmatter,
+            None,
+            "indented"
+        );
+    }
+
+    #[test]
+    fn frontmatter_is_not_parsed_as_markdown() {
+        let text = format!("---\nexample: |\n{}---\n", fenced(CALL));
+        no_calls(&text);
+    }
+
+    #[test]
+    fn horizontal_rules_around_a_call_do_not_hide_it() {
+        // pulldown-cmark's YAML option would make this a "metadata block".
+        let text = format!("Intro\n\n---\n## Section\n{}\n---\nMore\n", fenced(CALL));
+        assert_eq!(parse_note(&text).calls.len(), 1);
+    }
+
+    #[test]
+    fn pulldown_yaml_option_would_hide_that_call() {
+        // Pins why frontmatter is cut by hand: with the option, the section is metadata.
+        let text = format!("Intro\n\n---\n## Section\n{}\n---\nMore\n", fenced(CALL));
+        let parser = Parser::new_ext(&text, Options::ENABLE_YAML_STYLE_METADATA_BLOCKS);
+        let events: Vec<Event> = parser.collect();
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Event::Start(Tag::MetadataBlock(_))))
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, Event::Start(Tag::CodeBlock(_))))
+        );
+    }
+
+    #[test]
+    fn call_without_final_newline() {
+        let text = format!("text\n\n```json\n{CALL}\n```");
+        let call = only_call(&text);
+        assert_eq!(call.span.end, text.len());
+        assert!(matches!(call.body, CallBody::Call { .. }));
+    }
+
+    #[test]
+    fn tilde_fences_count() {
+        let call = only_call(&format!("~~~json\n{CALL}\n~~~\n"));
+        assert_eq!(call.call_id, "c-c0048a1b8a2c");
+        let call = only_call(&format!("~~~~ json\n{CALL}\n~~~~~\n"));
+        assert!(matches!(call.body, CallBody::Call { .. }));
+    }
+
+    #[test]
+    fn indented_fences_count() {
+        let call = only_call(&format!("   ```json\n   {CALL}\n   ```\n"));
+        assert_eq!(call.call_id, "c-c0048a1b8a2c");
+    }
+
+    #[test]
+    fn fences_in_list_items_count() {
+        let text = format!("1. first\n2. run this:\n   ```json\n   {CALL}\n   ```\n3. done\n");
+        let call = only_call(&text);
+        assert_eq!(call.line, 3);
+        assert!(matches!(call.body, CallBody::Call { .. }));
+        let nested = format!("- a\n  - b\n    ```json\n    {CALL}\n    ```\n");
+        assert!(matches!(only_call(&nested).body, CallBody::Call { .. }));
+        let marker = format!("- ```json\n  {CALL}\n  ```\n");
+        assert!(matches!(only_call(&marker).body, CallBody::Call { .. }));
+    }
+
+    #[test]
+    fn blockquotes_and_callouts_never_run() {
+        no_calls(&format!("> ```json\n> {CALL}\n> ```\n"));
+        no_calls(&format!("> > ```json\n> > {CALL}\n> > ```\n"));
+        no_calls(&format!(
+            "> [!example]- Example\n> ```json\n> {CALL}\n> ```\n"
+        ));
+        no_calls(&format!(
+            "> [!note]\n> > [!tip]\n> > - ```json\n> >   {CALL}\n> >   ```\n"
+        ));
+        no_calls(&format!("- item\n  > ```json\n  > {CALL}\n  > ```\n"));
+    }
+
+    #[test]
+    fn indented_code_and_html_never_run() {
+        no_calls(&format!("text\n\n    ```json\n    {CALL}\n    ```\n"));
+        no_calls(&format!("<div>\n```json\n{CALL}\n```\n</div>\n"));
+        no_calls(&format!("<!--\n```json\n{CALL}\n```\n-->\n"));
+    }
+
+    #[test]
+    fn info_string_first_word_is_json_in_any_case() {
+        assert_eq!(
+            parse_note(&format!("```JSON\n{CALL}\n```\n")).calls.len(),
+            1
+        );
+        assert_eq!(
+            parse_note(&format!("```Json tool\n{CALL}\n```\n"))
+                .calls
+                .len(),
+            1
+        );
+        assert_eq!(
+            parse_note(&format!("``` json\n{CALL}\n```\n")).calls.len(),
+            1
+        );
+        no_calls(&format!("```jsonc\n{CALL}\n```\n"));
+        no_calls(&format!("```js\n{CALL}\n```\n"));
+        no_calls(&format!("```\n{CALL}\n```\n"));
+        no_calls(&format!("```tool json\n{CALL}\n```\n"));
+    }
+
+    #[test]
+    fn unclosed_fence_with_tool_call_is_invalid_call() {
+        let text = format!("intro\n\n```json\n{CALL}\n");
+        let call = only_call(&text);
+        let e = broken(&call);
+        assert_eq!(e.code, ErrorCode::InvalidCall);
+        assert!(
+            e.message
+                .starts_with("fence not closed: add a closing ``` line"),
+            "{}",
+            e.message
+        );
+        assert_eq!(call.name.as_deref(), Some("search_web"));
+        assert_eq!(call.line, 3);
+    }
+
+    #[test]
+    fn unclosed_fence_without_tool_call_is_ignored() {
+        no_calls("```json\n{\"a\": 1}\n");
+        no_calls("```json");
+    }
+
+    #[test]
+    fn longer_opener_needs_longer_closer() {
+        let call = only_call(&format!("````json\n{CALL}\n```\n"));
+        let e = broken(&call);
+        assert!(
+            e.message.contains("add a closing ```` line"),
+            "{}",
+            e.message
+        );
+        let call = only_call(&format!("````json\n{CALL}\n````\n"));
+        assert!(matches!(call.body, CallBody::Call { .. }));
+    }
+
+    #[test]
+    fn closer_indented_four_spaces_is_content() {
+        let call = only_call(&format!("```json\n{CALL}\n    ```"));
+        assert_eq!(broken(&call).code, ErrorCode::InvalidCall);
+    }
+
+    #[test]
+    fn unclosed_fence_in_list_item_is_invalid_call() {
+        let text = format!("- ```json\n  {CALL}\n- next\n");
+        let call = only_call(&text);
+        assert!(broken(&call).message.starts_with("fence not closed"));
+    }
+
+    #[test]
+    fn unclosed_top_level_fence_keeps_its_id_once_closed() {
+        for text in [format!("```json\n{CALL}\n"), format!("```json\n{CALL}")] {
+            let before = only_call(&text);
+            let sep = if text.ends_with('\n') { "" } else { "\n" };
+            let after = only_call(&format!("{text}{sep}```\n"));
+            assert_eq!(before.call_id, after.call_id);
+            assert!(matches!(after.body, CallBody::Call { .. }));
+        }
+        let bad = "```json\n{\"tool_call\": {\"name\": 1}}\n";
+        assert_eq!(
+            only_call(bad).call_id,
+            only_call(&format!("{bad}```\n")).call_id
+        );
+    }
+
+    #[test]
+    fn invalid_json_has_line_and_column_in_the_file() {
+        let text = "---\ntitle: t\n---\n# Note\n\n```json\n{\n  \"tool_call\": {\n    \"name\": \"x\"\n    \"parameters\": {}\n  }\n}\n```\n";
+        let call = only_call(text);
+        let e = broken(&call);
+        assert_eq!(e.code, ErrorCode::InvalidJson);
+        assert_eq!(e.details, Some(json!({"line": 10, "column": 5})));
+        assert_eq!(
+            e.message,
+            "invalid JSON at line 10, column 5: expected `,` or `}`"
+        );
+        assert_eq!(call.name, None);
+        assert_eq!(
+            call.call_id,
+            hash_id(
+                b"{\n  \"tool_call\": {\n    \"name\": \"x\"\n    \"parameters\": {}\n  }\n}\n"
+            )
+        );
+    }
+
+    #[test]
+    fn invalid_json_column_counts_stripped_indentation() {
+        let text = "- step\n  ```json\n  {\"tool_call\": {\"name\" \"x\"}}\n  ```\n";
+        let e = broken(&only_call(text)).clone();
+        assert_eq!(e.details, Some(json!({"line": 3, "column": 25})));
+        assert_eq!(&text.lines().nth(2).unwrap()[24..27], "\"x\"");
+    }
+
+    #[test]
+    fn invalid_json_in_crlf_note() {
+        let text = "a\r\n```json\r\n{\"tool_call\": \r\n  {\"name\": x}}\r\n```\r\n";
+        let e = broken(&only_call(text)).clone();
+        assert_eq!(e.details, Some(json!({"line": 4, "column": 12})));
+    }
+
+    #[test]
+    fn invalid_json_at_end_points_at_closing_fence() {
+        let text = "```json\n{\"tool_call\": {\"name\": \"x\"}\n```\n";
+        let e = broken(&only_call(text)).clone();
+        assert_eq!(e.details, Some(json!({"line": 3, "column": 1})));
+        assert!(e.message.contains("EOF while parsing"), "{}", e.message);
+    }
+
+    #[test]
+    fn invalid_json_column_counts_characters() {
+        let text = "```json\n{\"tool_call\": \"é\" x}\n```\n";
+        let e = broken(&only_call(text)).clone();
+        // `x` is the 19th character (the 20th byte) of the line.
+        assert_eq!(e.details, Some(json!({"line": 2, "column": 19})));
+    }
+
+    #[test]
+    fn invalid_json_without_tool_call_is_ignored() {
+        no_calls("```json\n{\"a\": 1,}\n```\n");
+        no_calls("```json\n{tool_call: 1}\n```\n");
+    }
+
+    #[test]
+    fn non_call_json_is_ignored() {
+        no_calls("```json\n{\"a\": 1}\n```\n");
+        no_calls("```json\n[{\"tool_call\": {\"name\": \"x\"}}]\n```\n");
+        no_calls("```json\n\"tool_call\"\n```\n");
+        no_calls("```json\n{\"x\": \"tool_call\"}\n```\n");
+        no_calls("```json\n```\n");
+    }
+
+    fn invalid_call_message(body: &str) -> String {
+        let call = only_call(&fenced(body));
+        let e = broken(&call);
+        assert_eq!(e.code, ErrorCode::InvalidCall, "{body}");
+        assert!(!e.retryable);
+        assert_eq!(call.call_id, hash_id(format!("{body}\n").as_bytes()));
+        e.message.clone()
+    }
+
+    #[test]
+    fn invalid_call_cases() {
+        let cases = [
+            (
+                r#"{"tool_call": "search"}"#,
+                "`tool_call` must be an object, not a string",
+            ),
+            (r#"{"tool_call": {"parameters": {}}}"#, "`name` is missing"),
+            (
+                r#"{"tool_call": {"name": 3}}"#,
+                "`name` must be a string, not a number",
+            ),
+            (
+                r#"{"tool_call": {"name": "x", "id": "has space"}}"#,
+                "`id` \"has space\" must be 1-64 characters",
+            ),
+            (
+                r#"{"tool_call": {"name": "x", "id": ""}}"#,
+                "`id` \"\" must be",
+            ),
+            (
+                r#"{"tool_call": {"name": "x", "id": 7}}"#,
+                "`id` must be a string, not a number",
+            ),
+            (
+                r#"{"tool_call": {"name": "x", "parameters": [1]}}"#,
+                "`parameters` must be an object, not an array",
+            ),
+            (
+                r#"{"tool_call": {"name": "x", "parameters": null}}"#,
+                "`parameters` must be an object, not null",
+            ),
+            (
+                r#"{"tool_call": {"name": "x", "parameter": {"q": 1}}}"#,
+                "unknown key `parameter`",
+            ),
+            (
+                r#"{"tool_call": {"name": "x"}, "note": 1}"#,
+                "found also `note`",
+            ),
+        ];
+        for (body, expected) in cases {
+            let message = invalid_call_message(body);
+            assert!(message.contains(expected), "{body}: {message}");
+        }
+        let long = "a".repeat(65);
+        let message = invalid_call_message(&format!(
+            r#"{{"tool_call": {{"name": "x", "id": "{long}"}}}}"#
+        ));
+        assert!(message.contains("must be 1-64"), "{message}");
+        assert!(is_valid_id(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn invalid_call_reports_every_problem_and_keeps_the_name() {
+        let call = only_call(&fenced(
+            r#"{"tool_call": {"name": "x", "id": "a b", "parameters": 1, "extra": 2}}"#,
+        ));
+        let message = &broken(&call).message;
+        assert!(
+            message.contains("`id`")
+                && message.contains("`parameters`")
+                && message.contains("`extra`"),
+            "{message}"
+        );
+        assert_eq!(call.name.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn results_and_held_are_found_in_callouts() {
+        let text = "\
+> [!success]- ping · 1 ms
+> ```json
+> {\"tool_result\": {\"call_id\": \"c-1\", \"name\": \"ping\", \"ok\": true}}
+> ```
+
+> [!failure]- ping · TIMEOUT · 1 ms
+> ```json
+> {\"tool_result\": {\"call_id\": \"c-2\", \"ok\": false}}
+> ```
+
+> [!question] Approval needed · send · c-3
+> ```json
+> {\"tool_approval\": {\"call_id\": \"c-3\"}}
+> ```
+
+```json
+{\"tool_result\": {\"call_id\": \"outside\", \"ok\": true}}
+```
+";
+        let note = parse_note(text);
+        assert_eq!(
+            note.results,
+            [
+                ResultRef {
+                    call_id: "c-1".into(),
+                    ok: true
+                },
+                ResultRef {
+                    call_id: "c-2".into(),
+                    ok: false
+                }
+            ]
+        );
+        assert_eq!(note.held, ["c-3"]);
+        assert!(note.is_held("c-3") && !note.is_held("c-1"));
+        assert!(note.calls.is_empty());
+    }
+
+    #[test]
+    fn pending_calls_are_those_without_a_result() {
+        let a = fenced(r#"{"tool_call": {"name": "a", "id": "a"}}"#);
+        let b = fenced(r#"{"tool_call": {"name": "b", "id": "b"}}"#);
+        let result = "> ```json\n> {\"tool_result\": {\"call_id\": \"a\", \"ok\": true}}\n> ```\n";
+        let note = parse_note(&format!("{a}\n{b}\n{result}"));
+        let pending: Vec<_> = note.pending_calls().map(|c| c.call_id.as_str()).collect();
+        assert_eq!(pending, ["b"]);
+        assert!(note.has_result("a"));
+    }
+
+    #[test]
+    fn never_panics_on_odd_input() {
+        let deep = format!(
+            "```json\n{{\"tool_call\": {}{}}}\n```\n",
+            "[".repeat(5000),
+            "]".repeat(5000)
+        );
+        let e = broken(&only_call(&deep)).clone();
+        assert_eq!(e.code, ErrorCode::InvalidJson);
+        for text in [
+            "\u{FEFF}",
+            "\u{FEFF}---",
+            "\0\0```json\n\0\"tool_call\"\0\n```",
+            "```json\n\"tool_call\" \u{1F600}\u{200B}\r\r\n```",
+            "> ```json\n> {\"tool_result\": 5}\n",
+            "```json\n{\"tool_call\": \"\u{10FFFF}\" é}\n```",
+            "\r\n\r",
+            "~~~",
+            "```json\n\t{\"tool_call\" 1}\n```",
+            "- \t```json\n  \t{\"tool_call\" 1}\n  ```",
+        ] {
+            let _ = parse_note(text);
+        }
+    }
 }

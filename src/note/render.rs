@@ -1,7 +1,10 @@
 //! Pure: results and approval notices -> callout text, appended to a note; the four
 //! frontmatter properties set without touching any other line.
 
-use crate::call::{CallResult, HeldCall};
+use crate::call::{CallError, CallResult, HeldCall, rfc3339_millis, rfc3339_seconds};
+use crate::note::parse::{ParsedNote, analyze, parse_note};
+use serde::Serialize;
+use serde_json::{Map, Value};
 use std::time::SystemTime;
 
 /// One block vaultd appends to a note.
@@ -15,12 +18,708 @@ pub enum Block<'a> {
 
 /// Appends `blocks` to `text` (DESIGN §3, §8.11) and sets `tool_status` to `status`,
 /// `tool_calls`/`tool_errors` counted from the result blocks of the new text, and
-/// `tool_updated` to `now`.
-pub fn append_blocks(
-    _text: &str,
-    _blocks: &[Block<'_>],
-    _status: &str,
-    _now: SystemTime,
-) -> String {
-    todo!("render")
+/// `tool_updated` to `now`. With no blocks this is [`set_properties`].
+pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: SystemTime) -> String {
+    if blocks.is_empty() {
+        return set_properties(text, status, now);
+    }
+    let analysis = analyze(text);
+    let eol = analysis.note.line_ending.as_str();
+    let mut out = String::with_capacity(text.len() + 1024 * blocks.len());
+    out.push_str(text);
+    let bom_len = if analysis.note.bom { 3 } else { 0 };
+    // §8.11: the original bytes stay a prefix; an empty note needs no line break first.
+    if text.len() > bom_len && !text.ends_with('\n') {
+        out.push_str(eol);
+    }
+    // An unclosed top-level fence (or unterminated `<!--`) would swallow every result.
+    if let Some(closer) = &analysis.tail_closer {
+        out.push_str(closer);
+        out.push_str(eol);
+    }
+    for block in blocks {
+        out.push_str(eol);
+        let lines = match block {
+            Block::Result(result) => result_callout(result),
+            Block::Held(held) => held_callout(held),
+        };
+        for line in lines {
+            out.push_str(&line);
+            out.push_str(eol);
+        }
+    }
+    set_properties(&out, status, now)
+}
+
+/// Counts the result blocks of `text` and sets the four frontmatter properties (creating the
+/// frontmatter when the note has none); appends nothing.
+pub fn set_properties(text: &str, status: &str, now: SystemTime) -> String {
+    let note = parse_note(text);
+    let calls = note.results.len();
+    let errors = note.results.iter().filter(|r| !r.ok).count();
+    let props = [
+        ("tool_status", one_line(status)),
+        ("tool_calls", calls.to_string()),
+        ("tool_errors", errors.to_string()),
+        ("tool_updated", rfc3339_seconds(now)),
+    ];
+    set_frontmatter(text, &note, &props)
+}
+
+/// Replaces the line of each property (and its indented continuation lines), inserts the
+/// missing ones before the closing `---`; every other byte stays as it was.
+fn set_frontmatter(text: &str, note: &ParsedNote, props: &[(&str, String)]) -> String {
+    let eol = note.line_ending.as_str();
+    let mut out = String::with_capacity(text.len() + 160);
+    let Some(span) = note.frontmatter.clone() else {
+        let at = if note.bom { 3 } else { 0 };
+        out.push_str(&text[..at]);
+        out.push_str("---");
+        out.push_str(eol);
+        for (key, value) in props {
+            push_property(&mut out, key, value, eol);
+        }
+        out.push_str("---");
+        out.push_str(eol);
+        out.push_str(&text[at..]);
+        return out;
+    };
+
+    let lines: Vec<&str> = text[span.clone()].split_inclusive('\n').collect();
+    let closer = lines.len() - 1;
+    let mut written = vec![false; props.len()];
+    out.push_str(&text[..span.start]);
+    out.push_str(lines[0]);
+    let mut i = 1;
+    while i < closer {
+        let line = lines[i];
+        let hit = props.iter().position(|(key, _)| {
+            line.strip_prefix(key)
+                .is_some_and(|rest| rest.starts_with(':'))
+        });
+        match hit {
+            Some(k) => {
+                push_property(&mut out, props[k].0, &props[k].1, eol);
+                written[k] = true;
+                i += 1;
+                while i < closer && is_continuation(lines[i]) {
+                    i += 1;
+                }
+            }
+            None => {
+                out.push_str(line);
+                i += 1;
+            }
+        }
+    }
+    for ((key, value), done) in props.iter().zip(&written) {
+        if !done {
+            push_property(&mut out, key, value, eol);
+        }
+    }
+    out.push_str(lines[closer]);
+    out.push_str(&text[span.end..]);
+    out
+}
+
+fn push_property(out: &mut String, key: &str, value: &str, eol: &str) {
+    out.push_str(key);
+    out.push_str(": ");
+    out.push_str(value);
+    out.push_str(eol);
+}
+
+/// A line that belongs to the YAML value above it: indented, or a `- item` of a sequence.
+fn is_continuation(line: &str) -> bool {
+    line.starts_with([' ', '\t'])
+        || line == "-\n"
+        || line == "-\r\n"
+        || line.starts_with("- ")
+        || line.starts_with("-\t")
+}
+
+/// Titles and property values are one line.
+fn one_line(s: &str) -> String {
+    s.replace("\r\n", " ").replace(['\r', '\n'], " ")
+}
+
+#[derive(Serialize)]
+struct ResultDoc<'a> {
+    tool_result: ResultBody<'a>,
+}
+
+/// Field order is the order in the note: call_id, name, ok, data | error, meta.
+#[derive(Serialize)]
+struct ResultBody<'a> {
+    call_id: &'a str,
+    name: &'a str,
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a CallError>,
+    meta: Meta,
+}
+
+#[derive(Serialize)]
+struct Meta {
+    started_at: String,
+    ended_at: String,
+    duration_ms: u64,
+}
+
+#[derive(Serialize)]
+struct ApprovalDoc<'a> {
+    tool_approval: ApprovalBody<'a>,
+}
+
+#[derive(Serialize)]
+struct ApprovalBody<'a> {
+    call_id: &'a str,
+    name: &'a str,
+    parameters: &'a Map<String, Value>,
+    reason: &'a str,
+}
+
+/// The lines of a folded `[!success]-` / `[!failure]-` callout, without line breaks.
+fn result_callout(result: &CallResult) -> Vec<String> {
+    let ms = result.duration_ms();
+    let (title, data, error) = match &result.outcome {
+        Ok(output) => {
+            let title = if output.summary.trim().is_empty() {
+                format!("[!success]- {} · {ms} ms", result.name)
+            } else {
+                format!("[!success]- {} · {} · {ms} ms", result.name, output.summary)
+            };
+            (title, Some(&output.data), None)
+        }
+        Err(error) => (
+            format!("[!failure]- {} · {} · {ms} ms", result.name, error.code),
+            None,
+            Some(error),
+        ),
+    };
+    let doc = ResultDoc {
+        tool_result: ResultBody {
+            call_id: &result.call_id,
+            name: &result.name,
+            ok: result.outcome.is_ok(),
+            data,
+            error,
+            meta: Meta {
+                started_at: rfc3339_millis(result.started_at),
+                ended_at: rfc3339_millis(result.ended_at),
+                duration_ms: ms,
+            },
+        },
+    };
+    let mut lines = vec![format!("> {}", one_line(&title))];
+    push_json_fence(&mut lines, &doc);
+    lines
+}
+
+/// The lines of an open `[!question]` callout: what will run and why it waits for a person.
+fn held_callout(held: &HeldCall) -> Vec<String> {
+    let title = format!(
+        "[!question] Approval needed · {} · {}",
+        held.name, held.call_id
+    );
+    let mut lines = vec![format!("> {}", one_line(&title))];
+    for line in held.reason.lines() {
+        lines.push(format!("> {}", inert_line(line)));
+    }
+    let doc = ApprovalDoc {
+        tool_approval: ApprovalBody {
+            call_id: &held.call_id,
+            name: &held.name,
+            parameters: &held.parameters,
+            reason: &held.reason,
+        },
+    };
+    push_json_fence(&mut lines, &doc);
+    lines
+}
+
+/// A reason line can quote note text (a recipient, a tool name). Escaping a leading
+/// punctuation character keeps it plain paragraph text: it cannot open a fence or an HTML
+/// block that would swallow the JSON below it.
+fn inert_line(line: &str) -> String {
+    let trimmed = line.trim_start();
+    if trimmed.starts_with(|c: char| c.is_ascii_punctuation()) {
+        format!("\\{trimmed}")
+    } else {
+        trimmed.to_string()
+    }
+}
+
+/// "> ```json", the pretty JSON with every line quoted, "> ```". Pretty JSON lines start
+/// with spaces and a JSON token and strings carry no raw line breaks, so nothing in them
+/// can close the fence early.
+fn push_json_fence(lines: &mut Vec<String>, doc: &impl Serialize) {
+    let json = serde_json::to_string_pretty(doc).expect("maps with string keys always serialize");
+    lines.push("> ```json".to_string());
+    lines.extend(json.split('\n').map(|l| format!("> {l}")));
+    lines.push("> ```".to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{ErrorCode, ToolOutput};
+    use crate::note::parse::{CallBody, LineEnding};
+    use serde_json::json;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    const CALL: &str = "```json\n{\"tool_call\": {\"name\": \"search_web\", \"parameters\": {\"query\": \"AI agents\", \"num_results\": 3}}}\n```\n";
+
+    fn at(ms: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    /// 2023-11-14T22:14:20Z
+    fn now() -> SystemTime {
+        at(1_700_000_060_000)
+    }
+
+    fn success(call_id: &str, data: Value) -> CallResult {
+        CallResult {
+            call_id: call_id.into(),
+            name: "search_web".into(),
+            outcome: Ok(ToolOutput {
+                data,
+                summary: "1 result".into(),
+            }),
+            started_at: at(1_700_000_000_104),
+            ended_at: at(1_700_000_000_516),
+        }
+    }
+
+    fn failure(call_id: &str) -> CallResult {
+        CallResult {
+            call_id: call_id.into(),
+            name: "search_web".into(),
+            outcome: Err(CallError::new(
+                ErrorCode::InvalidJson,
+                "invalid JSON at line 3, column 5: expected `,` or `}`",
+            )
+            .with_details(json!({"line": 3, "column": 5}))),
+            started_at: at(1_700_000_000_104),
+            ended_at: at(1_700_000_000_104),
+        }
+    }
+
+    fn results_for(text: &str) -> Vec<CallResult> {
+        parse_note(text)
+            .pending_calls()
+            .map(|c| match &c.body {
+                CallBody::Call { .. } => success(&c.call_id, json!({"n": 1})),
+                CallBody::Broken(_) => failure(&c.call_id),
+            })
+            .collect()
+    }
+
+    fn append_all(text: &str, results: &[CallResult]) -> String {
+        let blocks: Vec<Block> = results.iter().map(Block::Result).collect();
+        append_blocks(text, &blocks, "done", now())
+    }
+
+    #[test]
+    fn success_block_exact() {
+        let result = success(
+            "c-3f2a9c1b0d4e",
+            json!({"results": [{"title": "T", "url": "https://x"}]}),
+        );
+        let out = append_blocks("# Note\n", &[Block::Result(&result)], "done", now());
+        let expected = "\
+---
+tool_status: done
+tool_calls: 1
+tool_errors: 0
+tool_updated: 2023-11-14T22:14:20Z
+---
+# Note
+
+> [!success]- search_web · 1 result · 412 ms
+> ```json
+> {
+>   \"tool_result\": {
+>     \"call_id\": \"c-3f2a9c1b0d4e\",
+>     \"name\": \"search_web\",
+>     \"ok\": true,
+>     \"data\": {
+>       \"results\": [
+>         {
+>           \"title\": \"T\",
+>           \"url\": \"https://x\"
+>         }
+>       ]
+>     },
+>     \"meta\": {
+>       \"started_at\": \"2023-11-14T22:13:20.104Z\",
+>       \"ended_at\": \"2023-11-14T22:13:20.516Z\",
+>       \"duration_ms\": 412
+>     }
+>   }
+> }
+> ```
+";
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn failure_block_exact() {
+        let result = failure("c-1");
+        let out = append_blocks(
+            "---\na: 1\n---\nx\n",
+            &[Block::Result(&result)],
+            "failed",
+            now(),
+        );
+        let expected = "\
+---
+a: 1
+tool_status: failed
+tool_calls: 1
+tool_errors: 1
+tool_updated: 2023-11-14T22:14:20Z
+---
+x
+
+> [!failure]- search_web · INVALID_JSON · 0 ms
+> ```json
+> {
+>   \"tool_result\": {
+>     \"call_id\": \"c-1\",
+>     \"name\": \"search_web\",
+>     \"ok\": false,
+>     \"error\": {
+>       \"code\": \"INVALID_JSON\",
+>       \"message\": \"invalid JSON at line 3, column 5: expected `,` or `}`\",
+>       \"retryable\": false,
+>       \"details\": {
+>         \"column\": 5,
+>         \"line\": 3
+>       }
+>     },
+>     \"meta\": {
+>       \"started_at\": \"2023-11-14T22:13:20.104Z\",
+>       \"ended_at\": \"2023-11-14T22:13:20.104Z\",
+>       \"duration_ms\": 0
+>     }
+>   }
+> }
+> ```
+";
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn held_block_exact_and_detected() {
+        let mut parameters = Map::new();
+        parameters.insert("recipient".into(), json!("bob@x.org"));
+        let held = HeldCall {
+            call_id: "c-9".into(),
+            name: "send_notification".into(),
+            parameters,
+            reason: "recipient bob@x.org is not in allowed_recipients\n```json".into(),
+        };
+        let out = append_blocks(
+            "---\ntool_status: in_progress\n---\n",
+            &[Block::Held(&held)],
+            "pending_approval",
+            now(),
+        );
+        let expected = "\
+---
+tool_status: pending_approval
+tool_calls: 0
+tool_errors: 0
+tool_updated: 2023-11-14T22:14:20Z
+---
+
+> [!question] Approval needed · send_notification · c-9
+> recipient bob@x.org is not in allowed_recipients
+> \\```json
+> ```json
+> {
+>   \"tool_approval\": {
+>     \"call_id\": \"c-9\",
+>     \"name\": \"send_notification\",
+>     \"parameters\": {
+>       \"recipient\": \"bob@x.org\"
+>     },
+>     \"reason\": \"recipient bob@x.org is not in allowed_recipients\\n```json\"
+>   }
+> }
+> ```
+";
+        assert_eq!(out, expected);
+        assert_eq!(parse_note(&out).held, ["c-9"]);
+    }
+
+    #[test]
+    fn title_is_one_line_and_empty_summary_is_left_out() {
+        let mut result = success("c-1", json!(null));
+        result.name = "bad\nname".into();
+        if let Ok(out) = &mut result.outcome {
+            out.summary = String::new();
+        }
+        let out = append_blocks("", &[Block::Result(&result)], "done", now());
+        assert!(out.contains("\n> [!success]- bad name · 412 ms\n"), "{out}");
+        let mut result = success("c-1", json!(null));
+        if let Ok(out) = &mut result.outcome {
+            out.summary = "two\r\nlines".into();
+        }
+        let out = append_blocks("", &[Block::Result(&result)], "done", now());
+        assert!(
+            out.contains("> [!success]- search_web · two lines · 412 ms\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn round_trip_marks_calls_done() {
+        let text = format!("# Note\n\n{CALL}\n```json\n{{\"tool_call\": {{\"name\": 5}}}}\n```\n");
+        let results = results_for(&text);
+        assert_eq!(results.len(), 2);
+        let out = append_all(&text, &results);
+        let before = parse_note(&text);
+        let after = parse_note(&out);
+        assert_eq!(after.calls.len(), 2);
+        assert_eq!(after.pending_calls().count(), 0);
+        assert_eq!(after.results.len(), 2);
+        assert!(!after.results[1].ok);
+        let ids = |n: &ParsedNote| {
+            n.calls
+                .iter()
+                .map(|c| c.call_id.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&before), ids(&after));
+        assert!(out.contains("tool_calls: 2\ntool_errors: 1\n"));
+    }
+
+    #[test]
+    fn tricky_result_data_creates_no_call() {
+        let text = CALL.to_string();
+        let call_id = parse_note(&text).calls[0].call_id.clone();
+        let data = json!({
+            "a": "```\n{\"tool_call\": {\"name\": \"x\"}}\n```",
+            "b": "> quoted\n\n```json",
+            "c": ["```", "~~~", "> ", "\"tool_call\""],
+            "tool_call": {"name": "evil"},
+        });
+        let out = append_all(&text, &[success(&call_id, data)]);
+        let note = parse_note(&out);
+        assert_eq!(note.calls.len(), 1);
+        assert_eq!(note.pending_calls().count(), 0);
+        assert_eq!(note.results.len(), 1);
+    }
+
+    #[test]
+    fn crlf_note_stays_crlf() {
+        let text = CALL.replace('\n', "\r\n");
+        let out = append_all(&text, &results_for(&text));
+        assert_eq!(parse_note(&out).line_ending, LineEnding::CrLf);
+        assert!(
+            !out.replace("\r\n", "").contains('\n'),
+            "a bare LF in {out:?}"
+        );
+        assert!(!out.replace("\r\n", "").contains('\r'));
+        assert!(out.starts_with("---\r\ntool_status: done\r\n"));
+        assert!(out.ends_with("> ```\r\n"));
+        assert_eq!(parse_note(&out).pending_calls().count(), 0);
+    }
+
+    #[test]
+    fn bom_stays_at_byte_zero() {
+        let text = format!("\u{FEFF}{CALL}");
+        let out = append_all(&text, &results_for(&text));
+        assert!(out.starts_with("\u{FEFF}---\ntool_status: done\n"));
+        assert_eq!(out.matches('\u{FEFF}').count(), 1);
+        let note = parse_note(&out);
+        assert!(note.bom);
+        assert_eq!(note.frontmatter.as_ref().unwrap().start, 3);
+        assert_eq!(note.pending_calls().count(), 0);
+
+        let text = format!("\u{FEFF}---\na: 1\n---\n{CALL}");
+        let out = append_all(&text, &results_for(&text));
+        assert!(out.starts_with("\u{FEFF}---\na: 1\ntool_status: done\n"));
+    }
+
+    #[test]
+    fn missing_final_newline_is_added_and_original_stays_prefix() {
+        let text = CALL.trim_end_matches('\n').to_string();
+        let out = append_all(&text, &results_for(&text));
+        let body = &out[parse_note(&out).frontmatter.unwrap().end..];
+        assert!(
+            body.starts_with(&format!("{text}\n\n> [!success]- ")),
+            "{body}"
+        );
+        assert!(out.ends_with("> ```\n"));
+    }
+
+    #[test]
+    fn each_block_follows_one_blank_line() {
+        let a = success("a", json!(1));
+        let b = failure("b");
+        let out = append_blocks(
+            "x\n",
+            &[Block::Result(&a), Block::Result(&b)],
+            "failed",
+            now(),
+        );
+        assert!(out.contains("x\n\n> [!success]-"));
+        assert!(out.contains("> ```\n\n> [!failure]-"));
+        assert!(!out.contains("\n\n\n"));
+    }
+
+    #[test]
+    fn frontmatter_edit_touches_only_the_four_keys() {
+        let text = "\
+---
+title: My note
+# a comment
+tool_status: needs_action
+tags:
+  - a
+  - b
+tool_calls: 7
+tool_errors:
+  - old
+- older
+tool_statuses: keep me
+aliases: [x]
+---
+Body with
+tool_status: this is body text
+";
+        let out = set_properties(text, "done", now());
+        let expected = "\
+---
+title: My note
+# a comment
+tool_status: done
+tags:
+  - a
+  - b
+tool_calls: 0
+tool_errors: 0
+tool_statuses: keep me
+aliases: [x]
+tool_updated: 2023-11-14T22:14:20Z
+---
+Body with
+tool_status: this is body text
+";
+        assert_eq!(out, expected);
+        // Setting again changes only the values.
+        let again = set_properties(&out, "failed", now() + Duration::from_secs(1));
+        assert_eq!(
+            again,
+            expected
+                .replace("tool_status: done", "tool_status: failed")
+                .replace("22:14:20Z", "22:14:21Z")
+        );
+    }
+
+    #[test]
+    fn frontmatter_created_when_missing() {
+        assert_eq!(
+            set_properties("", "done", now()),
+            "---\ntool_status: done\ntool_calls: 0\ntool_errors: 0\ntool_updated: 2023-11-14T22:14:20Z\n---\n"
+        );
+        let out = set_properties("# Hi\r\nthere", "done", now());
+        assert_eq!(
+            out,
+            "---\r\ntool_status: done\r\ntool_calls: 0\r\ntool_errors: 0\r\ntool_updated: 2023-11-14T22:14:20Z\r\n---\r\n# Hi\r\nthere"
+        );
+        // A leading hr is not frontmatter; the new one goes above it and the hr survives.
+        let out = set_properties("---\n\ntext\n", "done", now());
+        assert!(out.ends_with("---\n---\n\ntext\n"));
+        assert_eq!(
+            parse_note(&out).frontmatter.unwrap().end,
+            out.len() - "---\n\ntext\n".len()
+        );
+    }
+
+    #[test]
+    fn frontmatter_at_end_of_file_without_newline() {
+        let out = set_properties("---\na: 1\n---", "done", now());
+        assert_eq!(
+            out,
+            "---\na: 1\ntool_status: done\ntool_calls: 0\ntool_errors: 0\ntool_updated: 2023-11-14T22:14:20Z\n---"
+        );
+    }
+
+    #[test]
+    fn unclosed_top_level_fence_is_closed_before_results() {
+        for text in [
+            format!("{CALL}\n```python\nprint(1)\n"),
+            format!("{CALL}\n````\ncode"),
+            format!("{CALL}\n~~~~\n"),
+            "```json\n{\"tool_call\": {\"name\": \"x\"}}\n".to_string(),
+            "```json\n{\"tool_call\": {\"name\": \"x\"}}".to_string(),
+            // Found by the proptest: a blank last line without a line break.
+            "```json\ntext\n{\"tool_call\": {\"name\": \"t\"}}\n   ".to_string(),
+        ] {
+            let results = results_for(&text);
+            assert!(!results.is_empty());
+            let out = append_all(&text, &results);
+            let before = parse_note(&text);
+            let after = parse_note(&out);
+            assert_eq!(after.results.len(), results.len(), "{out}");
+            assert_eq!(after.pending_calls().count(), 0, "{out}");
+            assert_eq!(before.calls.len(), after.calls.len());
+        }
+    }
+
+    #[test]
+    fn unterminated_html_at_the_end_is_terminated_before_results() {
+        for (tail, closer) in [
+            ("<!-- note to self\n", "-->"),
+            ("<pre>\nsome", "</pre>"),
+            ("<?php\n", "?>"),
+        ] {
+            let text = format!("{CALL}\n{tail}");
+            let out = append_all(&text, &results_for(&text));
+            assert!(
+                out.contains(&format!("\n{closer}\n\n> [!success]-")),
+                "{out}"
+            );
+            assert_eq!(parse_note(&out).pending_calls().count(), 0, "{out}");
+        }
+        // Terminated HTML needs nothing.
+        let text = format!("{CALL}\n<!-- done -->\n");
+        let out = append_all(&text, &results_for(&text));
+        assert!(out.contains("<!-- done -->\n\n> [!success]-"));
+    }
+
+    #[test]
+    fn results_after_open_containers_are_found() {
+        for tail in [
+            "- item\n  ```json\n  {\"tool_call\": {\"name\": \"x\"}}\n",
+            "> quote\n> ```\n> open",
+            "- list\n  continued",
+            "    indented code",
+            "<div>\nhtml",
+            "| a | b |\n|---|---|",
+            "[ref]: https://example.com",
+        ] {
+            let text = format!("{CALL}\n{tail}");
+            let results = results_for(&text);
+            let out = append_all(&text, &results);
+            let note = parse_note(&out);
+            assert_eq!(note.pending_calls().count(), 0, "{out}");
+            assert_eq!(note.results.len(), results.len(), "{out}");
+        }
+    }
+
+    #[test]
+    fn no_blocks_only_sets_properties() {
+        assert_eq!(
+            append_blocks("x", &[], "done", now()),
+            set_properties("x", "done", now())
+        );
+    }
 }

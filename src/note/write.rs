@@ -2,7 +2,11 @@
 //! if the note changed meanwhile, rebuild from the new content so no other writer's change
 //! is lost.
 
-use std::path::Path;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -17,8 +21,305 @@ pub enum WriteError {
     },
 }
 
+/// How often the note may change under us before we give up on this write.
+const MAX_ATTEMPTS: u32 = 20;
+/// Back-off after a lost race: `BACKOFF_STEP` × attempt, at most `BACKOFF_MAX`.
+const BACKOFF_STEP: Duration = Duration::from_millis(5);
+const BACKOFF_MAX: Duration = Duration::from_millis(50);
+
+/// Makes temp names unique among the writers of this process.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
 /// Reads the note, computes its new text with `build(current)`, and replaces it atomically.
 /// Returns the text written.
-pub fn update_note(_path: &Path, _build: impl Fn(&str) -> String) -> Result<String, WriteError> {
-    todo!("write")
+///
+/// If the note changes between the read and the rename (an editor or the agent saved), the
+/// temp file is dropped and `build` runs again on the new content, so the other writer's
+/// change is kept. When `build` changes nothing, nothing is written.
+pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
+    for attempt in 1..=MAX_ATTEMPTS {
+        let current = read_note(path)?;
+        let new = build(&current);
+        if new == current {
+            return Ok(new);
+        }
+        let temp = temp_path(path);
+        if let Err(source) = write_temp(&temp, path, new.as_bytes()) {
+            let _ = fs::remove_file(&temp);
+            return Err(io_error(path, source));
+        }
+        let unchanged = match fs::read(path) {
+            Ok(bytes) => bytes == current.as_bytes(),
+            Err(e) => {
+                let _ = fs::remove_file(&temp);
+                return Err(read_error(path, e));
+            }
+        };
+        if !unchanged {
+            let _ = fs::remove_file(&temp);
+            std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
+            continue;
+        }
+        if let Err(source) = fs::rename(&temp, path) {
+            let _ = fs::remove_file(&temp);
+            return Err(io_error(path, source));
+        }
+        // The rename is done: a failed folder fsync only weakens durability after a crash,
+        // and reporting it as a failed write would make the caller append twice.
+        let _ = sync_parent(path);
+        return Ok(new);
+    }
+    Err(io_error(
+        path,
+        io::Error::other(format!(
+            "note keeps changing ({MAX_ATTEMPTS} attempts); try again later"
+        )),
+    ))
+}
+
+fn read_note(path: &Path) -> Result<String, WriteError> {
+    let bytes = fs::read(path).map_err(|e| read_error(path, e))?;
+    String::from_utf8(bytes).map_err(|_| WriteError::NotUtf8 {
+        path: path.to_path_buf(),
+    })
+}
+
+fn read_error(path: &Path, e: io::Error) -> WriteError {
+    if e.kind() == io::ErrorKind::NotFound {
+        WriteError::Gone(path.to_path_buf())
+    } else {
+        io_error(path, e)
+    }
+}
+
+fn io_error(path: &Path, source: io::Error) -> WriteError {
+    WriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// `.{name}.vaultd-{pid}-{n}.tmp` beside the note: hidden and `*.tmp`, so watchers (ours
+/// included) ignore it. Long note names are cut so the temp name stays within NAME_MAX.
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut cut = name.len().min(160);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let temp = format!(".{}.vaultd-{}-{n}.tmp", &name[..cut], std::process::id());
+    path.with_file_name(temp)
+}
+
+/// Creates the temp file (never over an existing one) with the note's permissions, writes
+/// and fsyncs it.
+fn write_temp(temp: &Path, note: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut file = OpenOptions::new().write(true).create_new(true).open(temp)?;
+    if let Ok(meta) = fs::metadata(note) {
+        file.set_permissions(meta.permissions())?;
+    }
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+fn sync_parent(path: &Path) -> io::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    File::open(parent)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn note(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = dir.path().join(name);
+        fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    fn leftovers(dir: &tempfile::TempDir) -> Vec<String> {
+        fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect()
+    }
+
+    #[test]
+    fn writes_the_built_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"hello\n");
+        let written = update_note(&path, |t| format!("{t}world\n")).unwrap();
+        assert_eq!(written, "hello\nworld\n");
+        assert_eq!(fs::read_to_string(&path).unwrap(), "hello\nworld\n");
+        assert!(leftovers(&dir).is_empty());
+    }
+
+    #[test]
+    fn crlf_and_bom_bytes_are_preserved() {
+        let dir = tempfile::tempdir().unwrap();
+        let original = "\u{FEFF}a\r\nb  \r\n\r\nno newline";
+        let path = note(&dir, "a.md", original.as_bytes());
+        update_note(&path, |t| format!("{t}\r\nadded\r\n")).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        assert!(bytes.starts_with(original.as_bytes()));
+        assert_eq!(&bytes[original.len()..], b"\r\nadded\r\n");
+    }
+
+    #[test]
+    fn permissions_are_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"x");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        update_note(&path, |t| format!("{t}y")).unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+    }
+
+    #[test]
+    fn unchanged_text_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"same");
+        let before = fs::metadata(&path).unwrap().modified().unwrap();
+        assert_eq!(update_note(&path, |t| t.to_string()).unwrap(), "same");
+        assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), before);
+    }
+
+    #[test]
+    fn gone_when_the_note_vanished() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing.md");
+        assert!(
+            matches!(update_note(&path, |t| t.to_string()), Err(WriteError::Gone(p)) if p == path)
+        );
+    }
+
+    #[test]
+    fn gone_when_the_note_vanishes_during_build() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"x");
+        let result = update_note(&path, |t| {
+            let _ = fs::remove_file(&path);
+            format!("{t}y")
+        });
+        assert!(matches!(result, Err(WriteError::Gone(_))), "{result:?}");
+        assert!(!path.exists());
+        assert!(leftovers(&dir).is_empty());
+    }
+
+    #[test]
+    fn not_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"ok \xff\xfe bad");
+        assert!(matches!(
+            update_note(&path, |t| t.to_string()),
+            Err(WriteError::NotUtf8 { .. })
+        ));
+        assert_eq!(fs::read(&path).unwrap(), b"ok \xff\xfe bad");
+    }
+
+    #[test]
+    fn a_concurrent_change_is_kept_and_the_append_reapplied() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"original\n");
+        let calls = Cell::new(0);
+        let written = update_note(&path, |t| {
+            calls.set(calls.get() + 1);
+            if calls.get() == 1 {
+                // Another writer (an editor) saves between our read and our rename.
+                fs::write(&path, "original\nedited by a person\n").unwrap();
+            }
+            format!("{t}> result\n")
+        })
+        .unwrap();
+        assert_eq!(calls.get(), 2);
+        assert_eq!(written, "original\nedited by a person\n> result\n");
+        assert_eq!(fs::read_to_string(&path).unwrap(), written);
+        assert!(leftovers(&dir).is_empty());
+    }
+
+    #[test]
+    fn gives_up_when_the_note_keeps_changing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"0");
+        let calls = Cell::new(0);
+        let result = update_note(&path, |t| {
+            calls.set(calls.get() + 1);
+            fs::write(&path, calls.get().to_string()).unwrap();
+            format!("{t}!")
+        });
+        match result {
+            Err(WriteError::Io { source, .. }) => {
+                assert!(source.to_string().contains("keeps changing"), "{source}")
+            }
+            other => panic!("expected an Io error, got {other:?}"),
+        }
+        assert_eq!(calls.get(), MAX_ATTEMPTS as i32);
+        assert_eq!(fs::read_to_string(&path).unwrap(), MAX_ATTEMPTS.to_string());
+        assert!(leftovers(&dir).is_empty());
+    }
+
+    #[test]
+    fn read_only_folder_is_an_io_error_and_the_note_is_unchanged() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            eprintln!("skipped: root ignores folder permissions");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"keep me");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o555)).unwrap();
+        let result = update_note(&path, |t| format!("{t} changed"));
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(result, Err(WriteError::Io { .. })), "{result:?}");
+        assert_eq!(fs::read(&path).unwrap(), b"keep me");
+        assert!(leftovers(&dir).is_empty());
+    }
+
+    #[test]
+    fn unwritable_folder_is_an_io_error_even_for_root() {
+        // A temp file cannot be created where the folder is really a file's path.
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"keep me");
+        let err = write_temp(&dir.path().join("a.md/.x.tmp"), &path, b"x").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotADirectory);
+        assert_eq!(fs::read(&path).unwrap(), b"keep me");
+    }
+
+    #[test]
+    fn temp_files_are_hidden_tmp_beside_the_note_and_short() {
+        let temp = temp_path(Path::new("/v/Needs_Action/a.md"));
+        let name = temp.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(temp.parent(), Some(Path::new("/v/Needs_Action")));
+        assert!(
+            name.starts_with(".a.md.vaultd-") && name.ends_with(".tmp"),
+            "{name}"
+        );
+        let long = format!("/v/{}.md", "é".repeat(120));
+        let temp = temp_path(Path::new(&long));
+        assert!(temp.file_name().unwrap().len() < 255);
+        assert_ne!(
+            temp_path(Path::new("/v/a.md")),
+            temp_path(Path::new("/v/a.md"))
+        );
+    }
+
+    #[test]
+    fn long_note_names_can_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, &format!("{}.md", "n".repeat(250)), b"x");
+        assert_eq!(update_note(&path, |t| format!("{t}y")).unwrap(), "xy");
+    }
 }

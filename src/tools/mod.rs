@@ -98,9 +98,23 @@ impl RegisteredTool {
         let mut violations: Vec<(String, String)> = self
             .validator
             .iter_errors(&instance)
-            .map(|e| {
+            .flat_map(|e| {
                 let pointer = e.instance_path().to_string();
-                (pointer, e.to_string())
+                // A misspelt parameter is reported at its own pointer, one violation each.
+                if let jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } =
+                    e.kind()
+                {
+                    return unexpected
+                        .iter()
+                        .map(|key| {
+                            (
+                                format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1")),
+                                format!("unknown parameter `{key}` (not in the schema)"),
+                            )
+                        })
+                        .collect::<Vec<_>>();
+                }
+                vec![(pointer, e.to_string())]
             })
             .collect();
         if violations.is_empty() {

@@ -44,13 +44,18 @@ impl TestVault {
     }
 
     pub fn write_config(&self, search_url: &str, extra: &str) {
+        let search = section(extra, "[tools.search_web]");
+        let timeout = if search.contains("timeout") {
+            ""
+        } else {
+            "timeout = \"5s\"\n"
+        };
         let text = format!(
-            "vault = {root:?}\nstate_dir = {state:?}\n{top}\n[tools.search_web]\nprovider = \"searxng\"\nbase_url = {url:?}\ntimeout = \"5s\"\n{search}\n{rest}\n",
+            "vault = {root:?}\nstate_dir = {state:?}\n{top}\n[tools.search_web]\nprovider = \"searxng\"\nbase_url = {url:?}\n{timeout}{search}\n{rest}\n",
             root = self.root.display().to_string(),
             state = self.state.display().to_string(),
             url = search_url,
             top = section(extra, ""),
-            search = section(extra, "[tools.search_web]"),
             rest = rest_sections(extra),
         );
         std::fs::write(&self.config, text).unwrap();

@@ -1,0 +1,192 @@
+//! Property tests across parse and render: whatever the note, appending results keeps every
+//! original byte and marks exactly the pending calls done.
+
+use crate::call::{CallError, CallResult, ErrorCode, ToolOutput};
+use crate::note::parse::{CallBody, parse_note};
+use crate::note::render::{Block, append_blocks};
+use proptest::prelude::*;
+use std::collections::HashSet;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// Pieces of markdown, single lines or whole blocks (`\n` becomes the note's line ending).
+const PIECES: &[&str] = &[
+    "",
+    "",
+    "   ",
+    "\t",
+    "Some text with `code` and *emphasis*.",
+    "é ü 😀 \u{200B}",
+    "# Heading",
+    "---",
+    "***",
+    "===",
+    "- item",
+    "  - nested item",
+    "1. step",
+    "   continued",
+    "    indented code",
+    "> quote",
+    "> > nested quote",
+    "> [!note] callout",
+    ">",
+    "<div>",
+    "</div>",
+    "<!--",
+    "-->",
+    "<pre>",
+    "</pre>",
+    "<?php",
+    "<![CDATA[",
+    "<!DOCTYPE",
+    "```",
+    "````",
+    "~~~",
+    "```json",
+    "~~~json",
+    "  ```json",
+    "- ```json",
+    "> ```json",
+    "```python",
+    "  ```",
+    "   ~~~",
+    "- <!--",
+    "> <pre>",
+    "- \t```json",
+    "* [ ] task",
+    "```JSON tool",
+    "```jsonc",
+    r#"{"tool_call": {"name": "t", "parameters": {"k": 1}}}"#,
+    r#"{"tool_call": {"name": "t", "id": "fixed"}}"#,
+    r#"{"tool_call": {"name": "#,
+    r#"{"tool_call": 5}"#,
+    r#"{"a": 1}"#,
+    r#"  {"tool_call": {"name": "u"}}"#,
+    r#"> {"tool_result": {"call_id": "fixed", "ok": true}}"#,
+    "```json\n{\"tool_call\": {\"name\": \"t\"}}\n```",
+    "```json\n{\"tool_call\": {\"name\": \"t\"}}\n```",
+    "~~~json\n{\"tool_call\": {\"name\": \"v\", \"parameters\": {\"q\": \"x\"}}}\n~~~",
+    "- ```json\n  {\"tool_call\": {\"name\": \"w\"}}\n  ```",
+    "```json\n{\"tool_call\": {\"name\": \"t\" \"x\"}}\n```",
+    "> ```json\n> {\"tool_call\": {\"name\": \"quoted\"}}\n> ```",
+];
+
+fn note_text() -> impl Strategy<Value = String> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![
+            Just(""),
+            Just("---\ntitle: x\n---\n"),
+            Just("---\ntool_status: old\ntool_calls:\n  - a\n---\n")
+        ],
+        prop::collection::vec(
+            prop_oneof![
+                4 => prop::sample::select(PIECES).prop_map(str::to_string),
+                1 => "[ -~]{0,12}",
+            ],
+            0..24,
+        ),
+        any::<bool>(),
+    )
+        .prop_map(|(bom, crlf, frontmatter, lines, final_newline)| {
+            let eol = if crlf { "\r\n" } else { "\n" };
+            let mut text = String::new();
+            if bom {
+                text.push('\u{FEFF}');
+            }
+            text.push_str(frontmatter);
+            text.push_str(&lines.join("\n"));
+            if final_newline {
+                text.push('\n');
+            }
+            text.replace('\n', eol)
+        })
+}
+
+fn result_for(call_id: &str, ok: bool) -> CallResult {
+    let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    CallResult {
+        call_id: call_id.to_string(),
+        name: "t".to_string(),
+        outcome: if ok {
+            Ok(ToolOutput {
+                data: serde_json::json!({"s": "```\n> x\n\"tool_call\""}),
+                summary: "ok".into(),
+            })
+        } else {
+            Err(CallError::new(ErrorCode::InvalidCall, "bad"))
+        },
+        started_at: t,
+        ended_at: t,
+    }
+}
+
+/// Where the body starts: after the BOM and the frontmatter.
+fn body(text: &str) -> &str {
+    let note = parse_note(text);
+    let start = match note.frontmatter {
+        Some(span) => span.end,
+        None if note.bom => 3,
+        None => 0,
+    };
+    &text[start..]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn appending_keeps_the_note_and_completes_its_calls(text in note_text()) {
+        let before = parse_note(&text);
+        let results: Vec<CallResult> = before
+            .pending_calls()
+            .map(|c| result_for(&c.call_id, matches!(c.body, CallBody::Call { .. })))
+            .collect();
+        let blocks: Vec<Block> = results.iter().map(Block::Result).collect();
+        let out = append_blocks(&text, &blocks, "done", UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+        let after = parse_note(&out);
+
+        prop_assert_eq!(after.bom, before.bom);
+        prop_assert_eq!(after.line_ending, before.line_ending);
+        prop_assert!(after.frontmatter.is_some());
+        prop_assert!(body(&out).starts_with(body(&text)), "original body is not a prefix:\n{:?}\n{:?}", text, out);
+        if !blocks.is_empty() {
+            prop_assert!(out.ends_with(before.line_ending.as_str()));
+        }
+
+        let old_ids: HashSet<&str> = before.calls.iter().map(|c| c.call_id.as_str()).collect();
+        for call in &after.calls {
+            prop_assert!(old_ids.contains(call.call_id.as_str()), "new call {} in\n{:?}", call.call_id, out);
+        }
+        for call in before.pending_calls() {
+            prop_assert!(after.has_result(&call.call_id), "no result for {} in\n{:?}", call.call_id, out);
+        }
+        prop_assert_eq!(after.pending_calls().count(), 0, "pending left in\n{:?}", out);
+        prop_assert_eq!(after.results.len(), before.results.len() + results.len());
+    }
+
+    #[test]
+    fn parse_never_panics(text in "(?s).{0,400}") {
+        let _ = parse_note(&text);
+    }
+
+    #[test]
+    fn set_properties_twice_is_stable(text in note_text()) {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let once = crate::note::render::set_properties(&text, "done", now);
+        let twice = crate::note::render::set_properties(&once, "done", now);
+        prop_assert_eq!(&once, &twice);
+        prop_assert_eq!(body(&once), body(&text));
+    }
+}
+
+#[test]
+fn deeply_nested_markdown_does_not_overflow() {
+    for unit in ["> ", "- ", "1. ", "[", "*", "<a>", "`", "~~~\n"] {
+        let text = format!(
+            "{}```json\n{{\"tool_call\": {{\"name\": \"t\"}}}}\n```\n",
+            unit.repeat(20_000)
+        );
+        let _ = parse_note(&text);
+    }
+}
