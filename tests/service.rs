@@ -162,6 +162,18 @@ async fn sigterm_while_idle_exits_zero_within_two_seconds() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn sighup_is_logged_and_the_daemon_keeps_working() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let daemon = vault.start();
+    daemon.signal(1);
+    daemon.wait_for_log("SIGHUP");
+    vault.drop_note("after-hup.md", &note_with_calls("H", &[search_call("hup")]));
+    vault.wait_until_in("Done", "after-hup.md");
+    assert!(daemon.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn sigterm_right_after_start_up_is_still_graceful() {
     // The SIGTERM handler used to be installed on the main loop's first poll: a stop arriving
     // between start-up and that poll killed the process (status 143) most of the time.

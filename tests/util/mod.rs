@@ -263,6 +263,11 @@ impl RunningDaemon {
         }
     }
 
+    /// Sends a signal without waiting.
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc_kill(self.pid(), sig) };
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
