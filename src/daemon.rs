@@ -27,6 +27,9 @@ use tokio::task::JoinSet;
 /// it is read: an editor may still be writing it.
 const SETTLE: Duration = Duration::from_millis(150);
 
+/// A start-up backlog this large gets progress reports in the log.
+const PROGRESS_FROM: usize = 500;
+
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error(transparent)]
@@ -78,6 +81,8 @@ pub struct Daemon {
     note_slots: Semaphore,
     /// Set on shutdown: no new claims.
     stopping: AtomicBool,
+    /// Note looks finished since start, for start-up progress reports.
+    looked_at: std::sync::atomic::AtomicUsize,
     /// Problems already reported, so a periodic scan does not repeat them.
     reported: Mutex<HashSet<(PathBuf, u64, SystemTime)>>,
 }
@@ -189,6 +194,7 @@ pub async fn run(
         journal,
         inflight: Mutex::new(HashMap::new()),
         stopping: AtomicBool::new(false),
+        looked_at: std::sync::atomic::AtomicUsize::new(0),
         reported: Mutex::new(HashSet::new()),
     });
     daemon.supervise(mode, shutdown).await
@@ -219,6 +225,10 @@ impl Daemon {
             queued,
             "vaultd started"
         );
+        if queued >= PROGRESS_FROM {
+            // Detached: `once` must not wait for the next progress tick to exit.
+            tokio::spawn(self.clone().report_progress(queued));
+        }
 
         if mode == Mode::Once {
             tokio::select! {
@@ -390,6 +400,31 @@ impl Daemon {
             }
             inflight.remove(&path);
             break;
+        }
+        self.looked_at.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Logs how far a long start-up backlog has got, every few seconds, until it is done.
+    async fn report_progress(self: Arc<Self>, queued: usize) {
+        let start = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let done = self.looked_at.load(Ordering::Relaxed).min(queued);
+            if done >= queued || self.stopping.load(Ordering::SeqCst) {
+                tracing::info!(
+                    queued,
+                    "start-up backlog done in {:.1} s",
+                    start.elapsed().as_secs_f64()
+                );
+                return;
+            }
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
+                "start-up backlog: {done} of {queued} notes"
+            ))]);
+            tracing::info!(
+                "start-up backlog: {done} of {queued} notes ({}%)",
+                done * 100 / queued
+            );
         }
     }
 
