@@ -3,6 +3,7 @@
 
 use crate::config::{self, Config, Overrides};
 use crate::daemon::{self, Mode};
+use crate::journal::Decision;
 use crate::note::{CallBody, parse_note};
 use crate::secret::Redactor;
 use crate::tools::Registry;
@@ -104,6 +105,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Approve the held calls of a note in Pending_Approval/ (exactly the parameters its
+    /// questions show) and move it to Approved/, where the daemon runs them.
+    Approve {
+        /// The note: a path, or relative to the vault or to Pending_Approval/.
+        note: PathBuf,
+    },
+    /// Reject the held calls of a note: they get REJECTED results and the note moves to
+    /// Rejected/.
+    Reject {
+        /// The note: a path, or relative to the vault or to Pending_Approval/.
+        note: PathBuf,
+    },
 }
 
 /// Parses the command line, runs it, returns the process exit code.
@@ -143,6 +156,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
             limit,
             json,
         } => log(&g, since, tool, note, limit, json),
+        Command::Approve { note } => decide(&g, &note, Decision::Approved),
+        Command::Reject { note } => decide(&g, &note, Decision::Rejected),
     }
 }
 
@@ -601,6 +616,41 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             lim(&r["per_day"])
         );
     }
+    Ok(0)
+}
+
+/// `vaultd approve` / `vaultd reject`: prints each decided call and where the note went.
+fn decide(g: &GlobalArgs, note: &Path, decision: Decision) -> Result<i32> {
+    let config = load(g)?;
+    let outcome = match decision {
+        Decision::Approved => crate::approval::approve(&config, note)?,
+        Decision::Rejected => crate::approval::reject(&config, note)?,
+    };
+    let mut out = std::io::stdout().lock();
+    for c in &outcome.decided {
+        writeln!(
+            out,
+            "{} {} {} {}",
+            decision.as_str(),
+            c.call_id,
+            c.name,
+            Value::Object(c.parameters.clone())
+        )?;
+    }
+    for id in &outcome.changed {
+        writeln!(
+            out,
+            "not approved {id}: its parameters changed after the question was written; vaultd asks again"
+        )?;
+    }
+    let daemon_note = match (decision, daemon::running_daemon(&config.vault)) {
+        (Decision::Approved, Some(_)) => "; the running daemon sends it now",
+        (Decision::Approved, None) => {
+            "; it runs when vaultd next runs (`vaultd run` or `vaultd once`)"
+        }
+        (Decision::Rejected, _) => "",
+    };
+    writeln!(out, "note is now {}{daemon_note}", outcome.note)?;
     Ok(0)
 }
 
