@@ -746,18 +746,15 @@ impl Daemon {
         )
     }
 
-    /// CLI mode: whether `vaultd approve` approved any held call of the note (not consumed).
+    /// CLI mode: whether `vaultd approve` approved any held call of the note (not consumed),
+    /// with any parameters: a call edited after its approval is then asked about again.
     async fn cli_approved_any(&self, parsed: &ParsedNote) -> Result<bool, DaemonError> {
         for call in parsed.pending_calls() {
-            let CallBody::Call { name, parameters } = &call.body else {
-                continue;
-            };
-            let hash = note::params_hash(name, parameters);
-            if !parsed.is_held_as(&call.call_id, &hash) {
+            if !parsed.is_held(&call.call_id) {
                 continue;
             }
             let id = call.call_id.clone();
-            if self.blocking(move |j| j.approval(&id, &hash)).await? == Some(Decision::Approved) {
+            if self.blocking(move |j| j.approved_any(&id)).await? {
                 return Ok(true);
             }
         }
