@@ -550,7 +550,9 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             "problems": problems,
             "rate_limits": rates,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        // The journal holds redacted text only; the redactor here is the last line of defence.
+        let redactor = daemon::redactor_for(&config);
+        println!("{}", redactor.redact(&serde_json::to_string_pretty(&v)?));
         return Ok(0);
     }
     println!("vault  {}", config.vault.display());
@@ -579,6 +581,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     if failures.is_empty() {
         println!("  none");
     }
+    let redactor = daemon::redactor_for(&config);
     for e in &failures {
         println!(
             "  {}  {}  {} {}: {}",
@@ -586,7 +589,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             e.note,
             e.tool.as_deref().unwrap_or(""),
             e.outcome.as_deref().unwrap_or(""),
-            e.detail.as_deref().unwrap_or("")
+            redactor.redact(e.detail.as_deref().unwrap_or(""))
         );
     }
     if !problems.is_empty() {
@@ -596,7 +599,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
                 "  {}  {}: {}",
                 e.time,
                 e.note,
-                e.detail.as_deref().unwrap_or("")
+                redactor.redact(e.detail.as_deref().unwrap_or(""))
             );
         }
     }
@@ -678,10 +681,12 @@ fn log(
         note,
         limit: Some(limit),
     })?;
+    // The journal holds redacted text only; the redactor here is the last line of defence.
+    let redactor = daemon::redactor_for(&config);
     let mut out = std::io::stdout().lock();
     for e in entries {
         if as_json {
-            writeln!(out, "{}", serde_json::to_string(&e)?)?;
+            writeln!(out, "{}", redactor.redact(&serde_json::to_string(&e)?))?;
         } else {
             let mut line = format!("{}  {:<10} {}", e.time, e.event, e.note);
             for part in [&e.call_id, &e.tool, &e.outcome].into_iter().flatten() {
@@ -695,7 +700,7 @@ fn log(
                 line.push_str("  ");
                 line.push_str(d);
             }
-            writeln!(out, "{line}")?;
+            writeln!(out, "{}", redactor.redact(&line))?;
         }
     }
     Ok(0)

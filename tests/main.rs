@@ -4,4 +4,6 @@
 mod util;
 
 mod approval;
+mod limits;
 mod pipeline;
+mod secrets;
