@@ -62,6 +62,9 @@ pub struct Outcome {
     pub changed: Vec<String>,
     /// Where the note is now, relative to the vault.
     pub note: String,
+    /// The note was in Approved/ already (moved there by hand): no rename tells the daemon,
+    /// which finds it at its next full scan (`rescan_interval`).
+    pub was_in_approved: bool,
 }
 
 /// A held call of the note: pending, with a `[!question]` in the note.
@@ -188,7 +191,7 @@ pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
     // A note already in Approved/ (moved there by hand) is picked up at the daemon's next
     // full scan; one in Pending_Approval/ moves now and the watcher sees it at once.
     let dest = if target.state == State::Approved {
-        target.path
+        target.path.clone()
     } else {
         target.vault.move_to(&target.path, State::Approved)?
     };
@@ -196,6 +199,7 @@ pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
         decided: shown.into_iter().map(|h| h.call).collect(),
         changed,
         note: target.vault.relative(&dest),
+        was_in_approved: target.state == State::Approved,
     })
 }
 
@@ -249,5 +253,6 @@ pub fn reject(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
         decided: held.into_iter().map(|h| h.call).collect(),
         changed: Vec::new(),
         note: dest_rel,
+        was_in_approved: false,
     })
 }

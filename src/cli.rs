@@ -647,6 +647,9 @@ fn decide(g: &GlobalArgs, note: &Path, decision: Decision) -> Result<i32> {
         )?;
     }
     let daemon_note = match (decision, daemon::running_daemon(&config.vault)) {
+        (Decision::Approved, Some(_)) if outcome.was_in_approved => {
+            "; the running daemon sends it at its next full scan (rescan_interval)"
+        }
         (Decision::Approved, Some(_)) => "; the running daemon sends it now",
         (Decision::Approved, None) => {
             "; it runs when vaultd next runs (`vaultd run` or `vaultd once`)"

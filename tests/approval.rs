@@ -361,3 +361,24 @@ async fn cli_mode_a_call_edited_after_approval_is_held_again() {
     assert_eq!(sent.len(), 1);
     assert!(sent[0].contains("To: attacker@elsewhere.net"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_mode_approving_a_hand_moved_note_sends_it_once() {
+    let m = MailVault::new("cli").await;
+    m.vault.drop_note(
+        "moved.md",
+        &note_with_calls("Moved", &[mail_call("stranger@elsewhere.net", "Moved")]),
+    );
+    m.once_ok();
+    m.vault
+        .move_note("Pending_Approval", "Approved", "moved.md");
+    let (code, out, err) = m.decide("approve", &m.vault.path("Approved", "moved.md"));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("note is now Approved/moved.md"), "{out}");
+    m.once_ok();
+    let text = m.vault.read("Done", "moved.md");
+    assert_eq!(results_in(&text)[0]["ok"], true, "{text}");
+    assert_eq!(m.sent().len(), 1);
+    m.once_ok();
+    assert_eq!(m.sent().len(), 1);
+}

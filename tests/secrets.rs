@@ -150,9 +150,7 @@ async fn a_slack_webhook_that_answers_500_leaks_its_token_nowhere() {
     let env = [("SLACK_HOOK", hook.as_str())];
     let vault = TestVault::new(&search.base_url(), slack_config());
 
-    let mut c = cmd(&vault, &env);
-    c.env("RUST_LOG", "trace");
-    let daemon = RunningDaemon::start(c, vault.dir.path().join("daemon.log"));
+    let daemon = RunningDaemon::start(cmd(&vault, &env), vault.dir.path().join("daemon.log"));
     vault.drop_note("ping.md", &slack_note());
     vault.wait_until_in("Failed", "ping.md");
     assert_eq!(daemon.terminate().code(), Some(0));
@@ -231,7 +229,7 @@ fn refuse_logins(stream: std::net::TcpStream, seen: &Mutex<Vec<String>>) -> std:
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut out = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
-    let mut read_line = |reader: &mut BufReader<std::net::TcpStream>| -> Option<String> {
+    let read_line = |reader: &mut BufReader<std::net::TcpStream>| -> Option<String> {
         let mut line = String::new();
         match reader.read_line(&mut line) {
             Ok(0) | Err(_) => None,
