@@ -3,6 +3,7 @@
 
 use crate::config::{self, Config, Overrides};
 use crate::daemon::{self, Mode};
+use crate::journal::Decision;
 use crate::note::{CallBody, parse_note};
 use crate::secret::Redactor;
 use crate::tools::Registry;
@@ -104,6 +105,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Approve the held calls of a note in Pending_Approval/ (exactly the parameters its
+    /// questions show) and move it to Approved/, where the daemon runs them.
+    Approve {
+        /// The note: a path, or relative to the vault or to Pending_Approval/.
+        note: PathBuf,
+    },
+    /// Reject the held calls of a note: they get REJECTED results and the note moves to
+    /// Rejected/.
+    Reject {
+        /// The note: a path, or relative to the vault or to Pending_Approval/.
+        note: PathBuf,
+    },
 }
 
 /// Parses the command line, runs it, returns the process exit code.
@@ -143,6 +156,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
             limit,
             json,
         } => log(&g, since, tool, note, limit, json),
+        Command::Approve { note } => decide(&g, &note, Decision::Approved),
+        Command::Reject { note } => decide(&g, &note, Decision::Rejected),
     }
 }
 
@@ -546,7 +561,9 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             "problems": problems,
             "rate_limits": rates,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        // The journal holds redacted text only; the redactor here is the last line of defence.
+        let redactor = daemon::redactor_for(&config);
+        println!("{}", redactor.redact(&serde_json::to_string_pretty(&v)?));
         return Ok(0);
     }
     println!("vault  {}", config.vault.display());
@@ -575,6 +592,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     if failures.is_empty() {
         println!("  none");
     }
+    let redactor = daemon::redactor_for(&config);
     for e in &failures {
         println!(
             "  {}  {}  {} {}: {}",
@@ -582,7 +600,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             e.note,
             e.tool.as_deref().unwrap_or(""),
             e.outcome.as_deref().unwrap_or(""),
-            e.detail.as_deref().unwrap_or("")
+            redactor.redact(e.detail.as_deref().unwrap_or(""))
         );
     }
     if !problems.is_empty() {
@@ -592,7 +610,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
                 "  {}  {}: {}",
                 e.time,
                 e.note,
-                e.detail.as_deref().unwrap_or("")
+                redactor.redact(e.detail.as_deref().unwrap_or(""))
             );
         }
     }
@@ -612,6 +630,44 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             lim(&r["per_day"])
         );
     }
+    Ok(0)
+}
+
+/// `vaultd approve` / `vaultd reject`: prints each decided call and where the note went.
+fn decide(g: &GlobalArgs, note: &Path, decision: Decision) -> Result<i32> {
+    let config = load(g)?;
+    let outcome = match decision {
+        Decision::Approved => crate::approval::approve(&config, note)?,
+        Decision::Rejected => crate::approval::reject(&config, note)?,
+    };
+    let mut out = std::io::stdout().lock();
+    for c in &outcome.decided {
+        writeln!(
+            out,
+            "{} {} {} {}",
+            decision.as_str(),
+            c.call_id,
+            c.name,
+            Value::Object(c.parameters.clone())
+        )?;
+    }
+    for id in &outcome.changed {
+        writeln!(
+            out,
+            "not approved {id}: its parameters changed after the question was written; vaultd asks again"
+        )?;
+    }
+    let daemon_note = match (decision, daemon::running_daemon(&config.vault)) {
+        (Decision::Approved, Some(_)) if outcome.was_in_approved => {
+            "; the running daemon sends it at its next full scan (rescan_interval)"
+        }
+        (Decision::Approved, Some(_)) => "; the running daemon sends it now",
+        (Decision::Approved, None) => {
+            "; it runs when vaultd next runs (`vaultd run` or `vaultd once`)"
+        }
+        (Decision::Rejected, _) => "",
+    };
+    writeln!(out, "note is now {}{daemon_note}", outcome.note)?;
     Ok(0)
 }
 
@@ -639,10 +695,12 @@ fn log(
         note,
         limit: Some(limit),
     })?;
+    // The journal holds redacted text only; the redactor here is the last line of defence.
+    let redactor = daemon::redactor_for(&config);
     let mut out = std::io::stdout().lock();
     for e in entries {
         if as_json {
-            writeln!(out, "{}", serde_json::to_string(&e)?)?;
+            writeln!(out, "{}", redactor.redact(&serde_json::to_string(&e)?))?;
         } else {
             let mut line = format!("{}  {:<10} {}", e.time, e.event, e.note);
             for part in [&e.call_id, &e.tool, &e.outcome].into_iter().flatten() {
@@ -656,7 +714,7 @@ fn log(
                 line.push_str("  ");
                 line.push_str(d);
             }
-            writeln!(out, "{line}")?;
+            writeln!(out, "{}", redactor.redact(&line))?;
         }
     }
     Ok(0)

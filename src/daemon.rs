@@ -6,8 +6,8 @@
 
 use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
 use crate::config::{ApprovalVia, Config};
-use crate::journal::{CallProgress, Journal, JournalError, RunId};
-use crate::note::{self, Block, CallBody, parse_note};
+use crate::journal::{CallProgress, Decision, Journal, JournalError, RunId};
+use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
 use crate::runner::Runner;
 use crate::secret::Redactor;
 use crate::tools::{Admission, Effect, Registry};
@@ -67,6 +67,16 @@ enum Pass {
     Approved,
     /// Found in In_Progress at start-up; `known` when the journal has its run.
     Recover { known: bool },
+}
+
+/// What becomes of a held call in this pass.
+enum HeldDecision {
+    Run,
+    Rejected,
+    /// Asked already, with these exact parameters; no decision yet.
+    Waiting,
+    /// Not asked yet with these parameters: write a `[!question]`.
+    Ask,
 }
 
 /// Everything a note task needs, shared.
@@ -297,12 +307,10 @@ impl Daemon {
     }
 
     fn watched_folders(&self) -> Vec<PathBuf> {
-        let mut v = vec![self.vault.folder(State::NeedsAction)];
-        if self.config.tools.send_notification.approval_via == ApprovalVia::Folder {
-            v.push(self.vault.folder(State::Approved));
-            v.push(self.vault.folder(State::Rejected));
-        }
-        v
+        self.watched_states()
+            .into_iter()
+            .map(|s| self.vault.folder(s))
+            .collect()
     }
 
     /// Queues every note of the watched folders. Returns how many were queued.
@@ -317,13 +325,19 @@ impl Daemon {
         n
     }
 
+    /// With `approval_via = "cli"`, Approved/ is watched only for the notes `vaultd approve`
+    /// moves there (a note moved in by hand is left alone, see `claim_and_run`), and
+    /// Rejected/ not at all: `vaultd reject` writes the REJECTED results itself.
     fn watched_states(&self) -> Vec<State> {
-        let mut v = vec![State::NeedsAction];
-        if self.config.tools.send_notification.approval_via == ApprovalVia::Folder {
-            v.push(State::Approved);
+        let mut v = vec![State::NeedsAction, State::Approved];
+        if !self.approval_via_cli() {
             v.push(State::Rejected);
         }
         v
+    }
+
+    fn approval_via_cli(&self) -> bool {
+        self.config.tools.send_notification.approval_via == ApprovalVia::Cli
     }
 
     fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {
@@ -520,6 +534,12 @@ impl Daemon {
         if parsed.pending_calls().next().is_none() || self.stopping.load(Ordering::SeqCst) {
             return Ok(()); // waiting for the agent, not for us: left exactly as it is
         }
+        if pass == Pass::Approved
+            && self.approval_via_cli()
+            && !self.cli_approved_any(&parsed).await?
+        {
+            return Ok(()); // moved into Approved/ by hand: only `vaultd approve` counts
+        }
         let claimed = match self.vault.move_to(path, State::InProgress) {
             Ok(p) => p,
             Err(VaultError::Move { source, .. })
@@ -639,25 +659,25 @@ impl Daemon {
                     steps.push(Step::Done(CallResult::failed_now(&call_id, name, e)))
                 }
                 Admission::Hold { reason } => {
-                    if pass == Pass::Approved && parsed.is_held(&call_id) {
-                        steps.push(Step::Run {
+                    match self
+                        .held_call_decision(pass, &parsed, &call_id, name, parameters)
+                        .await?
+                    {
+                        HeldDecision::Run => steps.push(Step::Run {
                             call_id,
                             name: name.clone(),
                             parameters: parameters.clone(),
-                        });
-                    } else if parsed.is_held(&call_id) {
-                        steps.push(Step::StillHeld);
-                    } else {
-                        steps.push(Step::Hold(HeldCall {
+                        }),
+                        HeldDecision::Rejected => {
+                            steps.push(Step::Done(crate::approval::rejected_result(&call_id, name)))
+                        }
+                        HeldDecision::Waiting => steps.push(Step::StillHeld),
+                        HeldDecision::Ask => steps.push(Step::Hold(HeldCall {
                             call_id,
                             name: name.clone(),
                             parameters: parameters.clone(),
-                            reason: format!(
-                                "{reason}. To send it, move this note to `{}/`; to refuse, move it to `{}/`.",
-                                self.vault.folder_name(State::Approved),
-                                self.vault.folder_name(State::Rejected)
-                            ),
-                        }))
+                            reason: format!("{reason}. {}", self.how_to_decide()),
+                        })),
                     }
                 }
             }
@@ -722,6 +742,73 @@ impl Daemon {
         Ok(())
     }
 
+    /// What becomes of a call the policy holds (DESIGN §4). A question the note shows binds
+    /// the decision to the exact parameters it lists: a call edited since is asked about
+    /// again. With `approval_via = "folder"` the note being in Approved/ decides; with
+    /// `"cli"` only a decision `vaultd approve`/`reject` recorded in the journal does, and it
+    /// is consumed here so it counts once.
+    async fn held_call_decision(
+        &self,
+        pass: Pass,
+        parsed: &ParsedNote,
+        call_id: &str,
+        name: &str,
+        parameters: &Map<String, Value>,
+    ) -> Result<HeldDecision, DaemonError> {
+        let hash = note::params_hash(name, parameters);
+        if !parsed.is_held_as(call_id, &hash) {
+            return Ok(HeldDecision::Ask);
+        }
+        let id = call_id.to_string();
+        if !self.approval_via_cli() {
+            if pass != Pass::Approved {
+                return Ok(HeldDecision::Waiting);
+            }
+            // Moving the note decided; a `vaultd approve` record, if any, is spent with it.
+            self.blocking(move |j| j.consume_approval(&id, &hash))
+                .await?;
+            return Ok(HeldDecision::Run);
+        }
+        Ok(
+            match self
+                .blocking(move |j| j.consume_approval(&id, &hash))
+                .await?
+            {
+                Some(Decision::Approved) => HeldDecision::Run,
+                Some(Decision::Rejected) => HeldDecision::Rejected,
+                None => HeldDecision::Waiting,
+            },
+        )
+    }
+
+    /// CLI mode: whether `vaultd approve` approved any held call of the note (not consumed),
+    /// with any parameters: a call edited after its approval is then asked about again.
+    async fn cli_approved_any(&self, parsed: &ParsedNote) -> Result<bool, DaemonError> {
+        for call in parsed.pending_calls() {
+            if !parsed.is_held(&call.call_id) {
+                continue;
+            }
+            let id = call.call_id.clone();
+            if self.blocking(move |j| j.approved_any(&id)).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The last sentence of a `[!question]`: how a person decides, in this vault's mode.
+    fn how_to_decide(&self) -> String {
+        if self.approval_via_cli() {
+            "To send it, run `vaultd approve NOTE` with this note's path; to refuse, `vaultd reject NOTE`. Moving the note does not approve it.".to_string()
+        } else {
+            format!(
+                "To send it, move this note to `{}/`; to refuse, move it to `{}/`.",
+                self.vault.folder_name(State::Approved),
+                self.vault.folder_name(State::Rejected)
+            )
+        }
+    }
+
     fn redact_result(&self, mut r: CallResult) -> CallResult {
         r.outcome = r.outcome.map_err(|e| self.runner.redact_error(e));
         r
@@ -750,7 +837,9 @@ impl Daemon {
                     }
                 }
                 for h in &held {
-                    if !cur.is_held(&h.call_id) && !cur.has_result(&h.call_id) {
+                    let shown =
+                        cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
+                    if !shown && !cur.has_result(&h.call_id) {
                         blocks.push(Block::Held(h));
                     }
                 }
@@ -805,13 +894,9 @@ impl Daemon {
             .pending_calls()
             .filter(|c| parsed.is_held(&c.call_id))
             .map(|c| {
-                CallResult::failed_now(
+                crate::approval::rejected_result(
                     &c.call_id,
                     c.name.as_deref().unwrap_or("tool_call"),
-                    CallError::new(
-                        ErrorCode::Rejected,
-                        "a person rejected this call; it was not run",
-                    ),
                 )
             })
             .collect();

@@ -612,6 +612,23 @@ impl Journal {
         self.read(|tx| lookup_approval(tx, call_id, params_hash))
     }
 
+    /// Whether `call_id` has an unconsumed `Approved` decision, whatever parameters it is bound
+    /// to: the daemon then looks at the note even if the call was edited since (to ask again).
+    pub fn approved_any(&self, call_id: &str) -> Result<bool, JournalError> {
+        self.read(|tx| {
+            Ok(tx
+                .query_row(
+                    "SELECT 1 FROM approvals
+                     WHERE call_id = ?1 AND decision = 'approved' AND consumed_at_ms IS NULL
+                     LIMIT 1",
+                    params![call_id],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some())
+        })
+    }
+
     /// Takes the decision on `call_id` with these parameters, so it counts once: call it when
     /// the held call starts (or gets its REJECTED result). A call run again later (its result
     /// block deleted) needs a new decision.
@@ -1642,6 +1659,7 @@ mod tests {
         );
         assert_eq!(journal.approval("c-1", "h").unwrap(), None);
         assert_eq!(journal.consume_approval("c-1", "h").unwrap(), None);
+        assert!(!journal.approved_any("c-1").unwrap());
         // A new decision is usable again.
         journal
             .record_approval("Pending_Approval/a.md", "c-1", "h", Decision::Approved)

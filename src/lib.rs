@@ -25,7 +25,9 @@
 //! - [`journal`]: the SQLite record of every claim, call and move.
 //! - [`tools`]: the registry and the built-in tools.
 //! - [`daemon`]: the pipeline, start-up recovery and shutdown.
+//! - [`approval`]: `vaultd approve` / `vaultd reject`, decisions bound to parameters.
 
+pub mod approval;
 pub mod call;
 pub mod cli;
 pub mod config;

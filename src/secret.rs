@@ -145,6 +145,12 @@ impl Redactor {
                 && url.path().len() > 8
             {
                 needles.push(url.path().to_string());
+                // The token alone (Slack's last part, Discord's), as a server may quote it.
+                if let Some(token) = url.path_segments().and_then(|mut s| s.next_back())
+                    && token.len() >= 8
+                {
+                    needles.push(token.to_string());
+                }
             }
         }
         needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
@@ -215,6 +221,10 @@ mod tests {
         assert_eq!(
             r.redact("status for /services/T000/B000/XXXXSECRET"),
             "status for [redacted]"
+        );
+        assert_eq!(
+            r.redact("invalid token XXXXSECRET"),
+            "invalid token [redacted]"
         );
     }
 

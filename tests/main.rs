@@ -3,5 +3,8 @@
 
 mod util;
 
+mod approval;
+mod limits;
 mod pipeline;
+mod secrets;
 mod service;

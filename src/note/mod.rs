@@ -9,6 +9,6 @@ pub mod write;
 #[cfg(test)]
 mod proptests;
 
-pub use parse::{CallBlock, CallBody, LineEnding, ParsedNote, parse_note};
+pub use parse::{CallBlock, CallBody, HeldRef, LineEnding, ParsedNote, params_hash, parse_note};
 pub use render::{Block, append_blocks};
 pub use write::{WriteError, update_note};

@@ -68,8 +68,17 @@ pub struct ParsedNote {
     pub calls: Vec<CallBlock>,
     /// Every `tool_result` block (inside callouts), in document order.
     pub results: Vec<ResultRef>,
-    /// Call ids with a `[!question]` approval notice (`tool_approval` block) in the note.
-    pub held: Vec<String>,
+    /// Every `[!question]` approval notice (`tool_approval` block) in the note.
+    pub held: Vec<HeldRef>,
+}
+
+/// A `[!question]` approval notice: which call it asks about, and with what parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldRef {
+    pub call_id: String,
+    /// [`params_hash`] of the `name` and `parameters` the question shows, so an approval
+    /// counts only for exactly what the person saw. None when the notice does not show them.
+    pub params_hash: Option<String>,
 }
 
 impl ParsedNote {
@@ -85,7 +94,15 @@ impl ParsedNote {
     }
 
     pub fn is_held(&self, call_id: &str) -> bool {
-        self.held.iter().any(|h| h == call_id)
+        self.held.iter().any(|h| h.call_id == call_id)
+    }
+
+    /// True when a question in the note asks about `call_id` with exactly the parameters
+    /// hashed to `params_hash`: a call edited after its question was written is not.
+    pub fn is_held_as(&self, call_id: &str, params_hash: &str) -> bool {
+        self.held
+            .iter()
+            .any(|h| h.call_id == call_id && h.params_hash.as_deref() == Some(params_hash))
     }
 }
 
@@ -384,7 +401,7 @@ fn html_terminator(block: &str) -> Option<String> {
 }
 
 /// A `tool_result` or `tool_approval` block inside a callout.
-fn record_notice(f: &Fence, results: &mut Vec<ResultRef>, held: &mut Vec<String>) {
+fn record_notice(f: &Fence, results: &mut Vec<ResultRef>, held: &mut Vec<HeldRef>) {
     let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&f.content) else {
         return;
     };
@@ -399,12 +416,19 @@ fn record_notice(f: &Fence, results: &mut Vec<ResultRef>, held: &mut Vec<String>
             ok,
         });
     }
-    if let Some(call_id) = map
-        .get("tool_approval")
-        .and_then(|a| a.get("call_id"))
-        .and_then(Value::as_str)
+    if let Some(Value::Object(a)) = map.get("tool_approval")
+        && let Some(call_id) = a.get("call_id").and_then(Value::as_str)
     {
-        held.push(call_id.to_string());
+        let params_hash = match (a.get("name"), a.get("parameters")) {
+            (Some(Value::String(name)), Some(Value::Object(parameters))) => {
+                Some(params_hash(name, parameters))
+            }
+            _ => None,
+        };
+        held.push(HeldRef {
+            call_id: call_id.to_string(),
+            params_hash,
+        });
     }
 }
 
@@ -708,6 +732,17 @@ fn json_error_position(
     let line = lines.line_of(at);
     let column = text[lines.start_of(line)..at].chars().count() + 1;
     (line, column)
+}
+
+/// What an approval is bound to: the full hex SHA-256 of the canonical JSON of
+/// `{ "name", "parameters" }`. Any change to the call's tool or parameters changes it.
+pub fn params_hash(name: &str, parameters: &Map<String, Value>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut call = Map::new();
+    call.insert("name".to_string(), Value::String(name.to_string()));
+    call.insert("parameters".to_string(), Value::Object(parameters.clone()));
+    let digest = Sha256::digest(canonical_json(&Value::Object(call)).as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `c-` + the first 12 hex digits of SHA-256 over `bytes`.
@@ -1241,6 +1276,38 @@ mod tests {
     }
 
     #[test]
+    fn params_hash_ignores_key_order_and_sees_every_change() {
+        let p = |v: Value| match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        let a = params_hash(
+            "send",
+            &p(serde_json::json!({"to": "a@x.org", "n": [1, 2]})),
+        );
+        let b = params_hash(
+            "send",
+            &p(serde_json::json!({"n": [1, 2], "to": "a@x.org"})),
+        );
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 64);
+        assert_ne!(
+            a,
+            params_hash(
+                "send",
+                &p(serde_json::json!({"to": "b@x.org", "n": [1, 2]}))
+            )
+        );
+        assert_ne!(
+            a,
+            params_hash(
+                "other",
+                &p(serde_json::json!({"to": "a@x.org", "n": [1, 2]}))
+            )
+        );
+    }
+
+    #[test]
     fn results_and_held_are_found_in_callouts() {
         let text = "\
 > [!success]- ping · 1 ms
@@ -1276,7 +1343,13 @@ mod tests {
                 }
             ]
         );
-        assert_eq!(note.held, ["c-3"]);
+        assert_eq!(
+            note.held,
+            [HeldRef {
+                call_id: "c-3".into(),
+                params_hash: None
+            }]
+        );
         assert!(note.is_held("c-3") && !note.is_held("c-1"));
         assert!(note.calls.is_empty());
     }

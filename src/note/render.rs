@@ -454,7 +454,16 @@ tool_updated: 2023-11-14T22:14:20Z
 > ```
 ";
         assert_eq!(out, expected);
-        assert_eq!(parse_note(&out).held, ["c-9"]);
+        let parsed = parse_note(&out);
+        let hash = crate::note::params_hash("send_notification", &held.parameters);
+        assert!(parsed.is_held("c-9"));
+        assert!(parsed.is_held_as("c-9", &hash));
+        let mut edited = held.parameters.clone();
+        edited.insert("recipient".into(), json!("eve@x.org"));
+        assert!(!parsed.is_held_as(
+            "c-9",
+            &crate::note::params_hash("send_notification", &edited)
+        ));
     }
 
     #[test]

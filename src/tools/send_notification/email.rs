@@ -96,6 +96,15 @@ fn plan_smtp(url: &str, starttls: StartTls, has_credentials: bool) -> Result<Smt
     })
 }
 
+/// 127.0.0.0/8, ::1 and `localhost`; IPv6 hosts bare or bracketed.
+pub(super) fn is_loopback_host(host: &str) -> bool {
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    is_loopback(host)
+}
+
 /// 127.0.0.0/8, ::1 and `localhost`.
 fn is_loopback(host: &str) -> bool {
     match host.parse::<std::net::IpAddr>() {

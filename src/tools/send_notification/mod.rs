@@ -315,6 +315,14 @@ impl Webhooks {
             if !matches!(url.scheme(), "https" | "http") {
                 return Err(setup("must be an https:// (or http://) URL".to_string()));
             }
+            // The URL is the credential: it never crosses an unencrypted connection to
+            // another machine (DESIGN §8.12).
+            if url.scheme() == "http" && !url.host_str().is_some_and(email::is_loopback_host) {
+                return Err(setup(
+                    "must be an https:// URL (plain http:// is allowed only to a loopback address)"
+                        .to_string(),
+                ));
+            }
             hooks.insert(
                 name.clone(),
                 Webhook {
@@ -786,6 +794,34 @@ mod tests {
         );
         let p = slack_params("ops", "s", "b");
         assert_eq!(Send::from_parameters(&p).unwrap().summary(), "slack ops");
+    }
+
+    #[test]
+    fn plain_http_webhooks_are_refused_unless_loopback() {
+        let mut c = base_config();
+        c.slack.insert(
+            "ops".into(),
+            secret("http://hooks.example.com/services/T0/B0/SECRETVALUE"),
+        );
+        let err = SendNotification::new(&c, reqwest::Client::new())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("loopback"), "{err}");
+        assert!(!err.contains("SECRETVALUE"), "{err}");
+        for ok in [
+            "http://127.0.0.1:9/services/T0/B0/SECRETVALUE",
+            "http://[::1]:9/services/T0/B0/SECRETVALUE",
+            "http://localhost:9/services/T0/B0/SECRETVALUE",
+            "https://hooks.example.com/services/T0/B0/SECRETVALUE",
+        ] {
+            let mut c = base_config();
+            c.discord.insert("alerts".into(), secret(ok));
+            assert!(
+                SendNotification::new(&c, reqwest::Client::new()).is_ok(),
+                "{ok}"
+            );
+        }
     }
 
     #[test]
