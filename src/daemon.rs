@@ -675,9 +675,15 @@ impl Daemon {
             }
         }
 
+        // Results this run wrote before a crash count for Done or Failed (§8.5) as much as the
+        // ones written now: a kill between the write and the move must not turn Failed into Done.
+        let failed_before_crash = parsed
+            .results
+            .iter()
+            .any(|r| !r.ok && prior.contains_key(&r.call_id));
         let next = if waiting {
             State::PendingApproval
-        } else if results.iter().any(|r| !r.is_ok()) {
+        } else if failed_before_crash || results.iter().any(|r| !r.is_ok()) {
             State::Failed
         } else {
             State::Done
