@@ -3,5 +3,6 @@
 
 mod util;
 
+mod hostile;
 mod pipeline;
 mod recovery;

@@ -11,4 +11,4 @@ mod proptests;
 
 pub use parse::{CallBlock, CallBody, LineEnding, ParsedNote, parse_note};
 pub use render::{Block, append_blocks};
-pub use write::{WriteError, update_note};
+pub use write::{WriteError, read_settled, update_note};

@@ -75,9 +75,12 @@ pub struct ParsedNote {
 impl ParsedNote {
     /// Calls with no result block: the ones to run.
     pub fn pending_calls(&self) -> impl Iterator<Item = &CallBlock> {
+        // A set, not a scan per call: a note may hold thousands of calls and results.
+        let done: std::collections::HashSet<&str> =
+            self.results.iter().map(|r| r.call_id.as_str()).collect();
         self.calls
             .iter()
-            .filter(|c| !self.results.iter().any(|r| r.call_id == c.call_id))
+            .filter(move |c| !done.contains(c.call_id.as_str()))
     }
 
     pub fn has_result(&self, call_id: &str) -> bool {

@@ -21,11 +21,16 @@ pub enum WriteError {
     },
 }
 
-/// How often the note may change under us before we give up on this write.
+/// How often the note may change under us before we give up on this write (about 1.5 s of
+/// back-off in all; the daemon retries the whole write later, so giving up loses nothing).
 const MAX_ATTEMPTS: u32 = 20;
 /// Back-off after a lost race: `BACKOFF_STEP` × attempt, at most `BACKOFF_MAX`.
-const BACKOFF_STEP: Duration = Duration::from_millis(5);
-const BACKOFF_MAX: Duration = Duration::from_millis(50);
+const BACKOFF_STEP: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_millis(100);
+/// A note modified more recently than this may be half-written by an in-place writer (open,
+/// truncate, write): replacing it now would drop the rest of that writer's bytes, which go
+/// to the replaced inode. Wait for a quiet moment first.
+const QUIET: Duration = Duration::from_millis(50);
 
 /// Makes temp names unique among the writers of this process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -38,6 +43,12 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// change is kept. When `build` changes nothing, nothing is written.
 pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
     for attempt in 1..=MAX_ATTEMPTS {
+        if attempt > 1 {
+            std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
+        }
+        if modified_within(path, QUIET)? {
+            continue;
+        }
         let current = read_note(path)?;
         let new = build(&current);
         if new == current {
@@ -57,7 +68,6 @@ pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String
         };
         if !unchanged {
             let _ = fs::remove_file(&temp);
-            std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
             continue;
         }
         if let Err(source) = fs::rename(&temp, path) {
@@ -75,6 +85,28 @@ pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String
             "note keeps changing ({MAX_ATTEMPTS} attempts); try again later"
         )),
     ))
+}
+
+/// Reads a note once it has been quiet for a moment (or after about a second and a half of
+/// waiting, whatever its state), so a note half-written in place is not taken for the whole.
+pub fn read_settled(path: &Path) -> Result<Vec<u8>, WriteError> {
+    for attempt in 1..=MAX_ATTEMPTS {
+        if !modified_within(path, QUIET)? {
+            break;
+        }
+        std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
+    }
+    fs::read(path).map_err(|e| read_error(path, e))
+}
+
+/// True when the note's mtime is less than `quiet` ago (a clock step back counts as quiet).
+fn modified_within(path: &Path, quiet: Duration) -> Result<bool, WriteError> {
+    let meta = fs::metadata(path).map_err(|e| read_error(path, e))?;
+    Ok(meta
+        .modified()
+        .ok()
+        .and_then(|m| m.elapsed().ok())
+        .is_some_and(|age| age < quiet))
 }
 
 fn read_note(path: &Path) -> Result<String, WriteError> {
@@ -151,6 +183,31 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n.ends_with(".tmp"))
             .collect()
+    }
+
+    #[test]
+    fn a_half_written_note_is_left_to_its_writer_until_quiet() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"first half");
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                // An in-place writer still busy: appends every 10 ms for 200 ms.
+                let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+                for _ in 0..20 {
+                    f.write_all(b" more").unwrap();
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(5));
+        let written = update_note(&path, |t| format!("{t}\nresult\n")).unwrap();
+        writer.join().unwrap();
+        assert_eq!(
+            written,
+            format!("first half{}\nresult\n", " more".repeat(20))
+        );
+        assert_eq!(fs::read_to_string(&path).unwrap(), written);
     }
 
     #[test]
@@ -265,8 +322,9 @@ mod tests {
             }
             other => panic!("expected an Io error, got {other:?}"),
         }
-        assert_eq!(calls.get(), MAX_ATTEMPTS as i32);
-        assert_eq!(fs::read_to_string(&path).unwrap(), MAX_ATTEMPTS.to_string());
+        // Attempts that find the note freshly modified wait without building.
+        assert!((1..=MAX_ATTEMPTS as i32).contains(&calls.get()));
+        assert_eq!(fs::read_to_string(&path).unwrap(), calls.get().to_string());
         assert!(leftovers(&dir).is_empty());
     }
 

@@ -73,10 +73,10 @@ impl TestVault {
     pub fn drop_into(&self, folder: &str, rel: &str, bytes: &[u8]) -> PathBuf {
         let target = self.path(folder, rel);
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        let tmp = self
-            .dir
-            .path()
-            .join(format!("drop-{}", rel.replace('/', "_")));
+        // A short temp name: `rel` may be at the 255-byte limit already.
+        static DROPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = DROPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.path().join(format!("drop-{n}"));
         std::fs::write(&tmp, bytes).unwrap();
         std::fs::rename(&tmp, &target).unwrap();
         target
