@@ -6,3 +6,4 @@ mod util;
 mod hostile;
 mod pipeline;
 mod recovery;
+mod cmark;

@@ -9,6 +9,6 @@ pub mod write;
 #[cfg(test)]
 mod proptests;
 
-pub use parse::{CallBlock, CallBody, LineEnding, ParsedNote, parse_note};
+pub use parse::{CallBlock, CallBody, LineEnding, ParsedNote, json_block_contents, parse_note};
 pub use render::{Block, append_blocks};
 pub use write::{WriteError, read_settled, update_note};
