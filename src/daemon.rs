@@ -965,6 +965,11 @@ impl Daemon {
 
     /// Start-up: finishes every note left in In_Progress from the journal (DESIGN §5, §8.15).
     async fn recover(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Result<(), DaemonError> {
+        // Temp files of writes a killed daemon never finished (the note itself is intact).
+        let swept = self.vault.remove_temp_files(note::write::is_stale_temp);
+        if swept > 0 {
+            tracing::info!(swept, "removed temp files of interrupted writes");
+        }
         let open = self.blocking(|j| j.open_runs()).await?;
         let notes = self.vault.scan(State::InProgress);
         let mut seen = HashSet::new();

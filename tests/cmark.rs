@@ -128,13 +128,16 @@ impl Gen {
             lines.push(format!("{indent}{line}"));
         }
         match self.rng.below(10) {
-            0 => {} // never closed
+            0 => {}                                                                 // never closed
             1 => lines.push(format!("{indent}{}", ch.to_string().repeat(len - 1))), // too short
             2 => lines.push(format!("    {}", ch.to_string().repeat(len))), // indented 4: content
             _ => {
                 let extra = self.rng.below(2) as usize;
                 let close_indent = " ".repeat(self.rng.below(4) as usize);
-                lines.push(format!("{close_indent}{}", ch.to_string().repeat(len + extra)));
+                lines.push(format!(
+                    "{close_indent}{}",
+                    ch.to_string().repeat(len + extra)
+                ));
             }
         }
         lines
@@ -221,7 +224,9 @@ fn prefix_all(lines: &[String], first: &str, rest: &str) -> Vec<String> {
 #[test]
 fn json_blocks_agree_with_the_commonmark_reference() {
     if cmark_html("probe").is_none() {
-        eprintln!("skipped: cmark is not installed (apt-get install cmark); CI=true makes this fail");
+        eprintln!(
+            "skipped: cmark is not installed (apt-get install cmark); CI=true makes this fail"
+        );
         return;
     }
     // VAULTD_CMARK_SEED explores other corpora.
@@ -241,18 +246,30 @@ fn json_blocks_agree_with_the_commonmark_reference() {
         // without a final newline as it is; CommonMark (and cmark) end every line with one.
         let got: Vec<String> = vaultd::note::json_block_contents(&doc)
             .into_iter()
-            .map(|c| if c.is_empty() || c.ends_with('\n') { c } else { c + "\n" })
+            .map(|c| {
+                if c.is_empty() || c.ends_with('\n') {
+                    c
+                } else {
+                    c + "\n"
+                }
+            })
             .collect();
         blocks_seen += expected.len();
         let calls = vaultd::note::parse_note(&doc).calls.len();
-        let expected_calls = expected.iter().filter(|b| b.contains("\"tool_call\"")).count();
+        let expected_calls = expected
+            .iter()
+            .filter(|b| b.contains("\"tool_call\""))
+            .count();
         if got != expected || calls != expected_calls {
             disagreements.push(format!(
                 "document {n}:\n{doc:?}\n cmark: {expected:?}\nvaultd: {got:?}\n calls: {calls} (cmark: {expected_calls})"
             ));
         }
     }
-    assert!(blocks_seen > DOCUMENTS / 2, "the generator makes json blocks: {blocks_seen}");
+    assert!(
+        blocks_seen > DOCUMENTS / 2,
+        "the generator makes json blocks: {blocks_seen}"
+    );
     assert!(
         disagreements.is_empty(),
         "{} of {DOCUMENTS} documents disagree; first ones:\n{}",

@@ -535,3 +535,71 @@ async fn odd_file_names_are_processed_and_long_names_numbered_within_255_bytes()
     assert_eq!(results_in(&vault.read("Done", file)).len(), 1);
     assert!(vault.notes_in("Needs_Action").is_empty());
 }
+
+/// Every note of `tests/corpus/` (tricky notes, and any crasher fuzzing finds) parses, gets
+/// a result for each pending call appended, keeps its bytes, and then has nothing pending.
+#[test]
+fn the_corpus_parses_and_renders_without_loss() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 20, "{files:?}");
+    for path in files {
+        let began = Instant::now();
+        let bytes = std::fs::read(&path).unwrap();
+        let Ok(text) = String::from_utf8(bytes) else {
+            continue; // not UTF-8: the daemon leaves it untouched (oversized_non_utf8_… test)
+        };
+        let parsed = vaultd::note::parse_note(&text);
+        let _ = vaultd::note::json_block_contents(&text);
+        let results: Vec<vaultd::call::CallResult> = parsed
+            .pending_calls()
+            .map(|c| {
+                vaultd::call::CallResult::failed_now(
+                    &c.call_id,
+                    c.name.as_deref().unwrap_or("tool_call"),
+                    vaultd::call::CallError::new(vaultd::call::ErrorCode::InvalidCall, "corpus"),
+                )
+            })
+            .collect();
+        let blocks: Vec<_> = results.iter().map(vaultd::note::Block::Result).collect();
+        let out =
+            vaultd::note::append_blocks(&text, &blocks, "failed", std::time::SystemTime::now());
+        let kept = match &parsed.frontmatter {
+            Some(fm) => &text[fm.end..],
+            None => text.strip_prefix('\u{feff}').unwrap_or(&text),
+        };
+        assert!(
+            out.contains(kept),
+            "{}: original bytes lost",
+            path.display()
+        );
+        let after = vaultd::note::parse_note(&out);
+        let left: Vec<_> = after.pending_calls().map(|c| c.call_id.clone()).collect();
+        assert!(
+            left.is_empty(),
+            "{}: still pending {left:?}\n{out}",
+            path.display()
+        );
+        assert_eq!(
+            after.results.len(),
+            parsed.results.len() + results.len(),
+            "{}",
+            path.display()
+        );
+        // Appending again adds nothing.
+        let again = vaultd::note::append_blocks(&out, &[], "failed", std::time::SystemTime::now());
+        assert_eq!(
+            vaultd::note::parse_note(&again).results.len(),
+            after.results.len()
+        );
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "{}: slow",
+            path.display()
+        );
+    }
+}

@@ -3,7 +3,7 @@
 
 mod util;
 
+mod cmark;
 mod hostile;
 mod pipeline;
 mod recovery;
-mod cmark;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// The name of torture note `i` and its queries (every third note has two calls).
 fn torture_note(i: usize) -> (String, Vec<String>) {
-    let queries = if i % 3 == 0 {
+    let queries = if i.is_multiple_of(3) {
         vec![format!("q{i} first"), format!("q{i} second")]
     } else {
         vec![format!("q{i}")]
@@ -289,6 +289,30 @@ async fn a_note_unknown_to_the_journal_in_in_progress_is_finished_once() {
     assert_eq!(results[1]["error"]["code"], "UNKNOWN_OUTCOME");
     assert!(smtp.received().is_empty());
     assert_eq!(server.queries(), vec!["recovered"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn temp_files_of_an_interrupted_write_are_swept_at_start() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let stale = [
+        "In_Progress/.a.md.vaultd-4000000-3.tmp",
+        "Done/sub/.b.md.vaultd-4000001-0.tmp",
+    ];
+    let kept = ["Needs_Action/.a.md.tmp", "Done/.c.md.vaultd-notes.tmp"];
+    for f in stale.iter().chain(&kept) {
+        let p = vault.root.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, "half a note").unwrap();
+    }
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    for f in stale {
+        assert!(!vault.root.join(f).exists(), "{f} swept");
+    }
+    for f in kept {
+        assert!(vault.root.join(f).exists(), "{f} not ours: kept");
+    }
 }
 
 /// The call id `vaultd check --json` gives the single call of `text`.

@@ -103,7 +103,8 @@ pub fn parse_note(text: &str) -> ParsedNote {
 /// from; public for differential tests against other CommonMark implementations.
 pub fn json_block_contents(text: &str) -> Vec<String> {
     let content_start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
-    let body_start = find_frontmatter(&text[content_start..]).map_or(content_start, |r| r.end + content_start);
+    let body_start =
+        find_frontmatter(&text[content_start..]).map_or(content_start, |r| r.end + content_start);
     scan_blocks(&text[body_start..])
         .fences
         .into_iter()

@@ -147,6 +147,26 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(temp)
 }
 
+/// True for a temp file of [`update_note`] (`.{name}.vaultd-{pid}-{n}.tmp`) written by
+/// another process than this one: a daemon killed mid-write left it. Only the daemon holding
+/// the vault lock calls this, so no other live vaultd is writing it.
+pub fn is_stale_temp(file_name: &str) -> bool {
+    let Some(inner) = file_name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(".tmp"))
+    else {
+        return false;
+    };
+    let Some((_, tail)) = inner.rsplit_once(".vaultd-") else {
+        return false;
+    };
+    let Some((pid, n)) = tail.split_once('-') else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(pid) && digits(n) && pid != std::process::id().to_string()
+}
+
 /// Creates the temp file (never over an existing one) with the note's permissions, writes
 /// and fsyncs it.
 fn write_temp(temp: &Path, note: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -208,6 +228,23 @@ mod tests {
             format!("first half{}\nresult\n", " more".repeat(20))
         );
         assert_eq!(fs::read_to_string(&path).unwrap(), written);
+    }
+
+    #[test]
+    fn stale_temp_files_are_recognised_and_nothing_else() {
+        assert!(is_stale_temp(".a.md.vaultd-4000000-7.tmp"));
+        assert!(is_stale_temp(".x.vaultd-y.md.vaultd-12-0.tmp"));
+        let ours = temp_path(Path::new("/v/a.md"));
+        assert!(!is_stale_temp(&ours.file_name().unwrap().to_string_lossy()));
+        for other in [
+            ".a.md.tmp",
+            "a.md",
+            ".a.md.vaultd-x-1.tmp",
+            ".a.vaultd-1.tmp",
+            "a.md.vaultd-1-2.tmp",
+        ] {
+            assert!(!is_stale_temp(other), "{other}");
+        }
     }
 
     #[test]
