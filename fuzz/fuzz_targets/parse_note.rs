@@ -34,6 +34,9 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(out.contains(kept), "original bytes lost");
     let after = parse_note(&out);
-    assert!(after.pending_calls().next().is_none(), "a call is still pending");
+    assert!(
+        after.pending_calls().next().is_none(),
+        "a call is still pending"
+    );
     assert_eq!(after.results.len(), parsed.results.len() + results.len());
 });
