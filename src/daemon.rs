@@ -58,6 +58,16 @@ pub enum Mode {
     Once,
 }
 
+/// How appending a run's results into its note went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteBack {
+    Written,
+    /// The note is no longer where the run left it.
+    Gone,
+    /// Not written (the note keeps changing, the folder is read-only, …): retried later.
+    Failed,
+}
+
 /// What a note task is doing with a note.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pass {
@@ -315,6 +325,8 @@ impl Daemon {
 
     /// Queues every note of the watched folders. Returns how many were queued.
     fn scan_all(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> usize {
+        let me = self.clone();
+        tasks.spawn(async move { me.resume_stranded().await });
         let mut n = 0;
         for folder in self.watched_states() {
             for path in self.vault.scan(folder) {
@@ -466,6 +478,16 @@ impl Daemon {
             return None;
         }
         let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        if meta.permissions().readonly() {
+            // Nobody may write it: a person made it read-only on purpose (root included).
+            self.problem(
+                path,
+                meta.len(),
+                mtime,
+                "note is read-only (no write permission); left untouched".to_string(),
+            );
+            return None;
+        }
         if meta.len() > self.config.max_note_bytes {
             self.problem(
                 path,
@@ -547,12 +569,32 @@ impl Daemon {
             {
                 return Ok(()); // moved away meanwhile
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                // A read-only folder, say: reported once, the note stays where it is.
+                let (len, mtime) = stamp(path);
+                self.problem(path, len, mtime, format!("cannot claim the note: {e}"));
+                return Ok(());
+            }
         };
-        let note = self.vault.relative(&claimed);
+        // Marked before the run is recorded, so a rescan never resumes it as stranded.
+        self.mark_inflight(&claimed);
+        let outcome = self.begin_and_execute(&claimed, pass).await;
+        self.inflight
+            .lock()
+            .expect("inflight lock poisoned")
+            .remove(&claimed);
+        outcome
+    }
+
+    async fn begin_and_execute(
+        self: &Arc<Self>,
+        claimed: &Path,
+        pass: Pass,
+    ) -> Result<(), DaemonError> {
+        let note = self.vault.relative(claimed);
         let run = self.blocking(move |j| j.begin_run(&note)).await?;
-        tracing::debug!(note = %self.vault.relative(&claimed), "claimed");
-        self.execute(run, &claimed, pass, HashMap::new()).await
+        tracing::debug!(note = %self.vault.relative(claimed), "claimed");
+        self.execute(run, claimed, pass, HashMap::new()).await
     }
 
     /// Runs the pending calls of a claimed note, writes the results, moves the note on.
@@ -563,19 +605,37 @@ impl Daemon {
         pass: Pass,
         prior: HashMap<String, CallProgress>,
     ) -> Result<(), DaemonError> {
-        let text = match std::fs::read(path) {
+        let read = {
+            let path = path.to_path_buf();
+            tokio::task::spawn_blocking(move || note::read_settled(&path))
+                .await
+                .expect("read task does not panic")
+        };
+        let text = match read {
             Ok(bytes) => match String::from_utf8(bytes) {
                 Ok(s) => s,
-                Err(_) => {
+                Err(e) => {
                     // Became non-UTF-8 after the claim: give it back untouched.
+                    let (len, mtime) = stamp(path);
+                    self.problem(
+                        path,
+                        len,
+                        mtime,
+                        format!(
+                            "note is not UTF-8 (invalid byte at offset {}); left untouched",
+                            e.utf8_error().valid_up_to()
+                        ),
+                    );
                     return self.finish_run(run, path, State::Failed).await.map(|_| ());
                 }
             },
+            Err(note::WriteError::Gone(_)) => {
+                return self.abandon(run, path).await;
+            }
             Err(e) => {
-                tracing::warn!(note = %self.vault.relative(path), "note vanished after the claim: {e}");
-                let gone = format!("(gone: {})", self.vault.relative(path));
-                self.blocking(move |j| j.note_moved(run, &gone, true))
-                    .await?;
+                // Unreadable now (permissions changed?): leave it, the run stays open and is
+                // retried at the next scan.
+                tracing::error!(note = %self.vault.relative(path), "cannot read the claimed note: {e}");
                 return Ok(());
             }
         };
@@ -730,15 +790,37 @@ impl Daemon {
             }
         }
 
+        // Results this run wrote before a crash count for Done or Failed (§8.5) as much as the
+        // ones written now: a kill between the write and the move must not turn Failed into Done.
+        let failed_before_crash = parsed
+            .results
+            .iter()
+            .any(|r| !r.ok && prior.contains_key(&r.call_id));
         let next = if waiting {
             State::PendingApproval
-        } else if results.iter().any(|r| !r.is_ok()) {
+        } else if failed_before_crash || results.iter().any(|r| !r.is_ok()) {
             State::Failed
         } else {
             State::Done
         };
-        self.write_back(run, path, results, held, next).await?;
-        self.finish_run(run, path, next).await?;
+        match self.write_back(run, path, results, held, next).await? {
+            WriteBack::Written => {
+                if let Err(e) = self.finish_run(run, path, next).await {
+                    // A read-only destination, say: the results are in the note; the run stays
+                    // open and the move is retried at the next scan.
+                    let rel = self.vault.relative(path);
+                    let message = format!("{e}; retried at the next scan");
+                    let _ = self
+                        .blocking(move |j| j.record_problem(&rel, &message))
+                        .await;
+                    return Err(e);
+                }
+            }
+            WriteBack::Gone => self.abandon(run, path).await?,
+            // The note stays in In_Progress with its run open; the next periodic scan (or
+            // start-up) writes the recorded results from the journal and moves it on.
+            WriteBack::Failed => {}
+        }
         Ok(())
     }
 
@@ -809,6 +891,23 @@ impl Daemon {
         }
     }
 
+    /// The note left In_Progress during its run (a person deleted or moved it): the run is
+    /// closed as abandoned and nothing is recreated.
+    async fn abandon(&self, run: RunId, path: &Path) -> Result<(), DaemonError> {
+        let rel = self.vault.relative(path);
+        tracing::warn!(
+            note = %rel,
+            "note was deleted or moved out of In_Progress while its calls ran; their results are in the journal (vaultd log), not in a note"
+        );
+        self.blocking(move |j| {
+            j.abandon_run(
+                run,
+                "note deleted or moved out of In_Progress during its run; results not written",
+            )
+        })
+        .await
+    }
+
     fn redact_result(&self, mut r: CallResult) -> CallResult {
         r.outcome = r.outcome.map_err(|e| self.runner.redact_error(e));
         r
@@ -823,16 +922,18 @@ impl Daemon {
         results: Vec<CallResult>,
         held: Vec<HeldCall>,
         next: State,
-    ) -> Result<(), DaemonError> {
+    ) -> Result<WriteBack, DaemonError> {
         let path_buf = path.to_path_buf();
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
         let now = SystemTime::now();
         let written = tokio::task::spawn_blocking(move || {
             note::update_note(&path_buf, |current| {
                 let cur = parse_note(current);
+                let written: HashSet<&str> =
+                    cur.results.iter().map(|r| r.call_id.as_str()).collect();
                 let mut blocks: Vec<Block<'_>> = Vec::new();
                 for r in &results {
-                    if !cur.has_result(&r.call_id) {
+                    if !written.contains(r.call_id.as_str()) {
                         blocks.push(Block::Result(r));
                     }
                 }
@@ -855,11 +956,20 @@ impl Daemon {
                     j.results_written(run, &refs)
                 })
                 .await?;
-                Ok(())
+                Ok(WriteBack::Written)
             }
+            Err(note::WriteError::Gone(_)) => Ok(WriteBack::Gone),
             Err(e) => {
-                tracing::error!(note = %self.vault.relative(path), "results not written: {e}");
-                Ok(())
+                let rel = self.vault.relative(path);
+                let message = format!(
+                    "results not written yet ({e}); the note stays in {}/ and is retried at the next scan",
+                    self.vault.folder_name(State::InProgress)
+                );
+                tracing::error!(note = %rel, "{message}");
+                let _ = self
+                    .blocking(move |j| j.record_problem(&rel, &message))
+                    .await;
+                Ok(WriteBack::Failed)
             }
         }
     }
@@ -905,14 +1015,81 @@ impl Daemon {
         }
         let note = self.vault.relative(path);
         let run = self.blocking(move |j| j.begin_run(&note)).await?;
-        self.write_back(run, path, rejected, Vec::new(), State::Rejected)
-            .await?;
-        self.finish_run(run, path, State::Rejected).await?;
+        if self
+            .write_back(run, path, rejected, Vec::new(), State::Rejected)
+            .await?
+            == WriteBack::Written
+        {
+            self.finish_run(run, path, State::Rejected).await?;
+        } else {
+            let reason = "results not written into the rejected note";
+            self.blocking(move |j| j.abandon_run(run, reason)).await?;
+        }
         Ok(())
+    }
+
+    /// Finishes open runs whose note sits in In_Progress with no task on it: their results
+    /// could not be written or the note not moved (it kept changing, a folder was read-only).
+    async fn resume_stranded(self: Arc<Self>) {
+        if self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let open = match self.blocking(|j| j.open_runs()).await {
+            Ok(open) => open,
+            Err(e) => {
+                tracing::error!("journal: {e}");
+                return;
+            }
+        };
+        for r in open {
+            let path = self.vault.root().join(&r.note);
+            if self.vault.locate(&path).map(|(s, _)| s) != Some(State::InProgress)
+                || !path.is_file()
+                || !self.mark_inflight(&path)
+            {
+                continue;
+            }
+            let _slot = self.note_slots.acquire().await;
+            // The list may be stale: the run's own task may have closed it meanwhile, and a
+            // new file may sit at the same path. Take the journal's word now.
+            let note = r.note.clone();
+            let current = self.blocking(move |j| j.run_for_note(&note)).await;
+            let r = match current {
+                Ok(Some(now)) if now.run_id == r.run_id => now,
+                _ => {
+                    self.inflight
+                        .lock()
+                        .expect("inflight lock poisoned")
+                        .remove(&path);
+                    continue;
+                }
+            };
+            let prior = r
+                .calls
+                .into_iter()
+                .map(|c| (c.call_id, c.progress))
+                .collect();
+            tracing::info!(note = %r.note, "retrying a run whose note was not finished");
+            if let Err(e) = self
+                .execute(r.run_id, &path, Pass::Recover { known: true }, prior)
+                .await
+            {
+                tracing::error!(note = %r.note, "{e}");
+            }
+            self.inflight
+                .lock()
+                .expect("inflight lock poisoned")
+                .remove(&path);
+        }
     }
 
     /// Start-up: finishes every note left in In_Progress from the journal (DESIGN §5, §8.15).
     async fn recover(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Result<(), DaemonError> {
+        // Temp files of writes a killed daemon never finished (the note itself is intact).
+        let swept = self.vault.remove_temp_files(note::write::is_stale_temp);
+        if swept > 0 {
+            tracing::info!(swept, "removed temp files of interrupted writes");
+        }
         let open = self.blocking(|j| j.open_runs()).await?;
         let notes = self.vault.scan(State::InProgress);
         let mut seen = HashSet::new();
@@ -978,6 +1155,13 @@ impl Daemon {
             .await
             .expect("journal task does not panic")?)
     }
+}
+
+/// Size and mtime of a file, for de-duplicating problem reports.
+fn stamp(path: &Path) -> (u64, SystemTime) {
+    std::fs::symlink_metadata(path)
+        .map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+        .unwrap_or((0, SystemTime::UNIX_EPOCH))
 }
 
 /// Waits until a file has stopped changing (same size and mtime over one settle period).

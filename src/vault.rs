@@ -200,6 +200,35 @@ impl Vault {
     }
 }
 
+impl Vault {
+    /// Deletes the temp files `stale` recognises in every state folder (beside notes, never
+    /// in hidden folders or through symlinks). Returns how many went.
+    pub fn remove_temp_files(&self, stale: impl Fn(&str) -> bool) -> usize {
+        fn sweep(dir: &Path, stale: &dyn Fn(&str) -> bool, n: &mut usize) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for entry in entries.flatten() {
+                let Ok(ft) = entry.file_type() else { continue };
+                let name = entry.file_name();
+                if ft.is_dir() && !is_hidden(&name) {
+                    sweep(&entry.path(), stale, n);
+                } else if ft.is_file()
+                    && name.to_str().is_some_and(stale)
+                    && std::fs::remove_file(entry.path()).is_ok()
+                {
+                    *n += 1;
+                }
+            }
+        }
+        let mut n = 0;
+        for s in State::ALL {
+            sweep(&self.folder(s), &stale, &mut n);
+        }
+        n
+    }
+}
+
 fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;

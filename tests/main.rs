@@ -4,7 +4,10 @@
 mod util;
 
 mod approval;
+mod cmark;
+mod hostile;
 mod limits;
 mod pipeline;
+mod recovery;
 mod secrets;
 mod service;

@@ -9,6 +9,9 @@ pub mod write;
 #[cfg(test)]
 mod proptests;
 
-pub use parse::{CallBlock, CallBody, HeldRef, LineEnding, ParsedNote, params_hash, parse_note};
+pub use parse::{
+    CallBlock, CallBody, HeldRef, LineEnding, ParsedNote, json_block_contents, params_hash,
+    parse_note,
+};
 pub use render::{Block, append_blocks};
-pub use write::{WriteError, update_note};
+pub use write::{WriteError, read_settled, update_note};

@@ -84,9 +84,12 @@ pub struct HeldRef {
 impl ParsedNote {
     /// Calls with no result block: the ones to run.
     pub fn pending_calls(&self) -> impl Iterator<Item = &CallBlock> {
+        // A set, not a scan per call: a note may hold thousands of calls and results.
+        let done: std::collections::HashSet<&str> =
+            self.results.iter().map(|r| r.call_id.as_str()).collect();
         self.calls
             .iter()
-            .filter(|c| !self.results.iter().any(|r| r.call_id == c.call_id))
+            .filter(move |c| !done.contains(c.call_id.as_str()))
     }
 
     pub fn has_result(&self, call_id: &str) -> bool {
@@ -109,6 +112,22 @@ impl ParsedNote {
 /// Parses a note. Never fails: broken calls are `CallBody::Broken`.
 pub fn parse_note(text: &str) -> ParsedNote {
     analyze(text).note
+}
+
+/// The content of every fenced block whose info string's first word is `json` (any case)
+/// outside blockquotes, in document order, closed or not, as CommonMark defines it (indent
+/// and container prefixes stripped, LF line breaks). The blocks [`parse_note`] reads calls
+/// from; public for differential tests against other CommonMark implementations.
+pub fn json_block_contents(text: &str) -> Vec<String> {
+    let content_start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
+    let body_start =
+        find_frontmatter(&text[content_start..]).map_or(content_start, |r| r.end + content_start);
+    scan_blocks(&text[body_start..])
+        .fences
+        .into_iter()
+        .filter(|f| f.is_json() && !f.in_quote)
+        .map(|f| f.content)
+        .collect()
 }
 
 /// A parse plus what the renderer must know to append safely.
@@ -450,7 +469,9 @@ struct ValidCall {
 fn classify_call(f: &Fence, body_start: usize, lines: &LineIndex, text: &str) -> Option<FoundCall> {
     let parsed = serde_json::from_str::<Value>(&f.content);
     if !f.closed {
-        if !f.content.contains("tool_call") {
+        // The same test as for a closed block that does not parse: the quoted key. A `json`
+        // block left open whose text only mentions tool_call in passing is not a call.
+        if !f.content.contains("\"tool_call\"") {
             return None;
         }
         let closer = f.closing_line();

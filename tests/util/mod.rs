@@ -73,10 +73,10 @@ impl TestVault {
     pub fn drop_into(&self, folder: &str, rel: &str, bytes: &[u8]) -> PathBuf {
         let target = self.path(folder, rel);
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        let tmp = self
-            .dir
-            .path()
-            .join(format!("drop-{}", rel.replace('/', "_")));
+        // A short temp name: `rel` may be at the 255-byte limit already.
+        static DROPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = DROPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.path().join(format!("drop-{n}"));
         std::fs::write(&tmp, bytes).unwrap();
         std::fs::rename(&tmp, &target).unwrap();
         target
@@ -174,6 +174,39 @@ impl TestVault {
     pub fn start(&self) -> RunningDaemon {
         RunningDaemon::start(self.cmd(), self.dir.path().join("daemon.log"))
     }
+
+    /// Starts `vaultd run` logging to its own file `name` (kept for a post-mortem).
+    pub fn start_logged(&self, name: &str) -> RunningDaemon {
+        RunningDaemon::start(self.cmd(), self.dir.path().join(name))
+    }
+
+    /// The daemon's journal, opened read-write as the CLI does.
+    pub fn journal(&self) -> vaultd::journal::Journal {
+        vaultd::journal::Journal::open(&self.state).expect("open the journal")
+    }
+
+    /// `vaultd status --json`, parsed.
+    pub fn status_json(&self) -> serde_json::Value {
+        let out = self
+            .cmd()
+            .args(["status", "--json"])
+            .output()
+            .expect("run vaultd status");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
+    }
+
+    /// Every file in the vault (hidden ones included, `.vaultd.lock` excepted), relative.
+    pub fn all_files(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        walk_all(&self.root, &self.root, &mut out);
+        out.sort();
+        out
+    }
 }
 
 fn section(extra: &str, header: &str) -> String {
@@ -228,6 +261,65 @@ fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
     }
 }
 
+fn walk_all(base: &Path, dir: &Path, out: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_dir() {
+            walk_all(base, &p, out);
+        } else if e.file_name() != ".vaultd.lock" {
+            out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+        }
+    }
+}
+
+/// Waits until `done()` holds, polling; panics with `what` after the deadline.
+pub fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > deadline {
+            panic!("timed out after {deadline:?} waiting until {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Counts the result blocks per call id in a note.
+pub fn result_counts(text: &str) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for r in results_in(text) {
+        *m.entry(r["call_id"].as_str().unwrap_or("").to_string())
+            .or_insert(0) += 1;
+    }
+    m
+}
+
+/// A small deterministic PRNG (xorshift64*) so "random" tests replay exactly.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform-ish in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
 /// A `vaultd run` child process; killed when dropped.
 pub struct RunningDaemon {
     pub child: Child,
@@ -247,6 +339,19 @@ impl RunningDaemon {
         let d = RunningDaemon { child, log };
         d.wait_for_log("vaultd started");
         d
+    }
+
+    /// Starts `vaultd run` without waiting for it to be ready (to kill it during start-up).
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> RunningDaemon {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .arg("run")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn vaultd run");
+        RunningDaemon { child, log }
     }
 
     pub fn log_text(&self) -> String {

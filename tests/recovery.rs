@@ -1,0 +1,344 @@
+//! "Never lose a note, never send twice": the real binary killed with SIGKILL at varied
+//! moments, restarted, and checked note by note and call by call.
+
+use crate::util::searx::SearxServer;
+use crate::util::*;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// The name of torture note `i` and its queries (every third note has two calls).
+fn torture_note(i: usize) -> (String, Vec<String>) {
+    let queries = if i.is_multiple_of(3) {
+        vec![format!("q{i} first"), format!("q{i} second")]
+    } else {
+        vec![format!("q{i}")]
+    };
+    (format!("t{i:02}.md"), queries)
+}
+
+fn drop_torture_note(vault: &TestVault, i: usize) {
+    let (name, queries) = torture_note(i);
+    let calls: Vec<_> = queries.iter().map(|q| search_call(q)).collect();
+    vault.drop_note(&name, &note_with_calls(&name, &calls));
+}
+
+/// No open run, no call without an outcome, in the journal.
+fn assert_journal_closed(vault: &TestVault) {
+    let journal = vault.journal();
+    let open = journal.open_runs().unwrap();
+    assert!(open.is_empty(), "runs left open: {open:#?}");
+    assert!(journal.running_calls().unwrap().is_empty());
+}
+
+/// Files vaultd left beside the notes (temp files of interrupted writes).
+fn leftover_temp_files(vault: &TestVault) -> Vec<String> {
+    vault
+        .all_files()
+        .into_iter()
+        .filter(|f| f.contains(".vaultd-") && f.ends_with(".tmp"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once() {
+    let began = Instant::now();
+    let server = SearxServer::start(Duration::from_millis(100)).await;
+    let vault = TestVault::new(&server.base_url(), "workers = 4\n");
+    const NOTES: usize = 30;
+    // Half the notes wait in the inbox before the first start; the rest arrive while the
+    // daemon runs, between kills.
+    let mut dropped = 0;
+    while dropped < NOTES / 2 {
+        drop_torture_note(&vault, dropped);
+        dropped += 1;
+    }
+    // VAULTD_TORTURE_SEED replays another schedule (to hunt for rarer interleavings).
+    let seed = std::env::var("VAULTD_TORTURE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5EED_2026_0001);
+    let mut rng = Rng::new(seed);
+    let kills = 14;
+    for k in 0..kills {
+        server.set_delay(Duration::from_millis(50 + rng.below(151)));
+        let log = vault.dir.path().join(format!("kill-{k:02}.log"));
+        // Every fourth cycle dies during start-up (recovery itself is interrupted).
+        let daemon = if k % 4 == 3 {
+            RunningDaemon::spawn(vault.cmd(), log)
+        } else {
+            RunningDaemon::start(vault.cmd(), log)
+        };
+        for _ in 0..rng.below(3) {
+            if dropped < NOTES {
+                drop_torture_note(&vault, dropped);
+                dropped += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(350)));
+        daemon.kill9();
+    }
+    while dropped < NOTES {
+        drop_torture_note(&vault, dropped);
+        dropped += 1;
+    }
+
+    // The last, clean run finishes everything.
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+
+    let notes = vault.all_notes();
+    assert!(vault.notes_in("Needs_Action").is_empty(), "{notes:#?}");
+    assert!(vault.notes_in("In_Progress").is_empty(), "{notes:#?}");
+    assert_eq!(notes.len(), NOTES, "each note exactly once: {notes:#?}");
+    for i in 0..NOTES {
+        let (name, queries) = torture_note(i);
+        let folder = ["Done", "Failed"]
+            .into_iter()
+            .find(|f| vault.exists(f, &name))
+            .unwrap_or_else(|| panic!("{name} lost; vault: {notes:#?}"));
+        let text = vault.read(folder, &name);
+        let counts = result_counts(&text);
+        assert_eq!(counts.len(), queries.len(), "{name}: {text}");
+        assert!(
+            counts.values().all(|&n| n == 1),
+            "{name}: a call with more than one result: {counts:?}\n{text}"
+        );
+        let results = results_in(&text);
+        for (r, q) in results.iter().zip(&queries) {
+            assert_eq!(r["ok"], true, "{name}: {r}");
+            assert_eq!(r["data"]["results"][0]["title"], format!("{q} result 1"));
+        }
+        assert_eq!(folder, "Done", "{name}: every search succeeded");
+        assert_eq!(
+            property(&text, "tool_calls"),
+            Some(queries.len().to_string())
+        );
+        assert_eq!(text.matches("tool_status:").count(), 1, "{text}");
+    }
+    assert_journal_closed(&vault);
+    assert!(
+        leftover_temp_files(&vault).is_empty(),
+        "{:?}",
+        leftover_temp_files(&vault)
+    );
+    eprintln!(
+        "torture: {kills} kills, {} search requests for 40 calls, {:?}",
+        server.requests(),
+        began.elapsed()
+    );
+}
+
+fn smtp_config(smtp: &SmtpServer) -> String {
+    format!(
+        "[tools.send_notification]\nallowed_recipients = [\"*@example.org\"]\n[tools.send_notification.email]\ntransport = \"smtp\"\nsmtp_url = \"smtp://127.0.0.1:{}\"\nfrom = \"Agent <agent@example.com>\"\n",
+        smtp.port
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_during_an_smtp_send_never_sends_twice_and_says_unknown_outcome() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let smtp = SmtpServer::start_with_delay(Duration::from_secs(3));
+    let vault = TestVault::new(&server.base_url(), &smtp_config(&smtp));
+    let daemon = vault.start();
+    vault.drop_note(
+        "mail.md",
+        &note_with_calls(
+            "Mail",
+            &[json!({ "name": "send_notification", "parameters": {
+                "recipient": "bob@example.org", "subject": "Once only", "body": "Exactly once." } })],
+        ),
+    );
+    // The send is in flight once the journal has its start and the note sits in In_Progress.
+    wait_until("the send is running", DEADLINE, || {
+        vault.exists("In_Progress", "mail.md")
+            && !vault.journal().running_calls().unwrap().is_empty()
+    });
+    daemon.kill9();
+    assert!(
+        smtp.received().is_empty(),
+        "the server has not answered yet"
+    );
+
+    let daemon = vault.start_logged("after-kill.log");
+    let text = vault.wait_until_in("Failed", "mail.md");
+    let results = results_in(&text);
+    assert_eq!(results.len(), 1, "{text}");
+    assert_eq!(results[0]["error"]["code"], "UNKNOWN_OUTCOME");
+    assert_eq!(results[0]["error"]["retryable"], false);
+    assert!(text.contains("> [!failure]- send_notification · UNKNOWN_OUTCOME"));
+
+    // The message the killed daemon handed over arrives once the server answers; no second one.
+    wait_until("the server has the first message", DEADLINE, || {
+        !smtp.received().is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    drop(daemon);
+    assert_eq!(vault.once().0, 0);
+    let mails = smtp.received();
+    assert_eq!(mails.len(), 1, "at most one message in total");
+    let call_id = results[0]["call_id"].as_str().unwrap();
+    assert!(mails[0].data.contains(&format!("<{call_id}@")));
+    assert_journal_closed(&vault);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_send_recorded_before_the_kill_is_written_without_sending_again() {
+    // The outcome reached the journal but not the note (a kill between the two): recovery
+    // writes the recorded result and sends nothing.
+    let server = SearxServer::start(Duration::ZERO).await;
+    let smtp = SmtpServer::start();
+    let vault = TestVault::new(&server.base_url(), &smtp_config(&smtp));
+    let text = note_with_calls(
+        "Mail",
+        &[json!({ "name": "send_notification", "parameters": {
+            "recipient": "bob@example.org", "subject": "s", "body": "b" } })],
+    );
+    let call_id = only_call_id(&vault, &text);
+    vault.drop_into("In_Progress", "mail.md", text.as_bytes());
+    let journal = vault.journal();
+    let run = journal.begin_run("In_Progress/mail.md").unwrap();
+    journal
+        .call_started(
+            run,
+            &call_id,
+            "send_notification",
+            vaultd::tools::Effect::ExternalSideEffect,
+            &json!({}),
+        )
+        .unwrap();
+    let mut recorded = vaultd::call::CallResult::failed_now(
+        &call_id,
+        "send_notification",
+        vaultd::call::CallError::new(vaultd::call::ErrorCode::ExecutionError, "x"),
+    );
+    recorded.outcome = Ok(vaultd::call::ToolOutput {
+        data: json!({ "success": true, "message_id": "<recorded@test>" }),
+        summary: "sent".into(),
+    });
+    journal.call_finished(run, &recorded).unwrap();
+    drop(journal);
+
+    assert_eq!(vault.once().0, 0);
+    let text = vault.read("Done", "mail.md");
+    let results = results_in(&text);
+    assert_eq!(results.len(), 1, "{text}");
+    assert_eq!(results[0]["data"]["message_id"], "<recorded@test>");
+    assert!(smtp.received().is_empty(), "nothing sent again");
+    assert_journal_closed(&vault);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_result_written_before_the_kill_still_sends_the_note_to_failed() {
+    // Killed after the results were written into the note but before it moved on: the run's
+    // failure is in the note, not in this start's results.
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let original = note_with_calls("Bad", &[json!({ "name": "no_such_tool" })]);
+    let call_id = only_call_id(&vault, &original);
+    let failed = vaultd::call::CallResult::failed_now(
+        &call_id,
+        "no_such_tool",
+        vaultd::call::CallError::new(vaultd::call::ErrorCode::UnknownTool, "no tool named x"),
+    );
+    let written = vaultd::note::append_blocks(
+        &original,
+        &[vaultd::note::Block::Result(&failed)],
+        "in_progress",
+        std::time::SystemTime::now(),
+    );
+    vault.drop_into("In_Progress", "bad.md", written.as_bytes());
+    let journal = vault.journal();
+    let run = journal.begin_run("In_Progress/bad.md").unwrap();
+    journal.call_finished(run, &failed).unwrap();
+    journal.results_written(run, &[&call_id]).unwrap();
+    drop(journal);
+
+    assert_eq!(vault.once().0, 0);
+    let text = vault.read("Failed", "bad.md");
+    assert_eq!(results_in(&text).len(), 1, "{text}");
+    assert_eq!(property(&text, "tool_status").as_deref(), Some("failed"));
+    assert_journal_closed(&vault);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_note_unknown_to_the_journal_in_in_progress_is_finished_once() {
+    // DESIGN §8.15: a kill between the claim (rename) and its journal record.
+    let server = SearxServer::start(Duration::ZERO).await;
+    let smtp = SmtpServer::start();
+    let vault = TestVault::new(&server.base_url(), &smtp_config(&smtp));
+    vault.drop_into(
+        "In_Progress",
+        "mixed.md",
+        note_with_calls(
+            "Mixed",
+            &[
+                search_call("recovered"),
+                json!({ "name": "send_notification", "parameters": {
+                    "recipient": "bob@example.org", "subject": "s", "body": "b" } }),
+            ],
+        )
+        .as_bytes(),
+    );
+    assert_eq!(vault.once().0, 0);
+    let text = vault.read("Failed", "mixed.md");
+    let results = results_in(&text);
+    assert_eq!(results.len(), 2, "{text}");
+    assert_eq!(results[0]["ok"], true);
+    assert_eq!(results[1]["error"]["code"], "UNKNOWN_OUTCOME");
+    assert!(smtp.received().is_empty());
+    assert_eq!(server.queries(), vec!["recovered"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn temp_files_of_an_interrupted_write_are_swept_at_start() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let stale = [
+        "In_Progress/.a.md.vaultd-4000000-3.tmp",
+        "Done/sub/.b.md.vaultd-4000001-0.tmp",
+    ];
+    let kept = ["Needs_Action/.a.md.tmp", "Done/.c.md.vaultd-notes.tmp"];
+    for f in stale.iter().chain(&kept) {
+        let p = vault.root.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, "half a note").unwrap();
+    }
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    for f in stale {
+        assert!(!vault.root.join(f).exists(), "{f} swept");
+    }
+    for f in kept {
+        assert!(vault.root.join(f).exists(), "{f} not ours: kept");
+    }
+}
+
+/// The call id `vaultd check --json` gives the single call of `text`.
+fn only_call_id(vault: &TestVault, text: &str) -> String {
+    let path = vault.dir.path().join("check-me.md");
+    std::fs::write(&path, text).unwrap();
+    let out = vault
+        .cmd()
+        .args(["check", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let calls = v["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    calls[0]["call_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn result_counts_sees_every_block() {
+    let r = |id: &str| {
+        format!(
+            "\n> [!success]- x\n> ```json\n> {{\"tool_result\": {{\"call_id\": \"{id}\", \"ok\": true}}}}\n> ```\n"
+        )
+    };
+    let text = format!("# n\n{}{}{}", r("a"), r("b"), r("a"));
+    let counts = result_counts(&text);
+    assert_eq!(counts, BTreeMap::from([("a".into(), 2), ("b".into(), 1)]));
+}
