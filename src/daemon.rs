@@ -289,8 +289,12 @@ impl Daemon {
                 self.scan_all(&mut tasks);
             }
         }
+        // Ask systemd for the grace period plus a margin, so a `shutdown_grace` above the
+        // unit's TimeoutStopSec= does not get running calls killed.
+        let extend = (self.config.shutdown_grace + Duration::from_secs(5)).as_micros();
         let _ = sd_notify::notify(&[
             sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::ExtendTimeoutUsec(u32::try_from(extend).unwrap_or(u32::MAX)),
             sd_notify::NotifyState::Status("stopping: letting running calls finish"),
         ]);
         drop(watcher);

@@ -133,6 +133,13 @@ async fn notify_socket_gets_ready_then_watchdog_pings_then_stopping() {
     assert!(status.success(), "{status:?}");
     socket.receive_for(Duration::from_millis(200));
     assert_eq!(socket.count("STOPPING=1"), 1, "{:#?}", socket.received);
+    // The default grace of 10 s plus a 5 s margin, asked of systemd's stop timeout.
+    assert_eq!(
+        socket.count("EXTEND_TIMEOUT_USEC=15000000"),
+        1,
+        "{:#?}",
+        socket.received
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
