@@ -95,7 +95,9 @@ fn call_id(c: &mut Criterion) {
     g.bench_function("canonical_json", |b| {
         b.iter(|| canonical_json(black_box(&call)))
     });
-    g.bench_function("hash_id", |b| b.iter(|| hash_id(black_box(canonical.as_bytes()))));
+    g.bench_function("hash_id", |b| {
+        b.iter(|| hash_id(black_box(canonical.as_bytes())))
+    });
     g.bench_function("canonical_json+hash_id", |b| {
         b.iter(|| hash_id(canonical_json(black_box(&call)).as_bytes()))
     });

@@ -65,13 +65,15 @@ const CAP_DELAY: Duration = Duration::from_millis(100);
 /// Generous upper bound on any single wait.
 const DEADLINE: Duration = Duration::from_secs(120);
 
+/// Human-readable target, and whether a value meets it.
+type Target = Option<(&'static str, fn(f64) -> bool)>;
+
 /// One measured number.
 struct Metric {
     name: String,
     value: f64,
     unit: &'static str,
-    /// Human-readable target, and whether `value` meets it.
-    target: Option<(&'static str, fn(f64) -> bool)>,
+    target: Target,
 }
 
 fn metric(name: impl Into<String>, value: f64, unit: &'static str) -> Metric {
@@ -120,8 +122,7 @@ fn main() {
     ];
     // name -> (samples, unit, target), in first-seen order.
     let mut order: Vec<String> = Vec::new();
-    let mut samples: BTreeMap<String, (Vec<f64>, &'static str, Option<(&str, fn(f64) -> bool)>)> =
-        BTreeMap::new();
+    let mut samples: BTreeMap<String, (Vec<f64>, &'static str, Target)> = BTreeMap::new();
     for (name, scenario) in scenarios {
         if !wanted(name) {
             continue;
@@ -311,10 +312,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(bench: &Bench, bin: &Path) -> Daemon {
-        let child = bench
-            .command(bin, "run")
-            .spawn()
-            .expect("start vaultd run");
+        let child = bench.command(bin, "run").spawn().expect("start vaultd run");
         Daemon { child }
     }
 
@@ -449,7 +447,8 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
     daemon.stop();
     ms.sort_by(f64::total_cmp);
     vec![
-        metric("latency p50 (0 ms server)", percentile(&ms, 0.5), "ms").target("<= 5", |v| v <= 5.0),
+        metric("latency p50 (0 ms server)", percentile(&ms, 0.5), "ms")
+            .target("<= 5", |v| v <= 5.0),
         metric("latency p99 (0 ms server)", percentile(&ms, 0.99), "ms")
             .target("<= 20", |v| v <= 20.0),
         metric("latency max", ms[ms.len() - 1], "ms"),
@@ -460,7 +459,10 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
 /// Runs `vaultd once` over `n` queued notes; returns the wall time.
 fn run_once(bench: &Bench, bin: &Path, n: usize) -> Duration {
     let t0 = Instant::now();
-    let mut child = bench.command(bin, "once").spawn().expect("start vaultd once");
+    let mut child = bench
+        .command(bin, "once")
+        .spawn()
+        .expect("start vaultd once");
     let until = t0 + DEADLINE * 5;
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait for once") {
@@ -509,7 +511,11 @@ fn cap_efficiency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec
             "ratio",
         )
         .target(">= 0.95", |v| v >= 0.95),
-        metric("cap: server max in flight", server.max_in_flight() as f64, "calls"),
+        metric(
+            "cap: server max in flight",
+            server.max_in_flight() as f64,
+            "calls",
+        ),
     ]
 }
 
@@ -521,8 +527,11 @@ fn idle(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
     let daemon = Daemon::start(&bench, bin);
     // One note through, so the runtime, HTTP client and journal are all warm.
     let staged = bench.stage("idle", 0);
-    std::fs::rename(&staged, bench.folder("Needs_Action").join(note_name("idle", 0)))
-        .expect("drop");
+    std::fs::rename(
+        &staged,
+        bench.folder("Needs_Action").join(note_name("idle", 0)),
+    )
+    .expect("drop");
     watch
         .wait_for(&done.join(note_name("idle", 0)))
         .expect("idle warm-up note reached Done");
@@ -570,8 +579,7 @@ fn queued(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric>
     let t0 = Instant::now();
     let mut hwm = 0u64;
     let mut last_change = Instant::now();
-    while t0.elapsed() < Duration::from_secs(20) && last_change.elapsed() < Duration::from_secs(3)
-    {
+    while t0.elapsed() < Duration::from_secs(20) && last_change.elapsed() < Duration::from_secs(3) {
         let now = proc_status_kb(pid, "VmHWM:");
         if now > hwm {
             hwm = now;
@@ -583,9 +591,17 @@ fn queued(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric>
     let still_queued = bench.count("Needs_Action");
     daemon.stop();
     vec![
-        metric(format!("RSS peak, {n} notes queued (VmHWM)"), hwm as f64 / 1024.0, "MiB")
-            .target("<= 100", |v| v <= 100.0),
-        metric("queued: notes still in Needs_Action", still_queued as f64, "notes"),
+        metric(
+            format!("RSS peak, {n} notes queued (VmHWM)"),
+            hwm as f64 / 1024.0,
+            "MiB",
+        )
+        .target("<= 100", |v| v <= 100.0),
+        metric(
+            "queued: notes still in Needs_Action",
+            still_queued as f64,
+            "notes",
+        ),
         metric("queued: notes in In_Progress", in_progress as f64, "notes"),
     ]
 }
