@@ -7,6 +7,7 @@
 //! cargo bench --bench load -- --repeat 3         # each scenario 3 times, medians
 //! cargo bench --bench load -- --only latency,cap # some scenarios
 //! VAULTD_BIN=/path/to/vaultd cargo bench --bench load
+//! cargo test --bench load                        # smoke test: tiny sizes, a few seconds
 //! ```
 //!
 //! Scenarios (targets from the "Fast, and measured" issue):
@@ -60,6 +61,16 @@ const QUICK: Sizes = Sizes {
     queued_notes: 2_000,
 };
 
+/// `cargo test --all-targets` runs this file without `--bench`: then only check that every
+/// scenario works, in a few seconds.
+const SMOKE: Sizes = Sizes {
+    latency_notes: 5,
+    throughput_notes: 20,
+    cap_notes: 10,
+    idle: Duration::from_secs(1),
+    queued_notes: 50,
+};
+
 const WORKERS: usize = 10;
 const CAP_DELAY: Duration = Duration::from_millis(100);
 /// Generous upper bound on any single wait.
@@ -95,7 +106,12 @@ impl Metric {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let sizes = if quick { QUICK } else { FULL };
+    let smoke = !args.iter().any(|a| a == "--bench");
+    let (sizes, label) = match (smoke, quick) {
+        (true, _) => (SMOKE, "smoke test: cargo test runs benches without --bench"),
+        (false, true) => (QUICK, "quick"),
+        (false, false) => (FULL, "full"),
+    };
     let repeat: usize = arg_value(&args, "--repeat")
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
@@ -143,8 +159,7 @@ fn main() {
     println!();
     println!(
         "vaultd load ({}, {} round(s) per scenario; median [min..max])",
-        if quick { "quick" } else { "full" },
-        repeat
+        label, repeat
     );
     println!(
         "| {:<44} | {:>26} | {:<8} | {:<14} | {:<4} |",
@@ -546,10 +561,13 @@ fn idle(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
     }
     let cpu = cpu_seconds(pid) - cpu0;
     let rss = proc_status_kb(pid, "VmRSS:");
+    let anon = proc_status_kb(pid, "RssAnon:");
     daemon.stop();
     vec![
         metric("idle RSS", rss as f64 / 1024.0, "MiB").target("<= 15", |v| v <= 15.0),
         metric("idle RSS max while idle", rss_max as f64 / 1024.0, "MiB"),
+        // The rest of VmRSS is file-backed: pages of the binary's code, shared and reclaimable.
+        metric("idle RssAnon (heap, stacks)", anon as f64 / 1024.0, "MiB"),
         metric(
             format!("idle CPU over {} s", sizes.idle.as_secs()),
             cpu,
