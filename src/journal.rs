@@ -262,7 +262,8 @@ impl Journal {
     pub fn begin_run(&self, note: &str) -> Result<RunId, JournalError> {
         self.write(|tx| {
             let now = now_ms();
-            let stale = tx.execute(
+            let stale = exec(
+                tx,
                 "UPDATE runs SET ended_at_ms = ?1, final_state = 'superseded'
                  WHERE note = ?2 AND ended_at_ms IS NULL",
                 params![now, note],
@@ -270,7 +271,8 @@ impl Journal {
             if stale > 0 {
                 tracing::warn!(note, "journal: closing a stale open run of the same note");
             }
-            tx.execute(
+            exec(
+                tx,
                 "INSERT INTO runs (note, claimed_at_ms) VALUES (?1, ?2)",
                 params![note, now],
             )?;
@@ -343,22 +345,22 @@ impl Journal {
             let ended = to_ms(result.ended_at);
             // The outcome belongs to the newest start of the call, if that one has none yet;
             // otherwise (never started, or an outcome already recorded) it is a row of its own.
-            let newest: Option<(i64, bool)> = tx
-                .query_row(
-                    "SELECT id, result_json IS NULL FROM calls WHERE run_id = ?1 AND call_id = ?2
+            let newest: Option<(i64, bool)> = query_one(
+                tx,
+                "SELECT id, result_json IS NULL FROM calls WHERE run_id = ?1 AND call_id = ?2
                      ORDER BY id DESC LIMIT 1",
-                    params![run, result.call_id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
+                params![run, result.call_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
             let unfinished = newest.and_then(|(id, open)| open.then_some(id));
             match unfinished {
-                Some(id) => tx.execute(
+                Some(id) => exec(tx,
                     "UPDATE calls SET ended_at_ms = ?1, result_json = ?2, error_code = ?3
                      WHERE id = ?4",
                     params![ended, stored, error_code, id],
                 )?,
-                None => tx.execute(
+                None => exec(tx,
                     "INSERT INTO calls (run_id, call_id, tool, ended_at_ms, result_json, error_code)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     params![run, result.call_id, result.name, ended, stored, error_code],
@@ -382,14 +384,14 @@ impl Journal {
             let note = run_note(tx, run)?;
             let now = now_ms();
             for call_id in call_ids {
-                let row: Option<(i64, String)> = tx
-                    .query_row(
-                        "SELECT id, tool FROM calls WHERE run_id = ?1 AND call_id = ?2
+                let row: Option<(i64, String)> = query_one(
+                    tx,
+                    "SELECT id, tool FROM calls WHERE run_id = ?1 AND call_id = ?2
                          AND result_json IS NOT NULL ORDER BY id DESC LIMIT 1",
-                        params![run, call_id],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()?;
+                    params![run, call_id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
                 let Some((id, tool)) = row else {
                     tracing::warn!(
                         run,
@@ -398,7 +400,8 @@ impl Journal {
                     );
                     continue;
                 };
-                tx.execute(
+                exec(
+                    tx,
                     "UPDATE calls SET written_at_ms = ?1 WHERE id = ?2",
                     params![now, id],
                 )?;
@@ -422,12 +425,17 @@ impl Journal {
             let now = now_ms();
             if ends_run {
                 let state = to.split('/').next().unwrap_or(to);
-                tx.execute(
+                exec(
+                    tx,
                     "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3 WHERE id = ?4",
                     params![to, now, state, run],
                 )?;
             } else {
-                tx.execute("UPDATE runs SET note = ?1 WHERE id = ?2", params![to, run])?;
+                exec(
+                    tx,
+                    "UPDATE runs SET note = ?1 WHERE id = ?2",
+                    params![to, run],
+                )?;
             }
             let fields = EventFields {
                 detail: Some(to),
@@ -443,7 +451,8 @@ impl Journal {
         self.write(|tx| {
             let note = run_note(tx, run)?;
             let now = now_ms();
-            tx.execute(
+            exec(
+                tx,
                 "UPDATE runs SET ended_at_ms = ?1, final_state = 'abandoned'
                  WHERE id = ?2 AND ended_at_ms IS NULL",
                 params![now, run],
@@ -480,14 +489,14 @@ impl Journal {
     /// The open run whose note is now at `note`, if any.
     pub fn run_for_note(&self, note: &str) -> Result<Option<OpenRun>, JournalError> {
         self.read(|tx| {
-            let run: Option<RunId> = tx
-                .query_row(
-                    "SELECT id FROM runs WHERE note = ?1 AND ended_at_ms IS NULL
+            let run: Option<RunId> = query_one(
+                tx,
+                "SELECT id FROM runs WHERE note = ?1 AND ended_at_ms IS NULL
                      ORDER BY id DESC LIMIT 1",
-                    params![note],
-                    |r| r.get(0),
-                )
-                .optional()?;
+                params![note],
+                |r| r.get(0),
+            )
+            .optional()?;
             run.map(|run_id| {
                 Ok(OpenRun {
                     run_id,
@@ -512,7 +521,8 @@ impl Journal {
         since: SystemTime,
     ) -> Result<Option<SystemTime>, JournalError> {
         self.read(|tx| {
-            let oldest: Option<i64> = tx.query_row(
+            let oldest: Option<i64> = query_one(
+                tx,
                 "SELECT min(started_at_ms) FROM calls WHERE tool = ?1 AND started_at_ms >= ?2",
                 params![tool, to_ms(since)],
                 |r| r.get(0),
@@ -541,13 +551,13 @@ impl Journal {
     /// between, is not recorded twice.
     pub fn record_problem(&self, note: &str, message: &str) -> Result<(), JournalError> {
         self.write(|tx| {
-            let last: Option<(String, Option<String>)> = tx
-                .query_row(
-                    "SELECT event, detail FROM events WHERE note = ?1 ORDER BY id DESC LIMIT 1",
-                    params![note],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
+            let last: Option<(String, Option<String>)> = query_one(
+                tx,
+                "SELECT event, detail FROM events WHERE note = ?1 ORDER BY id DESC LIMIT 1",
+                params![note],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
             if let Some((kind, detail)) = last
                 && kind == "problem"
                 && detail.as_deref() == Some(message)
@@ -585,7 +595,8 @@ impl Journal {
     ) -> Result<(), JournalError> {
         self.write(|tx| {
             let now = now_ms();
-            tx.execute(
+            exec(
+                tx,
                 "INSERT INTO approvals (call_id, params_hash, note, decision, at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (call_id, params_hash) DO UPDATE SET
@@ -640,7 +651,8 @@ impl Journal {
         self.write(|tx| {
             let decision = lookup_approval(tx, call_id, params_hash)?;
             if decision.is_some() {
-                tx.execute(
+                exec(
+                    tx,
                     "UPDATE approvals SET consumed_at_ms = ?1
                      WHERE call_id = ?2 AND params_hash = ?3",
                     params![now_ms(), call_id, params_hash],
@@ -768,6 +780,8 @@ fn attach(path: &Path, failure: Failure) -> JournalError {
 fn configure(conn: &mut Connection) -> Result<(), Failure> {
     // First, so that everything after it waits for a CLI or daemon holding the lock.
     conn.busy_timeout(Duration::from_secs(5))?;
+    // Room for every statement of the hot paths (about 15), so none is prepared twice.
+    conn.set_prepared_statement_cache_capacity(32);
     let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(Failure::Other(format!(
@@ -814,7 +828,7 @@ fn event(
     f: &EventFields<'_>,
 ) -> Result<(), Failure> {
     let duration = f.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX));
-    tx.execute(
+    exec(tx,
         "INSERT INTO events (at_ms, event, run_id, note, call_id, tool, outcome, duration_ms, detail)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         params![
@@ -845,10 +859,30 @@ fn sql_limit(limit: Option<usize>) -> i64 {
     limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))
 }
 
+/// Runs one statement through the connection's statement cache. The hot paths run the same
+/// dozen statements for every note; preparing them anew each time was a tenth of the CPU
+/// of `vaultd once` (BENCHMARKS.md).
+fn exec(tx: &Tx<'_>, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    tx.prepare_cached(sql)?.execute(params)
+}
+
+/// `query_row` through the statement cache (see [`exec`]).
+fn query_one<T>(
+    tx: &Tx<'_>,
+    sql: &str,
+    params: impl rusqlite::Params,
+    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    tx.prepare_cached(sql)?.query_row(params, f)
+}
+
 fn run_note(tx: &Tx<'_>, run: RunId) -> Result<String, Failure> {
-    tx.query_row("SELECT note FROM runs WHERE id = ?1", params![run], |r| {
-        r.get(0)
-    })
+    query_one(
+        tx,
+        "SELECT note FROM runs WHERE id = ?1",
+        params![run],
+        |r| r.get(0),
+    )
     .optional()?
     .ok_or_else(|| Failure::Other(format!("no run {run}")))
 }
@@ -863,7 +897,8 @@ fn insert_start(
     params: &Value,
 ) -> Result<(), Failure> {
     let note = run_note(tx, run)?;
-    tx.execute(
+    exec(
+        tx,
         "INSERT INTO calls (run_id, call_id, tool, effect, params_json, started_at_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![run, call_id, tool, effect.as_str(), params.to_string(), now],
@@ -919,7 +954,8 @@ fn run_calls(tx: &Tx<'_>, run: RunId) -> Result<Vec<JournalCall>, Failure> {
 }
 
 fn count_since(tx: &Tx<'_>, tool: &str, since_ms: i64) -> rusqlite::Result<u64> {
-    let n: i64 = tx.query_row(
+    let n: i64 = query_one(
+        tx,
         "SELECT count(*) FROM calls WHERE tool = ?1 AND started_at_ms >= ?2",
         params![tool, since_ms],
         |r| r.get(0),
@@ -942,14 +978,14 @@ fn window_reset(
         return Ok(None);
     }
     let offset = i64::try_from(used - window.max).unwrap_or(i64::MAX);
-    let leaving: Option<i64> = tx
-        .query_row(
-            "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2
+    let leaving: Option<i64> = query_one(
+        tx,
+        "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2
              ORDER BY started_at_ms LIMIT 1 OFFSET ?3",
-            params![tool, since, offset],
-            |r| r.get(0),
-        )
-        .optional()?;
+        params![tool, since, offset],
+        |r| r.get(0),
+    )
+    .optional()?;
     // No such start (max = 0): the window never frees; say one window from now.
     Ok(Some(leaving.unwrap_or(now).saturating_add(length)))
 }
@@ -959,14 +995,14 @@ fn lookup_approval(
     call_id: &str,
     params_hash: &str,
 ) -> Result<Option<Decision>, Failure> {
-    let decision: Option<String> = tx
-        .query_row(
-            "SELECT decision FROM approvals
+    let decision: Option<String> = query_one(
+        tx,
+        "SELECT decision FROM approvals
              WHERE call_id = ?1 AND params_hash = ?2 AND consumed_at_ms IS NULL",
-            params![call_id, params_hash],
-            |r| r.get(0),
-        )
-        .optional()?;
+        params![call_id, params_hash],
+        |r| r.get(0),
+    )
+    .optional()?;
     decision
         .map(|d| {
             Decision::parse(&d).ok_or_else(|| Failure::Other(format!("unknown decision {d:?}")))

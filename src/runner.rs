@@ -50,7 +50,7 @@ impl Runner {
                 CallError::new(ErrorCode::UnknownTool, format!("no tool named `{name}`")),
             );
         };
-        let _permit = self
+        let permit = self
             .permits
             .acquire()
             .await
@@ -127,6 +127,9 @@ impl Runner {
             started_at,
             ended_at: SystemTime::now(),
         };
+        // The tool is done: its worker slot goes to the next call now, not after the outcome's
+        // journal commit (which waits its turn behind other notes' commits).
+        drop(permit);
         self.record(run, result).await
     }
 
