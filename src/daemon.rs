@@ -59,9 +59,10 @@ pub enum Mode {
 }
 
 /// How appending a run's results into its note went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum WriteBack {
-    Written,
+    /// The results of these call ids are in the note.
+    Written(Vec<String>),
     /// The note is no longer where the run left it.
     Gone,
     /// Not written (the note keeps changing, the folder is read-only, …): retried later.
@@ -630,7 +631,10 @@ impl Daemon {
                             e.utf8_error().valid_up_to()
                         ),
                     );
-                    return self.finish_run(run, path, State::Failed).await.map(|_| ());
+                    return self
+                        .finish_run(run, path, State::Failed, Vec::new())
+                        .await
+                        .map(|_| ());
                 }
             },
             Err(note::WriteError::Gone(_)) => {
@@ -769,6 +773,8 @@ impl Daemon {
         let mut results: Vec<CallResult> = Vec::new();
         let mut held: Vec<HeldCall> = Vec::new();
         let mut waiting = false;
+        // Results of calls that never ran, journaled together in one commit below.
+        let mut unrecorded: Vec<CallResult> = Vec::new();
         for (step, handle) in steps.into_iter().zip(handles) {
             match (step, handle) {
                 (_, Some(h)) => match h.await {
@@ -777,12 +783,9 @@ impl Daemon {
                 },
                 (Step::Done(r), None) => {
                     let r = self.redact_result(r);
-                    let recorded = matches!(prior.get(&r.call_id), Some(CallProgress::Finished(_)));
-                    let r = if recorded {
-                        r
-                    } else {
-                        self.runner.record(run, r).await
-                    };
+                    if !matches!(prior.get(&r.call_id), Some(CallProgress::Finished(_))) {
+                        unrecorded.push(r.clone());
+                    }
                     results.push(r)
                 }
                 (Step::Hold(h), None) => {
@@ -792,6 +795,11 @@ impl Daemon {
                 (Step::StillHeld, None) => waiting = true,
                 (Step::Run { .. }, None) => unreachable!("every Run step has a handle"),
             }
+        }
+
+        if !unrecorded.is_empty() {
+            self.blocking(move |j| j.calls_finished(run, &unrecorded))
+                .await?;
         }
 
         // Results this run wrote before a crash count for Done or Failed (§8.5) as much as the
@@ -807,9 +815,9 @@ impl Daemon {
         } else {
             State::Done
         };
-        match self.write_back(run, path, results, held, next).await? {
-            WriteBack::Written => {
-                if let Err(e) = self.finish_run(run, path, next).await {
+        match self.write_back(path, results, held, next).await? {
+            WriteBack::Written(ids) => {
+                if let Err(e) = self.finish_run(run, path, next, ids).await {
                     // A read-only destination, say: the results are in the note; the run stays
                     // open and the move is retried at the next scan.
                     let rel = self.vault.relative(path);
@@ -918,10 +926,9 @@ impl Daemon {
     }
 
     /// Appends the results and notices into the note (atomically, keeping any edit made
-    /// meanwhile) and records that they are written.
+    /// meanwhile). Returns the ids written, for `finish_run` to record.
     async fn write_back(
         &self,
-        run: RunId,
         path: &Path,
         results: Vec<CallResult>,
         held: Vec<HeldCall>,
@@ -954,14 +961,8 @@ impl Daemon {
         .await
         .expect("write task does not panic");
         match written {
-            Ok(_) => {
-                self.blocking(move |j| {
-                    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-                    j.results_written(run, &refs)
-                })
-                .await?;
-                Ok(WriteBack::Written)
-            }
+            // Recorded with the move that follows (`finish_run`), in one journal commit.
+            Ok(_) => Ok(WriteBack::Written(ids)),
             Err(note::WriteError::Gone(_)) => Ok(WriteBack::Gone),
             Err(e) => {
                 let rel = self.vault.relative(path);
@@ -984,6 +985,7 @@ impl Daemon {
         run: RunId,
         path: &Path,
         next: State,
+        written: Vec<String>,
     ) -> Result<PathBuf, DaemonError> {
         let here = self.vault.locate(path).map(|(s, _)| s);
         let dest = if here == Some(next) || !path.exists() {
@@ -993,8 +995,11 @@ impl Daemon {
         };
         let rel = self.vault.relative(&dest);
         tracing::info!(note = %rel, state = next.as_str(), "note processed");
-        self.blocking(move |j| j.note_moved(run, &rel, true))
-            .await?;
+        self.blocking(move |j| {
+            let ids: Vec<&str> = written.iter().map(String::as_str).collect();
+            j.written_and_moved(run, &ids, &rel, true)
+        })
+        .await?;
         Ok(dest)
     }
 
@@ -1019,12 +1024,11 @@ impl Daemon {
         }
         let note = self.vault.relative(path);
         let run = self.blocking(move |j| j.begin_run(&note)).await?;
-        if self
-            .write_back(run, path, rejected, Vec::new(), State::Rejected)
+        if let WriteBack::Written(ids) = self
+            .write_back(path, rejected, Vec::new(), State::Rejected)
             .await?
-            == WriteBack::Written
         {
-            self.finish_run(run, path, State::Rejected).await?;
+            self.finish_run(run, path, State::Rejected, ids).await?;
         } else {
             let reason = "results not written into the rejected note";
             self.blocking(move |j| j.abandon_run(run, reason)).await?;

@@ -333,86 +333,43 @@ impl Journal {
     /// Records a call's outcome. A call that never started (validation, policy, quota, rate
     /// limit) gets a row of its own that rate limits do not count.
     pub fn call_finished(&self, run: RunId, result: &CallResult) -> Result<(), JournalError> {
+        self.write(|tx| record_outcome(tx, run, result))
+    }
+
+    /// [`call_finished`](Self::call_finished) for many results in one transaction: the
+    /// results of calls that never started (validation, policy, quota), which need no
+    /// durability of their own before the note is written.
+    pub fn calls_finished(&self, run: RunId, results: &[CallResult]) -> Result<(), JournalError> {
+        if results.is_empty() {
+            return Ok(());
+        }
         self.write(|tx| {
-            let note = run_note(tx, run)?;
-            let stored = serde_json::to_string(&StoredResult::from_result(result))
-                .map_err(|e| Failure::Other(format!("cannot encode result: {e}")))?;
-            let (outcome, message) = match &result.outcome {
-                Ok(_) => ("ok", None),
-                Err(e) => (e.code.as_str(), Some(e.message.clone())),
-            };
-            let error_code = result.outcome.as_ref().err().map(|e| e.code.as_str());
-            let ended = to_ms(result.ended_at);
-            // The outcome belongs to the newest start of the call, if that one has none yet;
-            // otherwise (never started, or an outcome already recorded) it is a row of its own.
-            let newest: Option<(i64, bool)> = query_one(
-                tx,
-                "SELECT id, result_json IS NULL FROM calls WHERE run_id = ?1 AND call_id = ?2
-                     ORDER BY id DESC LIMIT 1",
-                params![run, result.call_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-            let unfinished = newest.and_then(|(id, open)| open.then_some(id));
-            match unfinished {
-                Some(id) => exec(tx,
-                    "UPDATE calls SET ended_at_ms = ?1, result_json = ?2, error_code = ?3
-                     WHERE id = ?4",
-                    params![ended, stored, error_code, id],
-                )?,
-                None => exec(tx,
-                    "INSERT INTO calls (run_id, call_id, tool, ended_at_ms, result_json, error_code)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    params![run, result.call_id, result.name, ended, stored, error_code],
-                )?,
-            };
-            let fields = EventFields {
-                call_id: Some(&result.call_id),
-                tool: Some(&result.name),
-                outcome: Some(outcome),
-                duration_ms: Some(result.duration_ms()),
-                detail: message.as_deref(),
-            };
-            event(tx, now_ms(), "call_end", Some(run), &note, &fields)
+            for result in results {
+                record_outcome(tx, run, result)?;
+            }
+            Ok(())
         })
     }
 
     /// Records that the result blocks of `call_ids` are in the note. Ids without a recorded
     /// outcome are skipped with a warning: there is nothing of theirs that was written.
     pub fn results_written(&self, run: RunId, call_ids: &[&str]) -> Result<(), JournalError> {
+        self.write(|tx| mark_written(tx, run, call_ids))
+    }
+
+    /// [`results_written`](Self::results_written) and [`note_moved`](Self::note_moved) in one
+    /// transaction (one fsync): the note's own result blocks are the truth about what is
+    /// written, so the "written" mark need not be durable before the move.
+    pub fn written_and_moved(
+        &self,
+        run: RunId,
+        call_ids: &[&str],
+        to: &str,
+        ends_run: bool,
+    ) -> Result<(), JournalError> {
         self.write(|tx| {
-            let note = run_note(tx, run)?;
-            let now = now_ms();
-            for call_id in call_ids {
-                let row: Option<(i64, String)> = query_one(
-                    tx,
-                    "SELECT id, tool FROM calls WHERE run_id = ?1 AND call_id = ?2
-                         AND result_json IS NOT NULL ORDER BY id DESC LIMIT 1",
-                    params![run, call_id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-                let Some((id, tool)) = row else {
-                    tracing::warn!(
-                        run,
-                        call_id,
-                        "journal: result written without a recorded outcome"
-                    );
-                    continue;
-                };
-                exec(
-                    tx,
-                    "UPDATE calls SET written_at_ms = ?1 WHERE id = ?2",
-                    params![now, id],
-                )?;
-                let fields = EventFields {
-                    call_id: Some(call_id),
-                    tool: Some(&tool),
-                    ..EventFields::default()
-                };
-                event(tx, now, "written", Some(run), &note, &fields)?;
-            }
-            Ok(())
+            mark_written(tx, run, call_ids)?;
+            record_move(tx, run, to, ends_run)
         })
     }
 
@@ -420,29 +377,7 @@ impl Journal {
     /// (Done, Failed, Rejected, Pending_Approval): a later claim of the note is a new run.
     /// Otherwise the run stays open at its new path.
     pub fn note_moved(&self, run: RunId, to: &str, ends_run: bool) -> Result<(), JournalError> {
-        self.write(|tx| {
-            let from = run_note(tx, run)?;
-            let now = now_ms();
-            if ends_run {
-                let state = to.split('/').next().unwrap_or(to);
-                exec(
-                    tx,
-                    "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3 WHERE id = ?4",
-                    params![to, now, state, run],
-                )?;
-            } else {
-                exec(
-                    tx,
-                    "UPDATE runs SET note = ?1 WHERE id = ?2",
-                    params![to, run],
-                )?;
-            }
-            let fields = EventFields {
-                detail: Some(to),
-                ..EventFields::default()
-            };
-            event(tx, now, "move", Some(run), &from, &fields)
-        })
+        self.write(|tx| record_move(tx, run, to, ends_run))
     }
 
     /// Closes a run whose note is gone from In_Progress without a recorded move (a person
@@ -862,6 +797,113 @@ fn sql_limit(limit: Option<usize>) -> i64 {
 /// Runs one statement through the connection's statement cache. The hot paths run the same
 /// dozen statements for every note; preparing them anew each time was a tenth of the CPU
 /// of `vaultd once` (BENCHMARKS.md).
+/// Records one call's outcome (see [`Journal::call_finished`]).
+fn record_outcome(tx: &Tx<'_>, run: RunId, result: &CallResult) -> Result<(), Failure> {
+    let note = run_note(tx, run)?;
+    let stored = serde_json::to_string(&StoredResult::from_result(result))
+        .map_err(|e| Failure::Other(format!("cannot encode result: {e}")))?;
+    let (outcome, message) = match &result.outcome {
+        Ok(_) => ("ok", None),
+        Err(e) => (e.code.as_str(), Some(e.message.clone())),
+    };
+    let error_code = result.outcome.as_ref().err().map(|e| e.code.as_str());
+    let ended = to_ms(result.ended_at);
+    // The outcome belongs to the newest start of the call, if that one has none yet;
+    // otherwise (never started, or an outcome already recorded) it is a row of its own.
+    let newest: Option<(i64, bool)> = query_one(
+        tx,
+        "SELECT id, result_json IS NULL FROM calls WHERE run_id = ?1 AND call_id = ?2
+             ORDER BY id DESC LIMIT 1",
+        params![run, result.call_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()?;
+    let unfinished = newest.and_then(|(id, open)| open.then_some(id));
+    match unfinished {
+        Some(id) => exec(
+            tx,
+            "UPDATE calls SET ended_at_ms = ?1, result_json = ?2, error_code = ?3
+             WHERE id = ?4",
+            params![ended, stored, error_code, id],
+        )?,
+        None => exec(
+            tx,
+            "INSERT INTO calls (run_id, call_id, tool, ended_at_ms, result_json, error_code)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![run, result.call_id, result.name, ended, stored, error_code],
+        )?,
+    };
+    let fields = EventFields {
+        call_id: Some(&result.call_id),
+        tool: Some(&result.name),
+        outcome: Some(outcome),
+        duration_ms: Some(result.duration_ms()),
+        detail: message.as_deref(),
+    };
+    event(tx, now_ms(), "call_end", Some(run), &note, &fields)
+}
+
+/// Marks the newest recorded outcome of each call as written into the note.
+fn mark_written(tx: &Tx<'_>, run: RunId, call_ids: &[&str]) -> Result<(), Failure> {
+    let note = run_note(tx, run)?;
+    let now = now_ms();
+    for call_id in call_ids {
+        let row: Option<(i64, String)> = query_one(
+            tx,
+            "SELECT id, tool FROM calls WHERE run_id = ?1 AND call_id = ?2
+                 AND result_json IS NOT NULL ORDER BY id DESC LIMIT 1",
+            params![run, call_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+        let Some((id, tool)) = row else {
+            tracing::warn!(
+                run,
+                call_id,
+                "journal: result written without a recorded outcome"
+            );
+            continue;
+        };
+        exec(
+            tx,
+            "UPDATE calls SET written_at_ms = ?1 WHERE id = ?2",
+            params![now, id],
+        )?;
+        let fields = EventFields {
+            call_id: Some(call_id),
+            tool: Some(&tool),
+            ..EventFields::default()
+        };
+        event(tx, now, "written", Some(run), &note, &fields)?;
+    }
+    Ok(())
+}
+
+/// Records the run's note now at `to`; `ends_run` closes the run.
+fn record_move(tx: &Tx<'_>, run: RunId, to: &str, ends_run: bool) -> Result<(), Failure> {
+    let from = run_note(tx, run)?;
+    let now = now_ms();
+    if ends_run {
+        let state = to.split('/').next().unwrap_or(to);
+        exec(
+            tx,
+            "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3 WHERE id = ?4",
+            params![to, now, state, run],
+        )?;
+    } else {
+        exec(
+            tx,
+            "UPDATE runs SET note = ?1 WHERE id = ?2",
+            params![to, run],
+        )?;
+    }
+    let fields = EventFields {
+        detail: Some(to),
+        ..EventFields::default()
+    };
+    event(tx, now, "move", Some(run), &from, &fields)
+}
+
 fn exec(tx: &Tx<'_>, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
     tx.prepare_cached(sql)?.execute(params)
 }
@@ -1310,6 +1352,46 @@ mod tests {
                 ("c-1".into(), CallProgress::Written),
                 ("c-2".into(), CallProgress::Started)
             ]
+        );
+    }
+
+    #[test]
+    fn written_and_moved_marks_written_and_closes_the_run_in_one_step() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, run, "c-1");
+        journal.call_finished(run, &search_ok("c-1")).unwrap();
+        journal
+            .written_and_moved(run, &["c-1"], "Done/a.md", true)
+            .unwrap();
+        assert!(journal.open_runs().unwrap().is_empty());
+        let events: Vec<(String, Option<String>)> = journal
+            .log(&LogFilter::default())
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.event, e.detail))
+            .collect();
+        assert!(events.contains(&("written".into(), None)), "{events:?}");
+        assert!(
+            events.contains(&("move".into(), Some("Done/a.md".into()))),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn calls_finished_records_every_result_of_the_batch() {
+        let (_dir, journal) = fresh_journal();
+        let note = "In_Progress/b.md";
+        let run = journal.begin_run(note).unwrap();
+        let batch: Vec<CallResult> = (0..3).map(|i| search_ok(&format!("c-{i}"))).collect();
+        journal.calls_finished(run, &batch).unwrap();
+        journal.calls_finished(run, &[]).unwrap();
+        assert_eq!(
+            progress_of(&journal, note),
+            batch
+                .iter()
+                .map(|r| (r.call_id.clone(), CallProgress::Finished(r.clone())))
+                .collect::<Vec<_>>()
         );
     }
 
