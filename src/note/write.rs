@@ -59,21 +59,36 @@ pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String
             let _ = fs::remove_file(&temp);
             return Err(io_error(path, source));
         }
-        let unchanged = match fs::read(path) {
-            Ok(bytes) => bytes == current.as_bytes(),
+        // From the check to the rename, other writers are kept out (see `Guard`); a note
+        // changed meanwhile — saved in place, or a save renamed over it — starts us over on
+        // its version.
+        let guard = match Guard::take(path) {
+            Ok(Some(guard)) => guard,
+            Ok(None) => {
+                let _ = fs::remove_file(&temp);
+                continue;
+            }
             Err(e) => {
                 let _ = fs::remove_file(&temp);
-                return Err(read_error(path, e));
+                return Err(e);
             }
         };
-        if !unchanged {
-            let _ = fs::remove_file(&temp);
-            continue;
+        match guard.still(path, &current) {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = fs::remove_file(&temp);
+                continue;
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&temp);
+                return Err(e);
+            }
         }
         if let Err(source) = fs::rename(&temp, path) {
             let _ = fs::remove_file(&temp);
             return Err(io_error(path, source));
         }
+        drop(guard);
         // The rename is done: a failed folder fsync only weakens durability after a crash,
         // and reporting it as a failed write would make the caller append twice.
         let _ = sync_parent(path);
@@ -85,6 +100,103 @@ pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String
             "note keeps changing ({MAX_ATTEMPTS} attempts); try again later"
         )),
     ))
+}
+
+/// Keeps other writers out of a note while it is replaced.
+///
+/// On Linux this is a write lease (`F_SETLEASE`, `F_WRLCK`): granted only while no other
+/// process has the note open, and broken — which `still` sees — as soon as one opens
+/// it, whose `open` then waits until the lease is released right after the rename. Where only
+/// readers have the note open, a read lease shows that no one writes it; the re-read before
+/// the rename is then the only guard. Where leases are refused (another user's note, network
+/// file systems), a note modified within the last `QUIET` is taken to be busy.
+struct Guard {
+    file: File,
+    write_lease: bool,
+}
+
+impl Guard {
+    /// `None` while another process has the note open for writing.
+    fn take(path: &Path) -> Result<Option<Guard>, WriteError> {
+        let file = File::open(path).map_err(|e| read_error(path, e))?;
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            ignore_lease_break_signal();
+            let fd = file.as_raw_fd();
+            // SAFETY: fcntl on a valid, open descriptor owned by `file`.
+            if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) } == 0 {
+                return Ok(Some(Guard {
+                    file,
+                    write_lease: true,
+                }));
+            }
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
+                // Someone has it open: a writer (busy) or only readers (fine).
+                return Ok((!writer_busy(path)?).then_some(Guard {
+                    file,
+                    write_lease: false,
+                }));
+            }
+        }
+        if modified_within(path, QUIET)? {
+            return Ok(None);
+        }
+        Ok(Some(Guard {
+            file,
+            write_lease: false,
+        }))
+    }
+
+    /// Whether the note is still exactly `current`, read through the guard's own descriptor
+    /// (opening the note again, even from this process, would break the lease), and — under
+    /// a write lease — the path still names this file and no process has opened it since.
+    fn still(&self, path: &Path, current: &str) -> Result<bool, WriteError> {
+        use std::io::{Read, Seek};
+        let mut bytes = Vec::with_capacity(current.len());
+        let mut file = &self.file;
+        file.rewind()
+            .and_then(|_| file.read_to_end(&mut bytes))
+            .map_err(|e| read_error(path, e))?;
+        if bytes != current.as_bytes() {
+            return Ok(false);
+        }
+        #[cfg(target_os = "linux")]
+        if self.write_lease {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::fs::MetadataExt;
+            let named = fs::symlink_metadata(path).map_err(|e| read_error(path, e))?;
+            let ours = self.file.metadata().map_err(|e| read_error(path, e))?;
+            // SAFETY: fcntl on a valid, open descriptor owned by `self.file`.
+            let lease = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETLEASE) };
+            return Ok(named.ino() == ours.ino()
+                && named.dev() == ours.dev()
+                && lease == libc::F_WRLCK);
+        }
+        Ok(true)
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if self.write_lease {
+            use std::os::fd::AsRawFd;
+            // SAFETY: as above; releasing lets a waiting opener proceed.
+            unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+        }
+    }
+}
+
+/// A broken lease is signalled to its holder with SIGIO, whose default action ends the
+/// process. vaultd learns of breaks by asking (`F_GETLEASE`), so the signal is ignored.
+#[cfg(target_os = "linux")]
+fn ignore_lease_break_signal() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions.
+        unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+    });
 }
 
 /// Reads a note once it has been quiet for a moment (or after about a second and a half of
@@ -110,6 +222,7 @@ fn writer_busy(path: &Path) -> Result<bool, WriteError> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
+        ignore_lease_break_signal();
         let file = File::open(path).map_err(|e| read_error(path, e))?;
         let fd = file.as_raw_fd();
         // SAFETY: fcntl on a valid, open descriptor; the lease is dropped before it closes.
@@ -255,6 +368,37 @@ mod tests {
             format!("first half{}\nresult\n", " more".repeat(20))
         );
         assert_eq!(fs::read_to_string(&path).unwrap(), written);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_writer_opening_the_note_under_the_guard_is_seen_and_waits_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"text");
+        let guard = Guard::take(&path)
+            .unwrap()
+            .expect("nobody has the note open");
+        assert!(guard.write_lease, "a note of our own gets a write lease");
+        assert!(guard.still(&path, "text").unwrap());
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                // Blocks in open() until the guard is dropped.
+                let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+                f.write_all(b" more").unwrap();
+            })
+        };
+        let start = std::time::Instant::now();
+        while guard.still(&path, "text").unwrap() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the open was never seen"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(guard);
+        writer.join().unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "text more");
     }
 
     #[test]
