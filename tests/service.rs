@@ -431,3 +431,80 @@ fn systemd_state_and_configuration_directories_are_the_defaults() {
     );
     assert_eq!(config["state_dir"], state.display().to_string());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn log_lines_suit_the_journal_and_log_shippers_and_vaultd_log_filters() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    vault.drop_note("a.md", &note_with_calls("A", &[search_call("alpha")]));
+
+    // Under systemd (JOURNAL_STREAM set): no colours and no timestamps (journald adds its own).
+    let out = vault
+        .cmd()
+        .env("JOURNAL_STREAM", "8:12345")
+        .arg("once")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let started = stderr
+        .lines()
+        .find(|l| l.contains("vaultd started"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(started.trim_start().starts_with("INFO"), "{started}");
+    assert!(!stderr.contains('\u{1b}'), "no ANSI escapes: {stderr:?}");
+
+    // --log-format json: one JSON object per line.
+    vault.drop_note("b.md", &note_with_calls("B", &[search_call("beta")]));
+    let out = vault
+        .cmd()
+        .args(["--log-format", "json", "once"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for line in stderr.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+    }
+
+    // vaultd log: what the journal holds, filtered by note and tool.
+    let out = vault
+        .cmd()
+        .args(["log", "--json", "--note", "b.md"])
+        .output()
+        .unwrap();
+    let entries: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let events: Vec<&str> = entries
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        events,
+        vec!["claim", "call_start", "call_end", "written", "move"]
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|e| e["note"].as_str().unwrap().contains("b.md"))
+    );
+    assert_eq!(entries[2]["outcome"], "ok");
+    assert_eq!(entries[4]["detail"], "Done/b.md");
+    let out = vault
+        .cmd()
+        .args(["log", "--json", "--tool", "send_notification"])
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = vault.cmd().args(["log", "--since", "1h"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches(" move ").count(), 2, "{text}");
+}
