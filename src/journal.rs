@@ -1112,19 +1112,11 @@ fn now_ms() -> i64 {
 
 /// Unix milliseconds, negative before 1970 (clocks set that far back still order correctly).
 fn to_ms(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
-    }
+    to_ns(t).div_euclid(1_000_000)
 }
 
 fn from_ms(ms: i64) -> SystemTime {
-    let d = Duration::from_millis(ms.unsigned_abs());
-    if ms >= 0 {
-        UNIX_EPOCH + d
-    } else {
-        UNIX_EPOCH - d
-    }
+    from_ns(ms.saturating_mul(1_000_000))
 }
 
 fn to_ns(t: SystemTime) -> i64 {
