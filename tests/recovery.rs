@@ -150,10 +150,12 @@ async fn a_kill_during_an_smtp_send_never_sends_twice_and_says_unknown_outcome()
                 "recipient": "bob@example.org", "subject": "Once only", "body": "Exactly once." } })],
         ),
     );
-    // The send is in flight once the journal has its start and the note sits in In_Progress.
+    // The send is in flight: the journal has its start, and the server has the whole message
+    // and holds back its reply, so the outcome cannot be recorded before the kill.
     wait_until("the send is running", DEADLINE, || {
         vault.exists("In_Progress", "mail.md")
             && !vault.journal().running_calls().unwrap().is_empty()
+            && smtp.answering() == 1
     });
     daemon.kill9();
     assert!(

@@ -472,6 +472,8 @@ pub struct Mail {
 #[derive(Clone, Default)]
 struct Capture {
     mails: Arc<Mutex<Vec<Mail>>>,
+    /// Messages whose data is complete and whose reply is being held back (`reply_delay`).
+    answering: Arc<std::sync::atomic::AtomicUsize>,
     current: Mail,
     reply_delay: Duration,
 }
@@ -499,6 +501,8 @@ impl mailin_embedded::Handler for Capture {
 
     fn data_end(&mut self) -> mailin_embedded::Response {
         if !self.reply_delay.is_zero() {
+            self.answering
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::thread::sleep(self.reply_delay);
         }
         self.mails.lock().unwrap().push(self.current.clone());
@@ -509,6 +513,7 @@ impl mailin_embedded::Handler for Capture {
 pub struct SmtpServer {
     pub port: u16,
     mails: Arc<Mutex<Vec<Mail>>>,
+    answering: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SmtpServer {
@@ -525,6 +530,7 @@ impl SmtpServer {
             ..Default::default()
         };
         let mails = capture.mails.clone();
+        let answering = capture.answering.clone();
         let mut server = mailin_embedded::Server::new(capture);
         server
             .with_name("test.local")
@@ -534,7 +540,16 @@ impl SmtpServer {
         std::thread::spawn(move || {
             let _ = server.serve();
         });
-        SmtpServer { port, mails }
+        SmtpServer {
+            port,
+            mails,
+            answering,
+        }
+    }
+
+    /// How many messages the server has whole and is holding its reply to.
+    pub fn answering(&self) -> usize {
+        self.answering.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn received(&self) -> Vec<Mail> {
