@@ -675,21 +675,22 @@ impl Journal {
     /// One write transaction, `BEGIN IMMEDIATE` so a second writer waits for the busy timeout
     /// instead of failing when it upgrades a read lock.
     fn write<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
-        let mut conn = self.lock();
-        let run = || {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = f(&tx)?;
-            tx.commit()?;
-            Ok(out)
-        };
-        run().map_err(|e| attach(&self.path, e))
+        self.transaction(TransactionBehavior::Immediate, f)
     }
 
     /// One read transaction: one consistent snapshot across its queries.
     fn read<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
+        self.transaction(TransactionBehavior::Deferred, f)
+    }
+
+    fn transaction<T>(
+        &self,
+        behavior: TransactionBehavior,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>,
+    ) -> Result<T, JournalError> {
         let mut conn = self.lock();
         let run = || {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let tx = conn.transaction_with_behavior(behavior)?;
             let out = f(&tx)?;
             tx.commit()?;
             Ok(out)
