@@ -21,6 +21,10 @@ pub enum ErrorCode {
     QuotaExceeded,
     ExecutionError,
     UnknownOutcome,
+    NotFound,
+    Conflict,
+    CannotUndo,
+    NothingToUndo,
 }
 
 impl ErrorCode {
@@ -38,6 +42,10 @@ impl ErrorCode {
             ErrorCode::QuotaExceeded => "QUOTA_EXCEEDED",
             ErrorCode::ExecutionError => "EXECUTION_ERROR",
             ErrorCode::UnknownOutcome => "UNKNOWN_OUTCOME",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::CannotUndo => "CANNOT_UNDO",
+            ErrorCode::NothingToUndo => "NOTHING_TO_UNDO",
         }
     }
 

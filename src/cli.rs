@@ -299,7 +299,7 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
                     CallBody::Call { name, parameters } => {
                         match registry.resolve(name, parameters) {
                             Err(e) => ("invalid", Some(e)),
-                            Ok(tool) => match tool.tool.admit(parameters) {
+                            Ok(tool) => match tool.admit(parameters) {
                                 crate::tools::Admission::Deny(e) => ("invalid", Some(e)),
                                 _ => ("pending", None),
                             },
@@ -544,11 +544,11 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     let registry = registry_for(&config)?;
     let mut rates = Vec::new();
     for t in registry.tools() {
-        let used = journal.rate_use(t.spec().name, hour, day)?;
+        let used = journal.rate_use(t.name(), hour, day)?;
         rates.push(json!({
-            "tool": t.spec().name,
-            "last_hour": used.last_hour, "per_hour": t.rate_limit.per_hour,
-            "last_day": used.last_day, "per_day": t.rate_limit.per_day,
+            "tool": t.name(),
+            "last_hour": used.last_hour, "per_hour": t.policy.rate_limit.per_hour,
+            "last_day": used.last_day, "per_day": t.policy.rate_limit.per_day,
         }));
     }
     if as_json {

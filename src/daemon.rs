@@ -10,7 +10,7 @@ use crate::journal::{CallProgress, Decision, Journal, JournalError, RunId};
 use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
 use crate::runner::Runner;
 use crate::secret::Redactor;
-use crate::tools::{Admission, Effect, Registry};
+use crate::tools::{Admission, Registry};
 use crate::vault::{State, Vault, VaultError};
 use crate::watch::{self, Hint};
 use serde_json::{Map, Value};
@@ -696,7 +696,7 @@ impl Daemon {
                     continue;
                 }
                 (Some(_), _) | (None, Pass::Recover { known: false })
-                    if effect == Some(Effect::ExternalSideEffect) =>
+                    if effect.is_some_and(|e| !e.safe_to_repeat()) =>
                 {
                     steps.push(Step::Done(CallResult::failed_now(
                         &call_id,
@@ -717,7 +717,7 @@ impl Daemon {
                     continue;
                 }
             };
-            match tool.tool.admit(parameters) {
+            match tool.admit(parameters) {
                 Admission::Run => steps.push(Step::Run {
                     call_id,
                     name: name.clone(),
@@ -763,8 +763,11 @@ impl Daemon {
                 let me = self.clone();
                 let (call_id, name, parameters) =
                     (call_id.clone(), name.clone(), parameters.clone());
+                let note = self.vault.relative(path);
                 handles.push(Some(tokio::spawn(async move {
-                    me.runner.run_call(run, &call_id, &name, &parameters).await
+                    me.runner
+                        .run_call(run, &note, &call_id, &name, &parameters)
+                        .await
                 })));
             } else {
                 handles.push(None);

@@ -973,9 +973,9 @@ fn run_calls(tx: &Tx<'_>, run: RunId) -> Result<Vec<JournalCall>, Failure> {
     for row in rows {
         let (call_id, tool, effect, result, written) = row?;
         let effect = match effect.as_deref() {
-            None | Some("read_only") => Effect::ReadOnly,
-            Some("external_side_effect") => Effect::ExternalSideEffect,
-            Some(other) => return Err(Failure::Other(format!("unknown effect {other:?}"))),
+            None => Effect::ReadOnly,
+            Some(text) => Effect::parse(text)
+                .ok_or_else(|| Failure::Other(format!("unknown effect {text:?}")))?,
         };
         let progress = match (result, written) {
             (_, Some(_)) => CallProgress::Written,

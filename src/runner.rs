@@ -39,6 +39,7 @@ impl Runner {
     pub async fn run_call(
         &self,
         run: RunId,
+        note: &str,
         call_id: &str,
         name: &str,
         parameters: &Map<String, Value>,
@@ -58,7 +59,7 @@ impl Runner {
 
         // Rate limit check and durable start, in one journal transaction, so two calls
         // cannot both take the last slot and a crash after this line never runs it twice.
-        let limits = rate_windows(tool.rate_limit);
+        let limits = rate_windows(tool.policy.rate_limit);
         let redacted = self.redact_value(Value::Object(parameters.clone()));
         let (j, cid, tname, effect) = (
             self.journal.clone(),
@@ -98,19 +99,21 @@ impl Runner {
         }
 
         let started_at = SystemTime::now();
-        let deadline = Instant::now() + tool.timeout;
+        let timeout = tool.policy.timeout;
+        let deadline = Instant::now() + timeout;
         let call = ToolCall {
             call_id,
+            note,
             parameters,
             deadline,
         };
-        let outcome = match tokio::time::timeout(tool.timeout, tool.tool.run(call)).await {
+        let outcome = match tokio::time::timeout(timeout, tool.tool.run(call)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(CallError::new(
                 ErrorCode::Timeout,
                 format!(
                     "{name} did not finish within its timeout of {}",
-                    humantime::format_duration(tool.timeout)
+                    humantime::format_duration(timeout)
                 ),
             )),
         };

@@ -1,24 +1,32 @@
-//! The tool registry: name -> spec (description, JSON Schema, effect, timeout) and dispatch.
-//! The schema is the one source of truth: validation and `vaultd tools` both come from it.
+//! The tool registry: name -> tool (description, JSON Schema, effect) with its policy
+//! (enabled, timeout, rate limit, approval), and dispatch. The schema is the one source of
+//! truth: validation and `vaultd tools` both come from it.
 //!
-//! Adding a tool is one new module under `tools/` implementing [`Tool`] plus one line in
-//! [`Registry::from_config`].
+//! Tools come from sources (DESIGN §10.1), one folder each: [`builtin`] (`search_web`,
+//! `send_notification`); vault, command and MCP sources register the same way. A source is a
+//! `register(config, …, &mut Registry)` function called from [`Registry::from_config`]; adding
+//! a tool to a source is one module plus one line in that source's `register`.
 
-pub mod search_web;
-pub mod send_notification;
+pub mod builtin;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::config::{RateLimit, ToolsConfig};
 use serde_json::{Map, Value, json};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-/// What a tool does to the world; decides recovery after a crash (DESIGN §8.15).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a tool does to the world (DESIGN §10.2); decides recovery after a crash (§9.3) and
+/// the default approval. Recovery uses the effect recorded at the call's start, never the
+/// live registry's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Effect {
     /// Safe to run again after a crash.
     ReadOnly,
+    /// Changes the vault; undoable (§11). Never run twice.
+    StateChange,
     /// Never run twice: an unrecorded outcome becomes UNKNOWN_OUTCOME.
     ExternalSideEffect,
 }
@@ -27,7 +35,43 @@ impl Effect {
     pub fn as_str(self) -> &'static str {
         match self {
             Effect::ReadOnly => "read_only",
+            Effect::StateChange => "state_change",
             Effect::ExternalSideEffect => "external_side_effect",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Effect> {
+        match s {
+            "read_only" => Some(Effect::ReadOnly),
+            "state_change" => Some(Effect::StateChange),
+            "external_side_effect" => Some(Effect::ExternalSideEffect),
+            _ => None,
+        }
+    }
+
+    /// Whether a started call with no recorded outcome may simply run again (§9.3).
+    pub fn safe_to_repeat(self) -> bool {
+        self == Effect::ReadOnly
+    }
+}
+
+/// Where a tool comes from (DESIGN §10.1); shown by `vaultd tools`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Builtin,
+    Vault,
+    Command,
+    /// An MCP server, by its config name (`[mcp.NAME]`).
+    Mcp(String),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Builtin => f.write_str("builtin"),
+            Source::Vault => f.write_str("vault"),
+            Source::Command => f.write_str("command"),
+            Source::Mcp(server) => write!(f, "mcp:{server}"),
         }
     }
 }
@@ -35,8 +79,9 @@ impl Effect {
 /// The static description of a tool.
 #[derive(Debug, Clone)]
 pub struct ToolSpec {
-    pub name: &'static str,
-    pub description: &'static str,
+    pub name: String,
+    pub description: String,
+    pub source: Source,
     pub effect: Effect,
     /// JSON Schema of `parameters`; must set `additionalProperties: false`.
     pub schema: Value,
@@ -47,6 +92,8 @@ pub struct ToolSpec {
 pub struct ToolCall<'a> {
     /// Stable id of the call: used for Message-ID and as Slack's message_id.
     pub call_id: &'a str,
+    /// The vault-relative path of the note the call comes from, as claimed.
+    pub note: &'a str,
     /// Parameters that passed the tool's schema.
     pub parameters: &'a Map<String, Value>,
     /// When the runner will give up: tools that retry must stop retrying before it.
@@ -82,14 +129,66 @@ pub trait Tool: Send + Sync {
 pub struct RegisteredTool {
     pub tool: Box<dyn Tool>,
     pub validator: jsonschema::Validator,
+    pub policy: Policy,
+}
+
+/// Per-tool policy, read from the tool's config table by its source (DESIGN §10.3).
+#[derive(Debug, Clone)]
+pub struct Policy {
     pub enabled: bool,
     pub timeout: Duration,
     pub rate_limit: RateLimit,
+    /// `approval = "never" | "always"`; `None` leaves the decision to the tool's own
+    /// [`Tool::admit`] (send_notification's recipient rules).
+    pub approval: Option<ApprovalRule>,
+}
+
+/// `approval` of a tool without rules of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalRule {
+    Never,
+    Always,
+}
+
+impl ApprovalRule {
+    /// DESIGN §10.3: `always` for external side effects of command and MCP tools, `never`
+    /// otherwise.
+    pub fn default_for(effect: Effect) -> ApprovalRule {
+        match effect {
+            Effect::ExternalSideEffect => ApprovalRule::Always,
+            Effect::ReadOnly | Effect::StateChange => ApprovalRule::Never,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalRule::Never => "never",
+            ApprovalRule::Always => "always",
+        }
+    }
 }
 
 impl RegisteredTool {
     pub fn spec(&self) -> &ToolSpec {
         self.tool.spec()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.tool.spec().name
+    }
+
+    /// Policy on validated parameters: the tool's approval rule first, then its own checks.
+    pub fn admit(&self, parameters: &Map<String, Value>) -> Admission {
+        match self.policy.approval {
+            Some(ApprovalRule::Always) => Admission::Hold {
+                reason: format!(
+                    "{} needs approval for every call (approval = \"always\")",
+                    self.name()
+                ),
+            },
+            Some(ApprovalRule::Never) | None => self.tool.admit(parameters),
+        }
     }
 
     /// Every schema violation, with pointers relative to `parameters` (DESIGN §8.3).
@@ -158,60 +257,57 @@ pub enum RegistryError {
 }
 
 pub struct Registry {
+    /// In registration order, which is the order `vaultd tools` lists them in.
     tools: Vec<RegisteredTool>,
+    by_name: HashMap<String, usize>,
 }
 
 impl Registry {
-    /// Builds every tool from the config. The one HTTP client is shared so connections are
-    /// reused across calls.
+    pub fn empty() -> Registry {
+        Registry {
+            tools: Vec::new(),
+            by_name: HashMap::new(),
+        }
+    }
+
+    /// Builds every tool of every source from the config. The one HTTP client is shared so
+    /// connections are reused across calls.
     pub fn from_config(
         config: &ToolsConfig,
         http: reqwest::Client,
     ) -> Result<Registry, RegistryError> {
-        let mut registry = Registry { tools: Vec::new() };
-        let s = &config.search_web;
-        registry.add(
-            Box::new(search_web::SearchWeb::new(s, http.clone())),
-            s.enabled,
-            s.timeout,
-            s.rate_limit,
-        )?;
-        let n = &config.send_notification;
-        registry.add(
-            Box::new(send_notification::SendNotification::new(n, http)?),
-            n.enabled,
-            n.timeout,
-            n.rate_limit,
-        )?;
+        let mut registry = Registry::empty();
+        builtin::register(config, http, &mut registry)?;
         Ok(registry)
     }
 
-    pub fn add(
-        &mut self,
-        tool: Box<dyn Tool>,
-        enabled: bool,
-        timeout: Duration,
-        rate_limit: RateLimit,
-    ) -> Result<(), RegistryError> {
+    /// Adds one tool, compiling its schema once. A second tool of the same name is an error.
+    pub fn add(&mut self, tool: Box<dyn Tool>, policy: Policy) -> Result<(), RegistryError> {
+        let name = tool.spec().name.clone();
+        if self.by_name.contains_key(&name) {
+            return Err(RegistryError::Setup {
+                tool: name,
+                message: "a tool of this name is already registered".to_string(),
+            });
+        }
         let validator = jsonschema::options()
             .should_validate_formats(true)
             .build(&tool.spec().schema)
             .map_err(|e| RegistryError::Schema {
-                tool: tool.spec().name.to_string(),
+                tool: name.clone(),
                 message: e.to_string(),
             })?;
+        self.by_name.insert(name, self.tools.len());
         self.tools.push(RegisteredTool {
             tool,
             validator,
-            enabled,
-            timeout,
-            rate_limit,
+            policy,
         });
         Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<&RegisteredTool> {
-        self.tools.iter().find(|t| t.spec().name == name)
+        self.by_name.get(name).map(|&i| &self.tools[i])
     }
 
     pub fn tools(&self) -> impl Iterator<Item = &RegisteredTool> {
@@ -226,13 +322,13 @@ impl Registry {
         parameters: &Map<String, Value>,
     ) -> Result<&RegisteredTool, CallError> {
         let Some(tool) = self.get(name) else {
-            let known: Vec<&str> = self.tools.iter().map(|t| t.spec().name).collect();
+            let known: Vec<&str> = self.tools.iter().map(|t| t.name()).collect();
             return Err(CallError::new(
                 ErrorCode::UnknownTool,
                 format!("no tool named `{name}`; known tools: {}", known.join(", ")),
             ));
         };
-        if !tool.enabled {
+        if !tool.policy.enabled {
             return Err(CallError::new(
                 ErrorCode::PolicyDenied,
                 format!("tool `{name}` is disabled in the config (tools.{name}.enabled = false)"),
@@ -252,7 +348,9 @@ impl Registry {
                     json!({
                         "name": s.name,
                         "description": s.description,
+                        "source": s.source.to_string(),
                         "effect": s.effect.as_str(),
+                        "approval": t.policy.approval.map_or("by tool rules", ApprovalRule::as_str),
                         "parameters": s.schema,
                     })
                 })

@@ -77,7 +77,9 @@ mod tests {
 
     const TOKEN_PATH: &str = "/services/T000/B000/XXXXSECRETTOKEN";
 
-    async fn slack_tool(server_uri: &str) -> crate::tools::send_notification::SendNotification {
+    async fn slack_tool(
+        server_uri: &str,
+    ) -> crate::tools::builtin::send_notification::SendNotification {
         let mut config = base_config();
         config
             .slack
@@ -240,6 +242,7 @@ mod tests {
         let err = crate::tools::Tool::run(
             &tool,
             ToolCall {
+                note: "Needs_Action/test.md",
                 call_id: "c-slack7",
                 parameters: &parameters,
                 deadline: std::time::Instant::now() + std::time::Duration::from_millis(300),

@@ -13,7 +13,9 @@ mod slack;
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::config::{Approval, SendNotificationConfig};
 use crate::secret::{Redactor, Secret};
-use crate::tools::{Admission, Effect, RegistryError, Tool, ToolCall, ToolFuture, ToolSpec};
+use crate::tools::{
+    Admission, Effect, RegistryError, Source, Tool, ToolCall, ToolFuture, ToolSpec,
+};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -58,8 +60,9 @@ impl SendNotification {
         let redactor = Redactor::new(secrets, &usernames);
         Ok(SendNotification {
             spec: ToolSpec {
-                name: TOOL,
-                description: "Send a notification by email, or to a configured Slack or Discord webhook (recipient = webhook name).",
+                name: TOOL.to_string(),
+                description: "Send a notification by email, or to a configured Slack or Discord webhook (recipient = webhook name).".to_string(),
+                source: Source::Builtin,
                 effect: Effect::ExternalSideEffect,
                 schema: json!({
                     "type": "object",
@@ -561,6 +564,7 @@ mod tests_support {
         parameters: Map<String, Value>,
     ) -> Result<ToolOutput, CallError> {
         tool.run(ToolCall {
+            note: "Needs_Action/test.md",
             call_id,
             parameters: &parameters,
             deadline: Instant::now() + Duration::from_secs(10),

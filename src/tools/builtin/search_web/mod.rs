@@ -17,7 +17,7 @@ mod tavily;
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::config::{SearchProvider, SearchWebConfig};
 use crate::secret::Redactor;
-use crate::tools::{Effect, Tool, ToolCall, ToolFuture, ToolSpec};
+use crate::tools::{Effect, Source, Tool, ToolCall, ToolFuture, ToolSpec};
 use reqwest::Url;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -42,8 +42,10 @@ impl SearchWeb {
     pub fn new(config: &SearchWebConfig, http: reqwest::Client) -> SearchWeb {
         SearchWeb {
             spec: ToolSpec {
-                name: "search_web",
-                description: "Search the web and return the top results (title, url, snippet).",
+                name: "search_web".to_string(),
+                description: "Search the web and return the top results (title, url, snippet)."
+                    .to_string(),
+                source: Source::Builtin,
                 effect: Effect::ReadOnly,
                 schema: json!({
                     "type": "object",
@@ -381,6 +383,7 @@ pub(crate) mod test_support {
             .expect("test parameters are an object")
             .clone();
         tool.run(ToolCall {
+            note: "Needs_Action/test.md",
             call_id: "c-test",
             parameters: &parameters,
             deadline: Instant::now() + within,

@@ -135,7 +135,7 @@ mod tests {
 
     const TOKEN_PATH: &str = "/api/webhooks/123456/XXXXSECRETTOKEN";
 
-    fn discord_tool(hook_url: &str) -> crate::tools::send_notification::SendNotification {
+    fn discord_tool(hook_url: &str) -> crate::tools::builtin::send_notification::SendNotification {
         let mut config = base_config();
         config.discord.insert("alerts".into(), secret(hook_url));
         tool(&config)
