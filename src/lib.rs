@@ -36,6 +36,7 @@ pub mod journal;
 pub mod note;
 pub mod runner;
 pub mod secret;
+pub mod synced;
 pub mod tools;
 pub mod vault;
 pub mod watch;

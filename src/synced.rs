@@ -1,0 +1,417 @@
+//! Synced vaults (DESIGN §9.9): this daemon's runner id, and spotting notes that another
+//! runner — a vaultd on a replica of the vault, brought here by a sync client — has claimed or
+//! finished. Pure parts take text and times; the scan reads only notes changed inside the
+//! window, so start-up on a large `Done/` costs one `stat` per old note.
+
+use crate::vault::{State, Vault};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// The file in the state dir that keeps this daemon's runner id across restarts.
+pub const RUNNER_ID_FILE: &str = "runner_id";
+
+/// `tool_runner`: host name plus 4 hex digits of a random id. Stored whole in the state dir
+/// at first start, so it stays the same across restarts and across container re-creations
+/// that keep the state dir (a container's host name may change; the id does not), and two
+/// state dirs on one host get two ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerId(String);
+
+impl RunnerId {
+    /// Reads the id kept in `state_dir`, or makes one (mode 0600) on first start.
+    pub fn load_or_create(state_dir: &Path) -> std::io::Result<RunnerId> {
+        let path = state_dir.join(RUNNER_ID_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) if is_valid_runner(text.trim()) => return Ok(RunnerId(text.trim().into())),
+            Ok(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{} does not hold a runner id (host-xxxx); remove it to make a new one",
+                        path.display()
+                    ),
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let id = RunnerId(format!("{}-{}", runner_host(&hostname()), random_hex4()?));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path);
+        if let Err(e) = &file
+            && e.kind() == std::io::ErrorKind::AlreadyExists
+        {
+            // Another process made it first: theirs wins.
+            return RunnerId::load_or_create(state_dir);
+        }
+        use std::io::Write;
+        let f = file
+            .as_mut()
+            .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
+        writeln!(f, "{}", id.0)?;
+        f.sync_all()?;
+        Ok(id)
+    }
+
+    pub fn parse(s: &str) -> Option<RunnerId> {
+        is_valid_runner(s).then(|| RunnerId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The host part, for messages ("second runner on HOST").
+    pub fn host(&self) -> &str {
+        host_of(&self.0)
+    }
+}
+
+impl std::fmt::Display for RunnerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The host part of a `tool_runner` value.
+pub fn host_of(runner: &str) -> &str {
+    runner.rsplit_once('-').map_or(runner, |(host, _)| host)
+}
+
+fn is_valid_runner(s: &str) -> bool {
+    let Some((host, hex)) = s.rsplit_once('-') else {
+        return false;
+    };
+    !host.is_empty()
+        && host.len() <= 64
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_')
+        && hex.len() == 4
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A host name as it may stand in a one-line YAML value: anything else becomes `-`.
+fn runner_host(host: &str) -> String {
+    let clean: String = host
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if clean.is_empty() {
+        "host".to_string()
+    } else {
+        clean
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+fn random_hex4() -> std::io::Result<String> {
+    let mut bytes = [0u8; 2];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(format!("{:02x}{:02x}", bytes[0], bytes[1]))
+}
+
+/// What a note's frontmatter says about who ran it last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerStamp {
+    pub runner: String,
+    /// `tool_updated`, when present and readable.
+    pub updated: Option<SystemTime>,
+}
+
+/// `tool_runner` and `tool_updated` of a note's frontmatter; None without a `tool_runner`.
+pub fn runner_stamp(text: &str) -> Option<RunnerStamp> {
+    let body = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut lines = body.lines();
+    if lines.next()?.trim_end() != "---" {
+        return None;
+    }
+    let mut runner = None;
+    let mut updated = None;
+    for line in lines {
+        let trimmed = line.trim_end();
+        if trimmed == "---" || trimmed == "..." {
+            break;
+        }
+        if let Some(v) = property_value(line, "tool_runner") {
+            runner = Some(v.to_string());
+        } else if let Some(v) = property_value(line, "tool_updated") {
+            updated = humantime::parse_rfc3339_weak(v).ok();
+        }
+    }
+    Some(RunnerStamp {
+        runner: runner?,
+        updated,
+    })
+}
+
+/// The value of a top-level `key: value` line, unquoted.
+fn property_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+    let v = rest.trim();
+    let v = v
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+        .unwrap_or(v);
+    (!v.is_empty()).then_some(v)
+}
+
+/// Whether a stamp is another runner's activity that counts: not ours, updated inside the
+/// window, and after the last take-over (whose notes are history).
+pub fn is_foreign_activity(
+    stamp: &RunnerStamp,
+    me: &RunnerId,
+    window: Duration,
+    taken_over_at: Option<SystemTime>,
+    now: SystemTime,
+) -> bool {
+    if stamp.runner == me.as_str() {
+        return false;
+    }
+    let Some(updated) = stamp.updated else {
+        return false;
+    };
+    let recent = now
+        .duration_since(updated)
+        .map_or(true, |age| age <= window);
+    recent && taken_over_at.is_none_or(|t| updated > t)
+}
+
+/// A note another runner worked on recently.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignNote {
+    pub path: PathBuf,
+    pub runner: String,
+    pub updated: SystemTime,
+}
+
+/// Notes in any state folder whose `tool_runner` is another's and whose `tool_updated` is
+/// inside `window` (and after the last take-over). Reads only notes whose mtime is inside the
+/// window: a note another runner updated recently was written recently here too, whatever
+/// the sync client did with its mtime after that (clients keep it or set it to the arrival).
+pub fn foreign_notes(
+    vault: &Vault,
+    me: &RunnerId,
+    window: Duration,
+    taken_over_at: Option<SystemTime>,
+    max_bytes: u64,
+    now: SystemTime,
+) -> Vec<ForeignNote> {
+    let oldest = now.checked_sub(window).unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut found = Vec::new();
+    for state in State::ALL {
+        for path in vault.scan(state) {
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.modified().map_or(true, |m| m < oldest) || meta.len() > max_bytes {
+                continue;
+            }
+            if let Some(f) = foreign_note(&path, me, window, taken_over_at, now) {
+                found.push(f);
+            }
+        }
+    }
+    found
+}
+
+/// One note, read and judged (for the start-up scan and for events while running).
+pub fn foreign_note(
+    path: &Path,
+    me: &RunnerId,
+    window: Duration,
+    taken_over_at: Option<SystemTime>,
+    now: SystemTime,
+) -> Option<ForeignNote> {
+    let text = read_head(path).ok()?;
+    let stamp = runner_stamp(&text)?;
+    if !is_foreign_activity(&stamp, me, window, taken_over_at, now) {
+        return None;
+    }
+    Some(ForeignNote {
+        path: path.to_path_buf(),
+        runner: stamp.runner,
+        updated: stamp.updated?,
+    })
+}
+
+/// The first 64 KiB of a note: the frontmatter is at the top, and a note is never trusted to
+/// be small.
+fn read_head(path: &Path) -> std::io::Result<String> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let mut buf = Vec::with_capacity(4096);
+    file.take(64 * 1024).read_to_end(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Folders;
+
+    fn me() -> RunnerId {
+        RunnerId::parse("alpha-0a1b").unwrap()
+    }
+
+    fn note(runner: &str, updated: &str) -> String {
+        format!(
+            "---\ntitle: x\ntool_status: done\ntool_runner: {runner}\ntool_updated: {updated}\n---\nbody\n"
+        )
+    }
+
+    #[test]
+    fn runner_id_is_made_once_kept_private_and_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let a = RunnerId::load_or_create(dir.path()).unwrap();
+        let b = RunnerId::load_or_create(dir.path()).unwrap();
+        assert_eq!(a, b);
+        assert!(is_valid_runner(a.as_str()), "{a}");
+        assert_eq!(a.host(), runner_host(&hostname()));
+        let mode = std::fs::metadata(dir.path().join(RUNNER_ID_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Another state dir is another runner (with overwhelming likelihood; retry a few
+        // times so a 1-in-65,536 clash cannot fail the test).
+        let distinct = (0..5).any(|_| {
+            let other = tempfile::tempdir().unwrap();
+            RunnerId::load_or_create(other.path()).unwrap() != a
+        });
+        assert!(distinct);
+    }
+
+    #[test]
+    fn a_damaged_runner_id_file_is_an_error_not_a_new_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(RUNNER_ID_FILE), "not an id\n").unwrap();
+        let e = RunnerId::load_or_create(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("remove it"), "{e}");
+    }
+
+    #[test]
+    fn host_names_are_made_safe_for_one_yaml_line() {
+        assert_eq!(runner_host("web-1.example.org"), "web-1.example.org");
+        assert_eq!(runner_host("bad host: x\n"), "bad-host--x-");
+        assert_eq!(runner_host(""), "host");
+        assert_eq!(host_of("my-host-01-beef"), "my-host-01");
+    }
+
+    #[test]
+    fn stamp_reads_runner_and_updated_from_the_frontmatter_only() {
+        let s = runner_stamp(&note("beta-1234", "2026-11-20T10:00:00Z")).unwrap();
+        assert_eq!(s.runner, "beta-1234");
+        assert_eq!(
+            s.updated,
+            Some(humantime::parse_rfc3339("2026-11-20T10:00:00Z").unwrap())
+        );
+        assert_eq!(
+            runner_stamp("\u{feff}---\r\ntool_runner: \"q-beef\"\r\n---\r\n")
+                .unwrap()
+                .runner,
+            "q-beef"
+        );
+        assert_eq!(runner_stamp("no frontmatter\ntool_runner: x-1234\n"), None);
+        assert_eq!(
+            runner_stamp("---\ntitle: a\n---\ntool_runner: x-1234\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn foreign_activity_needs_another_runner_inside_the_window_after_any_take_over() {
+        let now = humantime::parse_rfc3339("2026-11-23T12:00:00Z").unwrap();
+        let day = Duration::from_secs(86_400);
+        let stamp = |runner: &str, at: &str| RunnerStamp {
+            runner: runner.into(),
+            updated: Some(humantime::parse_rfc3339(at).unwrap()),
+        };
+        let other_recent = stamp("beta-1234", "2026-11-23T11:00:00Z");
+        assert!(is_foreign_activity(&other_recent, &me(), day, None, now));
+        assert!(!is_foreign_activity(
+            &stamp("alpha-0a1b", "2026-11-23T11:00:00Z"),
+            &me(),
+            day,
+            None,
+            now
+        ));
+        assert!(!is_foreign_activity(
+            &stamp("beta-1234", "2026-11-21T11:00:00Z"),
+            &me(),
+            day,
+            None,
+            now
+        ));
+        let taken = humantime::parse_rfc3339("2026-11-23T11:30:00Z").unwrap();
+        assert!(!is_foreign_activity(
+            &other_recent,
+            &me(),
+            day,
+            Some(taken),
+            now
+        ));
+        let after = stamp("beta-1234", "2026-11-23T11:45:00Z");
+        assert!(is_foreign_activity(&after, &me(), day, Some(taken), now));
+    }
+
+    #[test]
+    fn the_scan_finds_recent_foreign_notes_in_every_state_folder_and_skips_old_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = Vault::new(dir.path().to_path_buf(), Folders::default());
+        vault.prepare().unwrap();
+        let now = SystemTime::now();
+        let recent = humantime::format_rfc3339_seconds(now - Duration::from_secs(60)).to_string();
+        std::fs::write(
+            vault.folder(State::Done).join("theirs.md"),
+            note("beta-1234", &recent),
+        )
+        .unwrap();
+        std::fs::write(
+            vault.folder(State::InProgress).join("mine.md"),
+            note("alpha-0a1b", &recent),
+        )
+        .unwrap();
+        // A foreign note whose file is old is not read at all (the mtime filter).
+        let old = vault.folder(State::Failed).join("old.md");
+        std::fs::write(&old, note("beta-1234", &recent)).unwrap();
+        let f = std::fs::File::options().write(true).open(&old).unwrap();
+        f.set_modified(now - Duration::from_secs(3 * 86_400))
+            .unwrap();
+        let found = foreign_notes(
+            &vault,
+            &me(),
+            Duration::from_secs(86_400),
+            None,
+            1 << 20,
+            now,
+        );
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].path.ends_with("Done/theirs.md"));
+        assert_eq!(found[0].runner, "beta-1234");
+    }
+}
