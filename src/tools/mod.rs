@@ -94,6 +94,9 @@ pub struct ToolCall<'a> {
     pub call_id: &'a str,
     /// The vault-relative path of the note the call comes from, as claimed.
     pub note: &'a str,
+    /// The note's identity (its `tool_note` property, DESIGN §9.2): stable across moves and
+    /// renames. Command tools export it as `VAULTD_NOTE_ID`; undo and the note budget key on it.
+    pub note_id: &'a str,
     /// Parameters that passed the tool's schema.
     pub parameters: &'a Map<String, Value>,
     /// When the runner will give up: tools that retry must stop retrying before it.
