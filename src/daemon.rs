@@ -717,8 +717,9 @@ impl Daemon {
                 self.wait_inactive(&ident.note_id).await;
                 continue;
             }
+            let note_id = ident.note_id.clone();
             let outcome = self.claim_identified(path, &text, pass, &mut ident).await;
-            self.deactivate(&ident.note_id);
+            self.deactivate(&note_id);
             return outcome;
         }
     }
