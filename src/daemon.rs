@@ -130,6 +130,8 @@ pub struct Daemon {
     active: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
     /// Notes being waited on until their writer is done (§9.1): one wait per path.
     settling: Mutex<HashSet<PathBuf>>,
+    /// `once` judges an unfinished last block at once: it is run when the writer is done.
+    mode: Mode,
 }
 
 /// Holds the vault lock while alive; removes the lock file when dropped (DESIGN §9.5).
@@ -265,6 +267,7 @@ pub async fn run(
         reported: Mutex::new(HashSet::new()),
         active: Mutex::new(HashMap::new()),
         settling: Mutex::new(HashSet::new()),
+        mode,
     });
     daemon.supervise(mode, shutdown).await
 }
@@ -502,7 +505,7 @@ impl Daemon {
             tokio::spawn(async move { me.settle_then_look(p).await });
             return true;
         }
-        if !unfinished_tail(text, parsed) {
+        if self.mode == Mode::Once || !unfinished_tail(text, parsed) {
             return false;
         }
         let Some(age) = modified_age(path) else {
@@ -990,9 +993,16 @@ impl Daemon {
             StillHeld,
         }
         let mut steps = Vec::new();
+        let mut left_pending = 0usize;
         for (i, call) in parsed.pending_calls().enumerate() {
             let call_id = call.call_id.clone();
             let shown_name = call.name.clone().unwrap_or_else(|| "tool_call".to_string());
+            if i >= 2 * max {
+                // §9.8: past twice the cap, calls stay pending (no result block each), so a
+                // note of 10,000 calls does not grow by 9,990 QUOTA_EXCEEDED blocks.
+                left_pending += 1;
+                continue;
+            }
             if i >= max {
                 steps.push(Step::Done(CallResult::failed_now(
                     &call_id,
@@ -1109,6 +1119,17 @@ impl Daemon {
             }
         }
 
+        if left_pending > 0 {
+            let message = format!(
+                "{left_pending} more pending calls left for a later round (at most {max} run and {max} get QUOTA_EXCEEDED per claim, max_calls_per_note)"
+            );
+            tracing::warn!(note = %self.vault.relative(path), "{message}");
+            let rel = self.vault.relative(path);
+            let _ = self
+                .blocking(move |j| j.record_problem(&rel, &message))
+                .await;
+        }
+
         // Run what may run, concurrently; results stay in call order.
         let mut handles = Vec::with_capacity(steps.len());
         for step in &steps {
@@ -1184,6 +1205,7 @@ impl Daemon {
             State::Done
         };
         let reason = outcome_reason(&results, &held, waiting);
+        let results = self.fit_results(path, &text, &ident.note_id, results);
         match self
             .write_back(path, &ident.note_id, results, held, next)
             .await?
@@ -1207,6 +1229,68 @@ impl Daemon {
             WriteBack::Failed => {}
         }
         Ok(())
+    }
+
+    /// DESIGN §9.8: vaultd's additions never push a note past `max_note_bytes`. The biggest
+    /// results' data go, whole, to `Tool_Results/<note id>/<call id>.md` (the §10.6 shape)
+    /// until the note fits; the callout keeps a preview and a link.
+    fn fit_results(
+        &self,
+        path: &Path,
+        text: &str,
+        note_id: &str,
+        mut results: Vec<CallResult>,
+    ) -> Vec<CallResult> {
+        let limit = usize::try_from(self.config.max_note_bytes).unwrap_or(usize::MAX);
+        // Callout framing, meta and frontmatter: generously 1 KiB per result.
+        let size = |r: &CallResult| {
+            1024 + match &r.outcome {
+                Ok(out) => out.data.to_string().len() * 2 + out.summary.len(),
+                Err(e) => {
+                    e.message.len() * 2 + e.details.as_ref().map_or(0, |d| d.to_string().len() * 2)
+                }
+            }
+        };
+        let mut total = text.len() + results.iter().map(size).sum::<usize>();
+        if total <= limit {
+            return results;
+        }
+        let mut order: Vec<usize> = (0..results.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(size(&results[i])));
+        for i in order {
+            if total <= limit {
+                break;
+            }
+            let r = &mut results[i];
+            let Ok(out) = &mut r.outcome else { continue };
+            let full = serde_json::to_string_pretty(&out.data).unwrap_or_default();
+            let rel = format!("Tool_Results/{note_id}/{}.md", r.call_id);
+            let file = self.vault.root().join(&rel);
+            let saved = file
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(&file, format!("```json\n{full}\n```\n")));
+            if let Err(e) = saved {
+                tracing::error!(note = %self.vault.relative(path), "cannot save a large result to {rel}: {e}");
+                continue;
+            }
+            let before = size(r);
+            let mut cut = full.len().min(500);
+            while !full.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let link = rel.trim_end_matches(".md").to_string();
+            if let Ok(out) = &mut r.outcome {
+                out.data = serde_json::json!({
+                    "truncated": true,
+                    "bytes": full.len(),
+                    "full": format!("[[{link}]]"),
+                    "preview": &full[..cut],
+                });
+            }
+            total = total - before + size(r);
+        }
+        results
     }
 
     /// What becomes of a call the policy holds (DESIGN §4). A question the note shows binds

@@ -662,3 +662,44 @@ const V1_SCHEMA: &str = "CREATE TABLE runs (
         consumed_at_ms INTEGER,
         PRIMARY KEY (call_id, params_hash)
     );";
+
+// 8. Bounded growth: a note of many calls, a huge parameter.
+#[test]
+fn a_note_with_many_calls_grows_by_at_most_twice_the_cap() {
+    let vault = TestVault::new("http://127.0.0.1:9", "max_calls_per_note = 3\n");
+    let calls: Vec<_> = (0..40)
+        .map(|i| json!({ "name": "no_such_tool", "parameters": { "i": i } }))
+        .collect();
+    vault.drop_note("many.md", &note_with_calls("Many", &calls));
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Failed", "many.md");
+    let results = results_in(&text);
+    assert_eq!(results.len(), 6, "3 run, 3 QUOTA_EXCEEDED, 34 stay pending");
+    let quota = results
+        .iter()
+        .filter(|r| r["error"]["code"] == "QUOTA_EXCEEDED")
+        .count();
+    assert_eq!(quota, 3);
+    assert!(log.contains("34 more pending calls"), "{log}");
+    let problems = vault.status_json()["problems"].to_string();
+    assert!(problems.contains("34 more pending calls"), "{problems}");
+}
+
+#[test]
+fn a_huge_parameter_is_not_copied_back_into_the_note() {
+    let vault = TestVault::new("http://127.0.0.1:9", "max_note_bytes = 4000000\n");
+    let query = "q".repeat(900_000);
+    let text = note_with_calls("Huge", &[search_call(&query)]);
+    vault.drop_note("huge.md", &text);
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let after = vault.read("Failed", "huge.md");
+    assert_eq!(only_result(&after)["error"]["code"], "INVALID_PARAMS");
+    assert!(
+        after.len() < text.len() + 4_000,
+        "{} bytes became {}",
+        text.len(),
+        after.len()
+    );
+}

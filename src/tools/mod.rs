@@ -103,6 +103,20 @@ pub struct ToolCall<'a> {
     pub deadline: Instant,
 }
 
+/// A violation message quotes the value at fault; a 900 KB parameter must not come back
+/// into the note two or three times (DESIGN §9.8). Long messages keep their start.
+fn bounded_message(message: String) -> String {
+    const MAX: usize = 300;
+    if message.len() <= MAX {
+        return message;
+    }
+    let mut cut = 200;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes in all)", &message[..cut], message.len())
+}
+
 /// What policy says about a call before it runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admission {
@@ -216,7 +230,7 @@ impl RegisteredTool {
                         })
                         .collect::<Vec<_>>();
                 }
-                vec![(pointer, e.to_string())]
+                vec![(pointer, bounded_message(e.to_string()))]
             })
             .collect();
         if violations.is_empty() {
