@@ -407,8 +407,12 @@ fn init(dir: &Path) -> Result<i32> {
     vault.prepare()?;
     let config_path = dir.join(".vaultd.toml");
     let mut created = Vec::new();
-    if !config_path.exists() {
-        std::fs::write(&config_path, INIT_CONFIG)?;
+    if std::fs::symlink_metadata(&config_path).is_err() {
+        // §9.5: the config may name secrets' files; private whatever the umask.
+        use std::io::Write;
+        crate::private::create_new_file(&config_path)
+            .and_then(|mut f| f.write_all(INIT_CONFIG.as_bytes()))
+            .with_context(|| format!("cannot write {}", config_path.display()))?;
         created.push(config_path.display().to_string());
     }
     let welcome = vault
@@ -488,6 +492,10 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
         "shutdown_grace": humantime::format_duration(c.shutdown_grace).to_string(),
         "watch": match c.watch { config::WatchMode::Events => "events".to_string(), config::WatchMode::Poll(d) => format!("poll every {}", humantime::format_duration(d)) },
         "rescan_interval": humantime::format_duration(c.rescan_interval).to_string(),
+        "settle": humantime::format_duration(c.settle).to_string(),
+        "settle_max": humantime::format_duration(c.settle_max).to_string(),
+        "stale_copy_grace": humantime::format_duration(c.stale_copy_grace).to_string(),
+        "stale_copy_window": humantime::format_duration(c.stale_copy_window).to_string(),
         "folders": {
             "needs_action": c.folders.needs_action, "in_progress": c.folders.in_progress,
             "pending_approval": c.folders.pending_approval, "approved": c.folders.approved,
@@ -535,7 +543,17 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         .iter()
         .map(|s| (*s, vault.scan(*s).len()))
         .collect();
-    let running = journal.running_calls()?;
+    // Only notes really in In_Progress now: a run whose note was moved away by hand (or a
+    // daemon that died) leaves calls in the journal that are running nowhere.
+    let in_progress = vault.folder(State::InProgress);
+    let running: Vec<_> = journal
+        .running_calls()?
+        .into_iter()
+        .filter(|e| {
+            let p = vault.root().join(&e.note);
+            p.starts_with(&in_progress) && p.is_file()
+        })
+        .collect();
     let failures = journal.recent_failures(10)?;
     let problems = journal.problems(10)?;
     let now = std::time::SystemTime::now();

@@ -50,6 +50,14 @@ pub struct RawConfig {
     pub watch: Option<String>,
     pub poll_interval: Option<String>,
     pub rescan_interval: Option<String>,
+    /// DESIGN §9.1: quiet time after a note written in place before it is read.
+    pub settle: Option<String>,
+    /// DESIGN §9.1: how long a note whose last call block is unfinished is waited for.
+    pub settle_max: Option<String>,
+    /// DESIGN §9.6: a copy of a claimed note within this is that note.
+    pub stale_copy_grace: Option<String>,
+    /// DESIGN §9.6: up to this, a copy's started side effects are held.
+    pub stale_copy_window: Option<String>,
     #[serde(default)]
     pub folders: RawFolders,
     #[serde(default)]
@@ -154,6 +162,18 @@ pub struct Config {
     pub watch: WatchMode,
     /// A full scan every so often, because events are hints and the folders are the truth.
     pub rescan_interval: Duration,
+    /// A note written in place is read after its writer closed it and it stayed unchanged
+    /// this long (DESIGN §9.1).
+    pub settle: Duration,
+    /// A note whose last call block is unfinished is not judged before its last change is
+    /// this old (DESIGN §9.1).
+    pub settle_max: Duration,
+    /// A note without `tool_note` at a path a note was claimed from this recently is that
+    /// note, come back as an editor's stale copy (DESIGN §9.6).
+    pub stale_copy_grace: Duration,
+    /// Up to this long after such a claim, the copy's already started side effects are held
+    /// for approval instead of run (DESIGN §9.6).
+    pub stale_copy_window: Duration,
     pub folders: Folders,
     pub tools: ToolsConfig,
 }
@@ -509,6 +529,26 @@ pub fn from_raw(
         &path,
     )?;
 
+    let settle = parse_duration(&raw.settle, "settle", Duration::from_secs(2), &path)?;
+    let settle_max = parse_duration(
+        &raw.settle_max,
+        "settle_max",
+        Duration::from_secs(60),
+        &path,
+    )?;
+    let stale_copy_grace = parse_duration(
+        &raw.stale_copy_grace,
+        "stale_copy_grace",
+        Duration::from_secs(600),
+        &path,
+    )?;
+    let stale_copy_window = parse_duration(
+        &raw.stale_copy_window,
+        "stale_copy_window",
+        Duration::from_secs(7 * 86_400),
+        &path,
+    )?;
+
     let d = Folders::default();
     let f = raw.folders;
     let folders = Folders {
@@ -763,6 +803,10 @@ pub fn from_raw(
         shutdown_grace,
         watch,
         rescan_interval,
+        settle,
+        settle_max,
+        stale_copy_grace,
+        stale_copy_window,
         folders,
         tools: ToolsConfig {
             search_web,

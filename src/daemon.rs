@@ -6,7 +6,7 @@
 
 use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
 use crate::config::{ApprovalVia, Config};
-use crate::journal::{CallProgress, Decision, Journal, JournalError, RunId};
+use crate::journal::{CallProgress, Claim, Decision, Journal, JournalCall, JournalError, RunId};
 use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
 use crate::runner::Runner;
 use crate::secret::Redactor;
@@ -22,10 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
-
-/// How long a note that changed (without a close or rename event) must stay unchanged before
-/// it is read: an editor may still be writing it.
-const SETTLE: Duration = Duration::from_millis(150);
 
 /// A start-up backlog this large gets progress reports in the log.
 const PROGRESS_FROM: usize = 500;
@@ -80,6 +76,29 @@ enum Pass {
     Recover { known: bool },
 }
 
+/// Who a claimed note is and what the journal knows of its calls (DESIGN §9.2, §9.3, §9.6).
+#[derive(Debug, Clone, Default)]
+struct Identity {
+    /// The note's `tool_note`.
+    note_id: String,
+    /// The newest record of each call of this note (or, for a stale copy, of the note it
+    /// copies), by call id.
+    prior: HashMap<String, JournalCall>,
+    /// Calls recorded by the run being continued (recovery): results of theirs already in the
+    /// note count for Done or Failed.
+    this_run: HashSet<String>,
+    /// A note without `tool_note` found at a path a note was recently claimed from.
+    stale: Option<StaleCopy>,
+}
+
+#[derive(Debug, Clone)]
+struct StaleCopy {
+    /// The claim it is a copy of.
+    of: Claim,
+    /// Within `stale_copy_grace`: it is that note; later: its started side effects are held.
+    within_grace: bool,
+}
+
 /// What becomes of a held call in this pass.
 enum HeldDecision {
     Run,
@@ -106,50 +125,77 @@ pub struct Daemon {
     looked_at: std::sync::atomic::AtomicUsize,
     /// Problems already reported, so a periodic scan does not repeat them.
     reported: Mutex<HashSet<(PathBuf, u64, SystemTime)>>,
+    /// Note ids with a run in this daemon now; woken when it ends. A note that comes back
+    /// (moved back by hand, or an editor's stale copy) waits for its running calls (§9.3).
+    active: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Notes being waited on until their writer is done (§9.1): one wait per path.
+    settling: Mutex<HashSet<PathBuf>>,
+    /// `once` judges an unfinished last block at once: it is run when the writer is done.
+    mode: Mode,
 }
 
-/// Holds the vault lock while alive.
+/// Holds the vault lock while alive; removes the lock file when dropped (DESIGN §9.5).
 pub struct VaultLock {
-    _file: std::fs::File,
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Drop for VaultLock {
+    fn drop(&mut self) {
+        // Removed while still locked, so no other daemon can hold a lock on this file; one
+        // that opened it meanwhile sees the path gone (or another file) and starts over.
+        let _ = std::fs::remove_file(&self.path);
+        let _ = &self.file;
+    }
 }
 
 /// Takes the one-daemon-per-vault lock (`flock` on `<vault>/.vaultd.lock`, which holds the
-/// PID). A second daemon gets an error naming the PID of the first.
+/// PID). A second daemon gets an error naming the PID of the first. The lock file is opened
+/// without following a symlink (one planted there is an error, never written through) and is
+/// private (0600).
 pub fn lock_vault(vault: &Path) -> Result<VaultLock, DaemonError> {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
     let path = vault.join(".vaultd.lock");
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|source| DaemonError::Lock {
-            path: path.clone(),
-            source,
-        })?;
-    // SAFETY: flock on a valid, open file descriptor.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
-            let pid = pid.trim();
-            return Err(DaemonError::Locked(format!(
-                "another vaultd (PID {}) is already running on {}; stop it first",
-                if pid.is_empty() { "unknown" } else { pid },
-                vault.display()
-            )));
+    let lock_error = |source| DaemonError::Lock {
+        path: path.clone(),
+        source,
+    };
+    for _ in 0..100 {
+        let mut file = crate::private::open_file(&path).map_err(lock_error)?;
+        // SAFETY: flock on a valid, open file descriptor.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let pid = pid.trim();
+                return Err(DaemonError::Locked(format!(
+                    "another vaultd (PID {}) is already running on {}; stop it first",
+                    if pid.is_empty() { "unknown" } else { pid },
+                    vault.display()
+                )));
+            }
+            return Err(lock_error(err));
         }
-        return Err(DaemonError::Lock { path, source: err });
+        // The daemon before us may have removed the file between our open and our flock:
+        // our lock is then on a file nobody else will ever look at. Start over.
+        let ours = file.metadata().map_err(lock_error)?;
+        match std::fs::symlink_metadata(&path) {
+            Ok(named) if named.ino() == ours.ino() && named.dev() == ours.dev() => {}
+            _ => continue,
+        }
+        let _ = file.set_len(0);
+        let _ = file.rewind();
+        let _ = writeln!(file, "{}", std::process::id());
+        let _ = file.sync_all();
+        return Ok(VaultLock { file, path });
     }
-    let _ = file.set_len(0);
-    let _ = file.rewind();
-    let _ = writeln!(file, "{}", std::process::id());
-    let _ = file.sync_all();
-    Ok(VaultLock { _file: file })
+    Err(lock_error(std::io::Error::other(
+        "the lock file keeps being replaced",
+    )))
 }
 
 /// The PID of the daemon holding the vault lock, if one is running.
@@ -202,6 +248,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     let vault = Vault::new(config.vault.clone(), config.folders.clone());
+    // Before `prepare`, which would create missing folders through a symlink.
+    vault.refuse_symlinked_folders()?;
     vault.prepare()?;
     let _lock = lock_vault(vault.root())?;
     let journal = Arc::new(Journal::open(&config.state_dir)?);
@@ -217,6 +265,9 @@ pub async fn run(
         stopping: AtomicBool::new(false),
         looked_at: std::sync::atomic::AtomicUsize::new(0),
         reported: Mutex::new(HashSet::new()),
+        active: Mutex::new(HashMap::new()),
+        settling: Mutex::new(HashSet::new()),
+        mode,
     });
     daemon.supervise(mode, shutdown).await
 }
@@ -360,13 +411,12 @@ impl Daemon {
     fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {
         match hint {
             Hint::Ready(path) => self.dispatch(path, tasks),
-            Hint::Changed(path) => {
+            Hint::Closed(path) | Hint::Changed(path) => {
+                if self.vault.locate(&path).is_none() {
+                    return;
+                }
                 let me = self.clone();
-                tasks.spawn(async move {
-                    if wait_until_settled(&path).await {
-                        me.spawn_note(path).await;
-                    }
-                });
+                tasks.spawn(async move { me.settle_then_look(path).await });
             }
             Hint::NewFolder(dir) => {
                 // Files created with the folder may have no events of their own (notify #727).
@@ -394,6 +444,88 @@ impl Daemon {
         }
         let me = self.clone();
         tasks.spawn(async move { me.note_task(path).await });
+    }
+
+    /// DESIGN §9.1: a note written in place is looked at once no process has it open for
+    /// writing and it stayed unchanged for `settle`. A note that keeps changing is waited for
+    /// (logged once), never failed or claimed meanwhile. One wait per path.
+    async fn settle_then_look(self: Arc<Self>, path: PathBuf) {
+        if !self
+            .settling
+            .lock()
+            .expect("settling lock poisoned")
+            .insert(path.clone())
+        {
+            return;
+        }
+        let settle = self.config.settle;
+        let began = std::time::Instant::now();
+        let mut logged = false;
+        let settled = loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                break false;
+            }
+            let Some(age) = modified_age(&path) else {
+                break false; // gone
+            };
+            let busy = note::write::writer_busy(&path).unwrap_or(false);
+            if !busy && age >= settle {
+                break true;
+            }
+            if !logged && began.elapsed() >= self.config.settle_max {
+                logged = true;
+                tracing::warn!(
+                    note = %self.vault.relative(&path),
+                    "note keeps changing (or stays open for writing); waiting until its writer is done"
+                );
+            }
+            let wait = if busy {
+                Duration::from_millis(100)
+            } else {
+                settle.saturating_sub(age)
+            };
+            tokio::time::sleep(wait.max(Duration::from_millis(20))).await;
+        };
+        self.settling
+            .lock()
+            .expect("settling lock poisoned")
+            .remove(&path);
+        if settled {
+            self.spawn_note(path).await;
+        }
+    }
+
+    /// Whether `path` must wait before it is judged (DESIGN §9.1): a writer has it open, or
+    /// its last call block is unfinished and its last change younger than `settle_max`. Then
+    /// a wait is started (a settle, or a look again when `settle_max` has passed).
+    fn still_being_written(self: &Arc<Self>, path: &Path, text: &str, parsed: &ParsedNote) -> bool {
+        if note::write::writer_busy(path).unwrap_or(false) {
+            let me = self.clone();
+            let p = path.to_path_buf();
+            tokio::spawn(async move { me.settle_then_look(p).await });
+            return true;
+        }
+        if self.mode == Mode::Once || !unfinished_tail(text, parsed) {
+            return false;
+        }
+        let Some(age) = modified_age(path) else {
+            return true; // gone
+        };
+        let max = self.config.settle_max;
+        if age >= max {
+            return false;
+        }
+        tracing::info!(
+            note = %self.vault.relative(path),
+            "the last call block is unfinished; waiting up to settle_max for its writer"
+        );
+        let me = self.clone();
+        let p = path.to_path_buf();
+        tokio::spawn(async move {
+            tokio::time::sleep(max - age + Duration::from_millis(50)).await;
+            me.spawn_note(p).await;
+        });
+        true
     }
 
     async fn spawn_note(self: Arc<Self>, path: PathBuf) {
@@ -554,19 +686,54 @@ impl Daemon {
 
     /// Claims a note (rename into In_Progress) if it has pending calls, then runs it.
     async fn claim_and_run(self: &Arc<Self>, path: &Path, pass: Pass) -> Result<(), DaemonError> {
-        let Some(text) = self.read_note(path) else {
-            return Ok(());
-        };
-        let parsed = parse_note(&text);
-        if parsed.pending_calls().next().is_none() || self.stopping.load(Ordering::SeqCst) {
-            return Ok(()); // waiting for the agent, not for us: left exactly as it is
+        loop {
+            let Some(text) = self.read_note(path) else {
+                return Ok(());
+            };
+            let parsed = parse_note(&text);
+            if parsed.pending_calls().next().is_none() || self.stopping.load(Ordering::SeqCst) {
+                return Ok(()); // waiting for the agent, not for us: left exactly as it is
+            }
+            if self.still_being_written(path, &text, &parsed) {
+                return Ok(());
+            }
+            if pass == Pass::Approved
+                && self.approval_via_cli()
+                && !self.cli_approved_any(&parsed).await?
+            {
+                return Ok(()); // moved into Approved/ by hand: only `vaultd approve` counts
+            }
+            let mut ident = self.identify(path, &text).await?;
+            // A note whose calls still run here (it was moved back by hand mid-run, or is an
+            // editor's copy of a note being claimed) waits for them: their outcomes are then
+            // in the journal and are written, not run again (§9.3, §9.6).
+            let copy_of = ident
+                .stale
+                .as_ref()
+                .filter(|s| s.within_grace)
+                .map(|s| s.of.note_id.clone());
+            if let Some(busy) = copy_of.filter(|id| self.is_active(id)) {
+                self.wait_inactive(&busy).await;
+                continue;
+            }
+            if !self.activate(&ident.note_id) {
+                self.wait_inactive(&ident.note_id).await;
+                continue;
+            }
+            let note_id = ident.note_id.clone();
+            let outcome = self.claim_identified(path, &text, pass, &mut ident).await;
+            self.deactivate(&note_id);
+            return outcome;
         }
-        if pass == Pass::Approved
-            && self.approval_via_cli()
-            && !self.cli_approved_any(&parsed).await?
-        {
-            return Ok(()); // moved into Approved/ by hand: only `vaultd approve` counts
-        }
+    }
+
+    async fn claim_identified(
+        self: &Arc<Self>,
+        path: &Path,
+        text: &str,
+        pass: Pass,
+        ident: &mut Identity,
+    ) -> Result<(), DaemonError> {
         let claimed = match self.vault.move_to(path, State::InProgress) {
             Ok(p) => p,
             Err(VaultError::Move { source, .. })
@@ -583,7 +750,11 @@ impl Daemon {
         };
         // Marked before the run is recorded, so a rescan never resumes it as stranded.
         self.mark_inflight(&claimed);
-        let outcome = self.begin_and_execute(&claimed, pass).await;
+        let from = self.vault.relative(path);
+        let has_id = note::frontmatter_property(text, "tool_note") == Some(ident.note_id.as_str());
+        let outcome = self
+            .begin_and_execute(&claimed, &from, pass, has_id, ident)
+            .await;
         self.inflight
             .lock()
             .expect("inflight lock poisoned")
@@ -594,12 +765,163 @@ impl Daemon {
     async fn begin_and_execute(
         self: &Arc<Self>,
         claimed: &Path,
+        from: &str,
         pass: Pass,
+        has_id: bool,
+        ident: &mut Identity,
     ) -> Result<(), DaemonError> {
         let note = self.vault.relative(claimed);
-        let run = self.blocking(move |j| j.begin_run(&note)).await?;
-        tracing::debug!(note = %self.vault.relative(claimed), "claimed");
-        self.execute(run, claimed, pass, HashMap::new()).await
+        let (id, from) = (ident.note_id.clone(), from.to_string());
+        let run = self
+            .blocking(move |j| j.begin_note_run(&note, Some(&id), Some(&from)))
+            .await?;
+        tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
+        if !has_id && !self.write_identity(run, claimed, &ident.note_id).await? {
+            return Ok(());
+        }
+        self.execute(run, claimed, pass, std::mem::take(ident))
+            .await
+    }
+
+    /// Adds `tool_note` to a claimed note (DESIGN §9.2). False when the note is gone (the run
+    /// is then abandoned). Any other failure is logged: the results write adds it later.
+    async fn write_identity(
+        &self,
+        run: RunId,
+        path: &Path,
+        note_id: &str,
+    ) -> Result<bool, DaemonError> {
+        let (p, id) = (path.to_path_buf(), note_id.to_string());
+        let written = tokio::task::spawn_blocking(move || {
+            note::update_note(&p, |current| note::set_note_id(current, &id))
+        })
+        .await
+        .expect("write task does not panic");
+        match written {
+            Ok(_) => Ok(true),
+            Err(note::WriteError::Gone(_)) => {
+                self.abandon(run, path).await?;
+                Ok(false)
+            }
+            Err(e) => {
+                tracing::warn!(note = %self.vault.relative(path), "cannot add tool_note yet: {e}");
+                Ok(true)
+            }
+        }
+    }
+
+    /// Decides a note's identity at its claim: the `tool_note` it carries unless another note
+    /// in the vault carries it too (a copy gets a new id), else a new one; a note without one
+    /// at a path a note was claimed from within `stale_copy_window` is a stale copy (§9.6).
+    async fn identify(&self, path: &Path, text: &str) -> Result<Identity, DaemonError> {
+        let rel = self.vault.relative(path);
+        if let Some(id) =
+            note::frontmatter_property(text, "tool_note").filter(|id| valid_note_id(id))
+        {
+            let id = id.to_string();
+            let q = id.clone();
+            let last = self.blocking(move |j| j.note_path(&q)).await?;
+            let copy = last.is_some_and(|p| {
+                p != rel
+                    && std::fs::read_to_string(self.vault.root().join(&p))
+                        .is_ok_and(|t| note::frontmatter_property(&t, "tool_note") == Some(&id))
+            });
+            if !copy {
+                let q = id.clone();
+                let prior = self.blocking(move |j| j.note_calls(&q)).await?;
+                return Ok(Identity {
+                    note_id: id,
+                    prior: by_call_id(prior),
+                    ..Identity::default()
+                });
+            }
+            tracing::info!(note = %rel, copy_of = %id, "a copy of another note: it gets its own tool_note");
+        }
+        let mut ident = Identity {
+            note_id: new_note_id(),
+            ..Identity::default()
+        };
+        let q = rel.clone();
+        let Some(claim) = self.blocking(move |j| j.last_claim_from(&q)).await? else {
+            return Ok(ident);
+        };
+        let age = SystemTime::now()
+            .duration_since(claim.claimed_at)
+            .unwrap_or_default();
+        if age > self.config.stale_copy_window {
+            return Ok(ident);
+        }
+        let q = claim.note_id.clone();
+        let prior = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+        let parsed = parse_note(text);
+        if !parsed.pending_calls().any(|c| {
+            prior
+                .get(&c.call_id)
+                .is_some_and(|r| r.started_at.is_some() || r.recorded.is_some())
+        }) {
+            return Ok(ident); // shares no started call with that note: a note of its own
+        }
+        let within_grace = age <= self.config.stale_copy_grace;
+        tracing::warn!(
+            note = %rel,
+            copy_of = %claim.note,
+            within_grace,
+            "a note without tool_note where {} was claimed from: a stale copy; its calls that already ran are not run again",
+            claim.note
+        );
+        ident.prior = prior;
+        ident.stale = Some(StaleCopy {
+            of: claim,
+            within_grace,
+        });
+        Ok(ident)
+    }
+
+    fn is_active(&self, note_id: &str) -> bool {
+        self.active
+            .lock()
+            .expect("active lock poisoned")
+            .contains_key(note_id)
+    }
+
+    /// Marks `note_id` as having a run here; false when it already has one.
+    fn activate(&self, note_id: &str) -> bool {
+        let mut active = self.active.lock().expect("active lock poisoned");
+        if active.contains_key(note_id) {
+            return false;
+        }
+        active.insert(note_id.to_string(), Arc::new(tokio::sync::Notify::new()));
+        true
+    }
+
+    fn deactivate(&self, note_id: &str) {
+        if let Some(n) = self
+            .active
+            .lock()
+            .expect("active lock poisoned")
+            .remove(note_id)
+        {
+            n.notify_waiters();
+        }
+    }
+
+    /// Waits until `note_id` has no run here.
+    async fn wait_inactive(&self, note_id: &str) {
+        tracing::info!(
+            note_id,
+            "the note's calls are still running: waiting for them"
+        );
+        loop {
+            let notify = self
+                .active
+                .lock()
+                .expect("active lock poisoned")
+                .get(note_id)
+                .cloned();
+            let Some(notify) = notify else { return };
+            // Re-checked every so often: a wake-up between the check and the wait is not lost.
+            let _ = tokio::time::timeout(Duration::from_millis(200), notify.notified()).await;
+        }
     }
 
     /// Runs the pending calls of a claimed note, writes the results, moves the note on.
@@ -608,8 +930,9 @@ impl Daemon {
         run: RunId,
         path: &Path,
         pass: Pass,
-        prior: HashMap<String, CallProgress>,
+        ident: Identity,
     ) -> Result<(), DaemonError> {
+        let prior = &ident.prior;
         let read = {
             let path = path.to_path_buf();
             tokio::task::spawn_blocking(move || note::read_settled(&path))
@@ -632,7 +955,13 @@ impl Daemon {
                         ),
                     );
                     return self
-                        .finish_run(run, path, State::Failed, Vec::new())
+                        .finish_run(
+                            run,
+                            path,
+                            State::Failed,
+                            Vec::new(),
+                            "the note is not UTF-8",
+                        )
                         .await
                         .map(|_| ());
                 }
@@ -652,7 +981,9 @@ impl Daemon {
         let max = self.config.max_calls_per_note;
 
         enum Step {
+            /// A result to write; `recorded` when the journal already holds it.
             Done(CallResult),
+            Recorded(CallResult),
             Run {
                 call_id: String,
                 name: String,
@@ -662,9 +993,16 @@ impl Daemon {
             StillHeld,
         }
         let mut steps = Vec::new();
+        let mut left_pending = 0usize;
         for (i, call) in parsed.pending_calls().enumerate() {
             let call_id = call.call_id.clone();
             let shown_name = call.name.clone().unwrap_or_else(|| "tool_call".to_string());
+            if i >= 2 * max {
+                // §9.8: past twice the cap, calls stay pending (no result block each), so a
+                // note of 10,000 calls does not grow by 9,990 QUOTA_EXCEEDED blocks.
+                left_pending += 1;
+                continue;
+            }
             if i >= max {
                 steps.push(Step::Done(CallResult::failed_now(
                     &call_id,
@@ -689,26 +1027,52 @@ impl Daemon {
                 }
                 CallBody::Call { name, parameters } => (name, parameters),
             };
-            let effect = registry.get(name).map(|t| t.spec().effect);
-            match (prior.get(&call_id), pass) {
-                (Some(CallProgress::Finished(result)), _) => {
-                    steps.push(Step::Done(result.clone()));
-                    continue;
+            // §9.3: what the journal recorded for this call of this note decides, by the
+            // effect recorded at its start, never by what the registry says now.
+            let record = prior.get(&call_id);
+            let same_note = ident.stale.is_none();
+            let within_grace = ident.stale.as_ref().is_some_and(|s| s.within_grace);
+            let mut stale_reason = None;
+            match record {
+                Some(r) if same_note || within_grace => match (&r.progress, &r.recorded) {
+                    (CallProgress::Finished(result), _) => {
+                        steps.push(Step::Recorded(result.clone()));
+                        continue;
+                    }
+                    // Written once and since deleted from the note: run again (§2), unless
+                    // this is a stale copy, which gets what the note it copies got.
+                    (CallProgress::Written, Some(result)) if !same_note => {
+                        steps.push(Step::Recorded(result.clone()));
+                        continue;
+                    }
+                    (CallProgress::Started, _) if !r.effect.safe_to_repeat() => {
+                        steps.push(Step::Done(unknown_outcome(&call_id, name)));
+                        continue;
+                    }
+                    _ => {}
+                },
+                Some(r) if r.started_at.is_some() && !r.effect.safe_to_repeat() => {
+                    // A stale copy past the grace: held, saying when and where it ran.
+                    let when = r
+                        .started_at
+                        .map(crate::call::rfc3339_seconds)
+                        .unwrap_or_default();
+                    stale_reason = Some(format!(
+                        "this call already ran at {when} from {} (this note looks like an old copy of it)",
+                        r.note
+                    ));
                 }
-                (Some(_), _) | (None, Pass::Recover { known: false })
-                    if effect.is_some_and(|e| !e.safe_to_repeat()) =>
+                Some(_) => {}
+                None if pass == (Pass::Recover { known: false })
+                    && registry
+                        .get(name)
+                        .is_some_and(|t| !t.spec().effect.safe_to_repeat()) =>
                 {
-                    steps.push(Step::Done(CallResult::failed_now(
-                        &call_id,
-                        name,
-                        CallError::new(
-                            ErrorCode::UnknownOutcome,
-                            "vaultd stopped while this call was running and its outcome was not recorded; it is not sent again. Check whether it arrived; write the call again to send it once more",
-                        ),
-                    )));
+                    // §8.15: the journal knows nothing of the note; it may have run.
+                    steps.push(Step::Done(unknown_outcome(&call_id, name)));
                     continue;
                 }
-                _ => {}
+                None => {}
             }
             let tool = match registry.resolve(name, parameters) {
                 Ok(t) => t,
@@ -717,7 +1081,11 @@ impl Daemon {
                     continue;
                 }
             };
-            match tool.admit(parameters) {
+            let admission = match stale_reason {
+                Some(reason) => Admission::Hold { reason },
+                None => tool.admit(parameters),
+            };
+            match admission {
                 Admission::Run => steps.push(Step::Run {
                     call_id,
                     name: name.clone(),
@@ -751,6 +1119,17 @@ impl Daemon {
             }
         }
 
+        if left_pending > 0 {
+            let message = format!(
+                "{left_pending} more pending calls left for a later round (at most {max} run and {max} get QUOTA_EXCEEDED per claim, max_calls_per_note)"
+            );
+            tracing::warn!(note = %self.vault.relative(path), "{message}");
+            let rel = self.vault.relative(path);
+            let _ = self
+                .blocking(move |j| j.record_problem(&rel, &message))
+                .await;
+        }
+
         // Run what may run, concurrently; results stay in call order.
         let mut handles = Vec::with_capacity(steps.len());
         for step in &steps {
@@ -764,9 +1143,10 @@ impl Daemon {
                 let (call_id, name, parameters) =
                     (call_id.clone(), name.clone(), parameters.clone());
                 let note = self.vault.relative(path);
+                let note_id = ident.note_id.clone();
                 handles.push(Some(tokio::spawn(async move {
                     me.runner
-                        .run_call(run, &note, &call_id, &name, &parameters)
+                        .run_call(run, &note, &note_id, &call_id, &name, &parameters)
                         .await
                 })));
             } else {
@@ -776,6 +1156,7 @@ impl Daemon {
         let mut results: Vec<CallResult> = Vec::new();
         let mut held: Vec<HeldCall> = Vec::new();
         let mut waiting = false;
+        let mut foreign: HashSet<String> = HashSet::new();
         // Results of calls that never ran, journaled together in one commit below.
         let mut unrecorded: Vec<CallResult> = Vec::new();
         for (step, handle) in steps.into_iter().zip(handles) {
@@ -786,8 +1167,13 @@ impl Daemon {
                 },
                 (Step::Done(r), None) => {
                     let r = self.redact_result(r);
-                    if !matches!(prior.get(&r.call_id), Some(CallProgress::Finished(_))) {
-                        unrecorded.push(r.clone());
+                    unrecorded.push(r.clone());
+                    results.push(r)
+                }
+                (Step::Recorded(r), None) => {
+                    if ident.stale.is_some() {
+                        // Recorded for the note this copies, not for this one.
+                        foreign.insert(r.call_id.clone());
                     }
                     results.push(r)
                 }
@@ -810,7 +1196,7 @@ impl Daemon {
         let failed_before_crash = parsed
             .results
             .iter()
-            .any(|r| !r.ok && prior.contains_key(&r.call_id));
+            .any(|r| !r.ok && ident.this_run.contains(&r.call_id));
         let next = if waiting {
             State::PendingApproval
         } else if failed_before_crash || results.iter().any(|r| !r.is_ok()) {
@@ -818,9 +1204,15 @@ impl Daemon {
         } else {
             State::Done
         };
-        match self.write_back(path, results, held, next).await? {
-            WriteBack::Written(ids) => {
-                if let Err(e) = self.finish_run(run, path, next, ids).await {
+        let reason = outcome_reason(&results, &held, waiting);
+        let results = self.fit_results(path, &text, &ident.note_id, results);
+        match self
+            .write_back(path, &ident.note_id, results, held, next)
+            .await?
+        {
+            WriteBack::Written(mut ids) => {
+                ids.retain(|id| !foreign.contains(id));
+                if let Err(e) = self.finish_run(run, path, next, ids, &reason).await {
                     // A read-only destination, say: the results are in the note; the run stays
                     // open and the move is retried at the next scan.
                     let rel = self.vault.relative(path);
@@ -837,6 +1229,68 @@ impl Daemon {
             WriteBack::Failed => {}
         }
         Ok(())
+    }
+
+    /// DESIGN §9.8: vaultd's additions never push a note past `max_note_bytes`. The biggest
+    /// results' data go, whole, to `Tool_Results/<note id>/<call id>.md` (the §10.6 shape)
+    /// until the note fits; the callout keeps a preview and a link.
+    fn fit_results(
+        &self,
+        path: &Path,
+        text: &str,
+        note_id: &str,
+        mut results: Vec<CallResult>,
+    ) -> Vec<CallResult> {
+        let limit = usize::try_from(self.config.max_note_bytes).unwrap_or(usize::MAX);
+        // Callout framing, meta and frontmatter: generously 1 KiB per result.
+        let size = |r: &CallResult| {
+            1024 + match &r.outcome {
+                Ok(out) => out.data.to_string().len() * 2 + out.summary.len(),
+                Err(e) => {
+                    e.message.len() * 2 + e.details.as_ref().map_or(0, |d| d.to_string().len() * 2)
+                }
+            }
+        };
+        let mut total = text.len() + results.iter().map(size).sum::<usize>();
+        if total <= limit {
+            return results;
+        }
+        let mut order: Vec<usize> = (0..results.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(size(&results[i])));
+        for i in order {
+            if total <= limit {
+                break;
+            }
+            let r = &mut results[i];
+            let Ok(out) = &mut r.outcome else { continue };
+            let full = serde_json::to_string_pretty(&out.data).unwrap_or_default();
+            let rel = format!("Tool_Results/{note_id}/{}.md", r.call_id);
+            let file = self.vault.root().join(&rel);
+            let saved = file
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(&file, format!("```json\n{full}\n```\n")));
+            if let Err(e) = saved {
+                tracing::error!(note = %self.vault.relative(path), "cannot save a large result to {rel}: {e}");
+                continue;
+            }
+            let before = size(r);
+            let mut cut = full.len().min(500);
+            while !full.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let link = rel.trim_end_matches(".md").to_string();
+            if let Ok(out) = &mut r.outcome {
+                out.data = serde_json::json!({
+                    "truncated": true,
+                    "bytes": full.len(),
+                    "full": format!("[[{link}]]"),
+                    "preview": &full[..cut],
+                });
+            }
+            total = total - before + size(r);
+        }
+        results
     }
 
     /// What becomes of a call the policy holds (DESIGN §4). A question the note shows binds
@@ -930,9 +1384,12 @@ impl Daemon {
 
     /// Appends the results and notices into the note (atomically, keeping any edit made
     /// meanwhile). Returns the ids written, for `finish_run` to record.
+    /// A note at `path` that carries another `tool_note` than `note_id` is another note (this
+    /// one was moved away and another claimed to the same path): nothing is written, `Gone`.
     async fn write_back(
         &self,
         path: &Path,
+        note_id: &str,
         results: Vec<CallResult>,
         held: Vec<HeldCall>,
         next: State,
@@ -940,8 +1397,17 @@ impl Daemon {
         let path_buf = path.to_path_buf();
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
         let now = SystemTime::now();
+        let note_id = note_id.to_string();
         let written = tokio::task::spawn_blocking(move || {
-            note::update_note(&path_buf, |current| {
+            let other_note = std::cell::Cell::new(false);
+            let written = note::update_note(&path_buf, |current| {
+                if note::frontmatter_property(current, "tool_note")
+                    .is_some_and(|id| !note_id.is_empty() && id != note_id)
+                {
+                    other_note.set(true);
+                    return current.to_string();
+                }
+                other_note.set(false);
                 let cur = parse_note(current);
                 let written: HashSet<&str> =
                     cur.results.iter().map(|r| r.call_id.as_str()).collect();
@@ -958,8 +1424,17 @@ impl Daemon {
                         blocks.push(Block::Held(h));
                     }
                 }
-                note::append_blocks(current, &blocks, next.as_str(), now)
-            })
+                let text = note::append_blocks(current, &blocks, next.as_str(), now);
+                if note::frontmatter_property(&text, "tool_note").is_none() && !note_id.is_empty() {
+                    note::set_note_id(&text, &note_id)
+                } else {
+                    text
+                }
+            });
+            if other_note.get() {
+                return Err(note::WriteError::Gone(path_buf));
+            }
+            written
         })
         .await
         .expect("write task does not panic");
@@ -989,6 +1464,7 @@ impl Daemon {
         path: &Path,
         next: State,
         written: Vec<String>,
+        reason: &str,
     ) -> Result<PathBuf, DaemonError> {
         let here = self.vault.locate(path).map(|(s, _)| s);
         let dest = if here == Some(next) || !path.exists() {
@@ -997,7 +1473,16 @@ impl Daemon {
             self.vault.move_to(path, next)?
         };
         let rel = self.vault.relative(&dest);
-        tracing::info!(note = %rel, state = next.as_str(), "note processed");
+        // One line per finished note, with its outcome and why (point 10 of issue 10).
+        match next {
+            State::Failed => {
+                tracing::warn!(note = %rel, state = next.as_str(), "note failed: {reason}")
+            }
+            State::PendingApproval => {
+                tracing::warn!(note = %rel, state = next.as_str(), "note held: {reason}")
+            }
+            _ => tracing::info!(note = %rel, state = next.as_str(), "note processed: {reason}"),
+        }
         self.blocking(move |j| {
             let ids: Vec<&str> = written.iter().map(String::as_str).collect();
             j.written_and_moved(run, &ids, &rel, true)
@@ -1028,10 +1513,12 @@ impl Daemon {
         let note = self.vault.relative(path);
         let run = self.blocking(move |j| j.begin_run(&note)).await?;
         if let WriteBack::Written(ids) = self
-            .write_back(path, rejected, Vec::new(), State::Rejected)
+            .write_back(path, "", rejected, Vec::new(), State::Rejected)
             .await?
         {
-            self.finish_run(run, path, State::Rejected, ids).await?;
+            let reason = format!("{} held call(s) rejected", ids.len());
+            self.finish_run(run, path, State::Rejected, ids, &reason)
+                .await?;
         } else {
             let reason = "results not written into the rejected note";
             self.blocking(move |j| j.abandon_run(run, reason)).await?;
@@ -1065,33 +1552,91 @@ impl Daemon {
             // new file may sit at the same path. Take the journal's word now.
             let note = r.note.clone();
             let current = self.blocking(move |j| j.run_for_note(&note)).await;
-            let r = match current {
-                Ok(Some(now)) if now.run_id == r.run_id => now,
-                _ => {
-                    self.inflight
-                        .lock()
-                        .expect("inflight lock poisoned")
-                        .remove(&path);
-                    continue;
+            match current {
+                Ok(Some(now)) if now.run_id == r.run_id => {
+                    tracing::info!(note = %r.note, "retrying a run whose note was not finished");
+                    if let Err(e) = self.recover_note(&path, Some(now)).await {
+                        tracing::error!(note = %r.note, "{e}");
+                    }
                 }
-            };
-            let prior = r
-                .calls
-                .into_iter()
-                .map(|c| (c.call_id, c.progress))
-                .collect();
-            tracing::info!(note = %r.note, "retrying a run whose note was not finished");
-            if let Err(e) = self
-                .execute(r.run_id, &path, Pass::Recover { known: true }, prior)
-                .await
-            {
-                tracing::error!(note = %r.note, "{e}");
+                _ => {}
             }
             self.inflight
                 .lock()
                 .expect("inflight lock poisoned")
                 .remove(&path);
         }
+    }
+
+    /// Finishes a note found in In_Progress (DESIGN §5, §8.15, §9.3): continues its open run
+    /// `open` if the journal has one at this path, else starts one. Its identity is the
+    /// `tool_note` it carries, else the run's, else a new one (written into it).
+    async fn recover_note(
+        self: &Arc<Self>,
+        path: &Path,
+        open: Option<crate::journal::OpenRun>,
+    ) -> Result<(), DaemonError> {
+        let rel = self.vault.relative(path);
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let carried = note::frontmatter_property(&text, "tool_note")
+            .filter(|id| valid_note_id(id))
+            .map(str::to_string);
+        let note_id = carried
+            .clone()
+            .or_else(|| open.as_ref().and_then(|r| r.note_id.clone()))
+            .unwrap_or_else(new_note_id);
+        if !self.activate(&note_id) {
+            // Its own task runs it right now.
+            return Ok(());
+        }
+        let outcome = async {
+            let q = note_id.clone();
+            let prior = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+            let (run, known, this_run) = match open {
+                Some(r) => {
+                    if r.note_id.is_none() {
+                        // A run from a version 1 journal: keyed by note id from now on.
+                        let id = note_id.clone();
+                        self.blocking(move |j| j.adopt_run(r.run_id, &id)).await?;
+                    }
+                    tracing::info!(note = %rel, "recovering an interrupted run");
+                    let this_run = r.calls.iter().map(|c| c.call_id.clone()).collect();
+                    (r.run_id, true, this_run)
+                }
+                None => {
+                    let known = !prior.is_empty();
+                    if !known {
+                        tracing::warn!(note = %rel, "note in In_Progress unknown to the journal: treating it as interrupted");
+                    }
+                    let (note, id) = (rel.clone(), note_id.clone());
+                    let run = self
+                        .blocking(move |j| j.begin_note_run(&note, Some(&id), None))
+                        .await?;
+                    (run, known, HashSet::new())
+                }
+            };
+            // Runs recorded by a version 1 journal have their calls under the run only.
+            let mut prior = prior;
+            if prior.is_empty() {
+                let note = rel.clone();
+                if let Some(r) = self.blocking(move |j| j.run_for_note(&note)).await? {
+                    prior = by_call_id(r.calls);
+                }
+            }
+            if carried.is_none() && !self.write_identity(run, path, &note_id).await? {
+                return Ok(());
+            }
+            let ident = Identity {
+                note_id: note_id.clone(),
+                prior,
+                this_run,
+                stale: None,
+            };
+            self.execute(run, path, Pass::Recover { known }, ident).await
+        }
+        .await;
+        self.deactivate(&note_id);
+        outcome
     }
 
     /// Start-up: finishes every note left in In_Progress from the journal (DESIGN §5, §8.15).
@@ -1116,36 +1661,18 @@ impl Daemon {
             let me = self.clone();
             tasks.spawn(async move {
                 let _slot = me.note_slots.acquire().await;
-                let outcome = match known {
-                    Some(r) => {
-                        let prior = r
-                            .calls
-                            .into_iter()
-                            .map(|c| (c.call_id, c.progress))
-                            .collect();
-                        tracing::info!(note = %rel, "recovering an interrupted run");
-                        me.execute(r.run_id, &path, Pass::Recover { known: true }, prior)
-                            .await
-                    }
-                    None => {
-                        tracing::warn!(note = %rel, "note in In_Progress unknown to the journal: treating it as interrupted");
-                        let note = rel.clone();
-                        match me.blocking(move |j| j.begin_run(&note)).await {
-                            Ok(run) => {
-                                me.execute(run, &path, Pass::Recover { known: false }, HashMap::new())
-                                    .await
-                            }
-                            Err(e) => Err(e),
-                        }
-                    }
-                };
-                if let Err(e) = outcome {
+                if let Err(e) = me.recover_note(&path, known).await {
                     tracing::error!(note = %rel, "recovery failed: {e}");
                 }
-                me.inflight.lock().expect("inflight lock poisoned").remove(&path);
+                me.inflight
+                    .lock()
+                    .expect("inflight lock poisoned")
+                    .remove(&path);
             });
         }
-        // Runs whose note is no longer in In_Progress were moved before the journal heard of it.
+        // Runs whose note is no longer in In_Progress were moved before the journal heard of
+        // it (or by hand while the daemon was down): closed; their calls stay recorded under
+        // the note's id, so the note is not run twice wherever it comes back (§9.3).
         for r in open.into_iter().filter(|r| !seen.contains(&r.run_id)) {
             let note = r.note.clone();
             self.blocking(move |j| j.note_moved(r.run_id, &note, true))
@@ -1168,6 +1695,88 @@ impl Daemon {
     }
 }
 
+/// `n-` + 12 random hex digits (DESIGN §9.2).
+fn new_note_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's randomness once per process, then stepped; mixed
+    // with the time and a counter, two ids never repeat within or across processes.
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    format!("n-{:012x}", h.finish() & 0xffff_ffff_ffff)
+}
+
+/// What vaultd writes as `tool_note`: `n-` and 1–64 of `[A-Za-z0-9_-]` (a person may pick one).
+fn valid_note_id(id: &str) -> bool {
+    id.strip_prefix("n-").is_some_and(|rest| {
+        !rest.is_empty()
+            && rest.len() <= 64
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
+}
+
+fn by_call_id(calls: Vec<JournalCall>) -> HashMap<String, JournalCall> {
+    calls.into_iter().map(|c| (c.call_id.clone(), c)).collect()
+}
+
+fn unknown_outcome(call_id: &str, name: &str) -> CallResult {
+    CallResult::failed_now(
+        call_id,
+        name,
+        CallError::new(
+            ErrorCode::UnknownOutcome,
+            "vaultd stopped (or the note was moved) while this call was running and its outcome was not recorded; it is not sent again. Check whether it arrived; write the call again to send it once more",
+        ),
+    )
+}
+
+/// Why a note ends where it ends, for its one log line.
+fn outcome_reason(results: &[CallResult], held: &[HeldCall], waiting: bool) -> String {
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| {
+            r.outcome.as_ref().err().map(|e| {
+                format!(
+                    "{} {} {}: {}",
+                    r.call_id,
+                    r.name,
+                    e.code.as_str(),
+                    e.message
+                )
+            })
+        })
+        .collect();
+    if waiting {
+        let mut parts: Vec<String> = held
+            .iter()
+            .map(|h| format!("{} {}: {}", h.call_id, h.name, h.reason))
+            .collect();
+        if parts.is_empty() {
+            parts.push("waiting for a decision on its held calls".to_string());
+        }
+        return parts.join("; ");
+    }
+    if failed.is_empty() {
+        format!("{} result(s), all ok", results.len())
+    } else {
+        format!(
+            "{} of {} failed: {}",
+            failed.len(),
+            results.len(),
+            failed.join("; ")
+        )
+    }
+}
+
 /// Size and mtime of a file, for de-duplicating problem reports.
 fn stamp(path: &Path) -> (u64, SystemTime) {
     std::fs::symlink_metadata(path)
@@ -1175,25 +1784,30 @@ fn stamp(path: &Path) -> (u64, SystemTime) {
         .unwrap_or((0, SystemTime::UNIX_EPOCH))
 }
 
-/// Waits until a file has stopped changing (same size and mtime over one settle period).
-/// False when it disappeared.
-async fn wait_until_settled(path: &Path) -> bool {
-    let stamp = |p: &Path| {
-        std::fs::symlink_metadata(p)
+/// How long ago a file was last modified (zero for a clock stepped back); None when gone.
+fn modified_age(path: &Path) -> Option<Duration> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    Some(
+        meta.modified()
             .ok()
-            .map(|m| (m.len(), m.modified().ok()))
+            .and_then(|m| m.elapsed().ok())
+            .unwrap_or_default(),
+    )
+}
+
+/// DESIGN §9.1: the note's last call block is unfinished — a fence not closed, or a block
+/// with `"tool_call"` that does not parse — with nothing but blank space after it.
+fn unfinished_tail(text: &str, parsed: &ParsedNote) -> bool {
+    let Some(last) = parsed.calls.last() else {
+        return false;
     };
-    let mut last = stamp(path);
-    for _ in 0..200 {
-        tokio::time::sleep(SETTLE).await;
-        let now = stamp(path);
-        if now.is_none() {
-            return false;
-        }
-        if now == last {
-            return true;
-        }
-        last = now;
-    }
-    true
+    let CallBody::Broken(e) = &last.body else {
+        return false;
+    };
+    let broken = e.code == ErrorCode::InvalidJson
+        || (e.code == ErrorCode::InvalidCall && e.message.contains("fence not closed"));
+    broken
+        && text
+            .get(last.span.end..)
+            .is_none_or(|rest| rest.trim().is_empty())
 }

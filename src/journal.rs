@@ -9,9 +9,14 @@
 //! file while the daemon runs: WAL lets it read while the daemon writes, and the 5 s busy
 //! timeout plus `BEGIN IMMEDIATE` for every write serialise two writers instead of failing.
 //!
-//! # Tables (schema version 1, kept in `PRAGMA user_version`)
+//! # Tables (schema version 2, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
-//!   `note` is the note's *current* path, so recovery finds it where it now is.
+//!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
+//!   the note's identity (its `tool_note` property, DESIGN §9.2) and `claimed_from` the path it
+//!   was claimed from (the stale-copy rule, §9.6). Version 1 journals get both columns, empty,
+//!   in place; a run without a note id is given one when its note is next seen.
+//!   Calls are keyed by (note id, call id) through their run: what a note's call did is known
+//!   whatever path the note has now.
 //! - `calls`: one row per start (or per outcome recorded without a start: validation, policy,
 //!   quota, rate limit). Rate limits count rows with a `started_at_ms`. A call run again in the
 //!   same run (a `read_only` call after a crash) gets a new row; the newest row per call id is
@@ -60,10 +65,26 @@ pub enum CallProgress {
 pub struct JournalCall {
     pub call_id: String,
     pub tool: String,
-    /// A call whose outcome was recorded without it ever starting (validation, policy, quota,
-    /// rate limit) did nothing to the world and is reported as `ReadOnly`.
+    /// The effect recorded when the call started: recovery decides by it, never by what the
+    /// registry says now (§9.3). A call whose outcome was recorded without it ever starting
+    /// (validation, policy, quota, rate limit) did nothing to the world and is `ReadOnly`.
     pub effect: Effect,
     pub progress: CallProgress,
+    /// The recorded outcome, also once written (a stale copy of the note gets it, §9.6).
+    pub recorded: Option<CallResult>,
+    /// When its newest start was recorded, if it started.
+    pub started_at: Option<SystemTime>,
+    /// The current path of the note of the run it started in (for "already sent … from").
+    pub note: String,
+}
+
+/// The newest claim made from one path (DESIGN §9.6): which note it was and where it is now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    pub note_id: String,
+    pub claimed_at: SystemTime,
+    /// The vault-relative path the note has now (as far as the journal knows).
+    pub note: String,
 }
 
 /// A run whose note has not been moved out of In_Progress yet.
@@ -72,6 +93,8 @@ pub struct OpenRun {
     pub run_id: RunId,
     /// Vault-relative path of the note in In_Progress.
     pub note: String,
+    /// The note's identity; None for a run recorded by a version 1 journal.
+    pub note_id: Option<String>,
     pub calls: Vec<JournalCall>,
 }
 
@@ -216,6 +239,11 @@ const MIGRATIONS: &[&str] = &[
         consumed_at_ms INTEGER,
         PRIMARY KEY (call_id, params_hash)
     );",
+    // Version 2: note identity (DESIGN §9.2, §9.6).
+    "ALTER TABLE runs ADD COLUMN note_id TEXT;
+    ALTER TABLE runs ADD COLUMN claimed_from TEXT;
+    CREATE INDEX runs_by_note_id ON runs (note_id);
+    CREATE INDEX runs_by_claimed_from ON runs (claimed_from);",
 ];
 
 /// An error inside a transaction, before the journal's path is attached.
@@ -234,12 +262,25 @@ type Tx<'a> = Transaction<'a>;
 
 impl Journal {
     /// Opens (creating if needed) `state_dir/journal.sqlite` and brings its schema up to date.
+    ///
+    /// The journal holds what calls sent (email bodies): the state dir is created 0700 and the
+    /// database 0600 whatever the umask (§9.5); SQLite gives its `-wal`/`-shm` the mode of the
+    /// database. Files an older release left readable by others are narrowed.
     pub fn open(state_dir: &Path) -> Result<Journal, JournalError> {
-        std::fs::create_dir_all(state_dir).map_err(|e| JournalError::Other {
+        crate::private::create_dir(state_dir).map_err(|e| JournalError::Other {
             path: state_dir.to_path_buf(),
             message: format!("cannot create the state directory: {e}"),
         })?;
         let path = state_dir.join("journal.sqlite");
+        crate::private::touch_file(&path).map_err(|e| JournalError::Other {
+            path: path.clone(),
+            message: format!("cannot create the journal: {e}"),
+        })?;
+        for suffix in ["-wal", "-shm"] {
+            let mut side = path.clone().into_os_string();
+            side.push(suffix);
+            crate::private::narrow(Path::new(&side));
+        }
         let wrap = |f: Failure| attach(&path, f);
         let mut conn = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         configure(&mut conn).map_err(wrap)?;
@@ -260,6 +301,17 @@ impl Journal {
     /// recorded, as a crash between rename and record leaves it): it is closed as
     /// `superseded`, since one path holds one note.
     pub fn begin_run(&self, note: &str) -> Result<RunId, JournalError> {
+        self.begin_note_run(note, None, None)
+    }
+
+    /// [`begin_run`](Self::begin_run) of the note with identity `note_id`, claimed from the
+    /// vault-relative path `claimed_from` (None for a note found in In_Progress).
+    pub fn begin_note_run(
+        &self,
+        note: &str,
+        note_id: Option<&str>,
+        claimed_from: Option<&str>,
+    ) -> Result<RunId, JournalError> {
         self.write(|tx| {
             let now = now_ms();
             let stale = exec(
@@ -273,8 +325,9 @@ impl Journal {
             }
             exec(
                 tx,
-                "INSERT INTO runs (note, claimed_at_ms) VALUES (?1, ?2)",
-                params![note, now],
+                "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![note, now, note_id, claimed_from],
             )?;
             let run = tx.last_insert_rowid();
             event(tx, now, "claim", Some(run), note, &EventFields::default())?;
@@ -403,17 +456,19 @@ impl Journal {
     /// Every run not yet moved out of In_Progress, oldest first, with its calls in start order.
     pub fn open_runs(&self) -> Result<Vec<OpenRun>, JournalError> {
         self.read(|tx| {
-            let runs: Vec<(RunId, String)> = {
-                let mut stmt =
-                    tx.prepare("SELECT id, note FROM runs WHERE ended_at_ms IS NULL ORDER BY id")?;
-                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            let runs: Vec<(RunId, String, Option<String>)> = {
+                let mut stmt = tx.prepare(
+                    "SELECT id, note, note_id FROM runs WHERE ended_at_ms IS NULL ORDER BY id",
+                )?;
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
                     .collect::<Result<_, _>>()?
             };
             runs.into_iter()
-                .map(|(run_id, note)| {
+                .map(|(run_id, note, note_id)| {
                     Ok(OpenRun {
                         run_id,
                         note,
+                        note_id,
                         calls: run_calls(tx, run_id)?,
                     })
                 })
@@ -424,22 +479,98 @@ impl Journal {
     /// The open run whose note is now at `note`, if any.
     pub fn run_for_note(&self, note: &str) -> Result<Option<OpenRun>, JournalError> {
         self.read(|tx| {
-            let run: Option<RunId> = query_one(
+            let run: Option<(RunId, Option<String>)> = query_one(
                 tx,
-                "SELECT id FROM runs WHERE note = ?1 AND ended_at_ms IS NULL
+                "SELECT id, note_id FROM runs WHERE note = ?1 AND ended_at_ms IS NULL
                      ORDER BY id DESC LIMIT 1",
                 params![note],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
-            run.map(|run_id| {
+            run.map(|(run_id, note_id)| {
                 Ok(OpenRun {
                     run_id,
                     note: note.to_string(),
+                    note_id,
                     calls: run_calls(tx, run_id)?,
                 })
             })
             .transpose()
+        })
+    }
+
+    /// Gives a run recorded without a note id (a version 1 journal) the identity its note now
+    /// carries, so its calls are found by note id from now on.
+    pub fn adopt_run(&self, run: RunId, note_id: &str) -> Result<(), JournalError> {
+        self.write(|tx| {
+            exec(
+                tx,
+                "UPDATE runs SET note_id = ?1 WHERE id = ?2 AND note_id IS NULL",
+                params![note_id, run],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Every call the journal holds for the note `note_id`, across all its runs, each at the
+    /// progress of its newest row (DESIGN §9.3).
+    pub fn note_calls(&self, note_id: &str) -> Result<Vec<JournalCall>, JournalError> {
+        self.read(|tx| {
+            let mut stmt = tx.prepare_cached(
+                "SELECT c.call_id, c.tool, c.effect, c.result_json, c.written_at_ms,
+                        c.started_at_ms, r.note
+                 FROM calls c JOIN runs r ON r.id = c.run_id
+                 WHERE r.note_id = ?1 ORDER BY c.id",
+            )?;
+            let rows = stmt.query_map(params![note_id], call_row)?;
+            collect_calls(rows)
+        })
+    }
+
+    /// How many calls have started for the note `note_id`, across all its runs (the note
+    /// budget, DESIGN §12.2).
+    pub fn calls_started_for_note(&self, note_id: &str) -> Result<u64, JournalError> {
+        self.read(|tx| {
+            let n: i64 = query_one(
+                tx,
+                "SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id
+                 WHERE r.note_id = ?1 AND c.started_at_ms IS NOT NULL",
+                params![note_id],
+                |r| r.get(0),
+            )?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    /// The newest claim of a note with an identity from the vault-relative path `from`.
+    pub fn last_claim_from(&self, from: &str) -> Result<Option<Claim>, JournalError> {
+        self.read(|tx| {
+            let row: Option<(String, i64, String)> = query_one(
+                tx,
+                "SELECT note_id, claimed_at_ms, note FROM runs
+                 WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+                params![from],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+            Ok(row.map(|(note_id, at, note)| Claim {
+                note_id,
+                claimed_at: from_ms(at),
+                note,
+            }))
+        })
+    }
+
+    /// The path the note `note_id` had at its newest run's last recorded move or claim.
+    pub fn note_path(&self, note_id: &str) -> Result<Option<String>, JournalError> {
+        self.read(|tx| {
+            Ok(query_one(
+                tx,
+                "SELECT note FROM runs WHERE note_id = ?1 ORDER BY id DESC LIMIT 1",
+                params![note_id],
+                |r| r.get(0),
+            )
+            .optional()?)
         })
     }
 
@@ -844,18 +975,35 @@ fn record_outcome(tx: &Tx<'_>, run: RunId, result: &CallResult) -> Result<(), Fa
     event(tx, now_ms(), "call_end", Some(run), &note, &fields)
 }
 
-/// Marks the newest recorded outcome of each call as written into the note.
+/// Marks the newest recorded outcome of each call as written into the note: of the note
+/// (by its id, whichever run recorded it, §9.3), or of the run for a note without an id.
 fn mark_written(tx: &Tx<'_>, run: RunId, call_ids: &[&str]) -> Result<(), Failure> {
     let note = run_note(tx, run)?;
+    let note_id: Option<String> = query_one(
+        tx,
+        "SELECT note_id FROM runs WHERE id = ?1",
+        params![run],
+        |r| r.get(0),
+    )?;
     let now = now_ms();
     for call_id in call_ids {
-        let row: Option<(i64, String)> = query_one(
-            tx,
-            "SELECT id, tool FROM calls WHERE run_id = ?1 AND call_id = ?2
-                 AND result_json IS NOT NULL ORDER BY id DESC LIMIT 1",
-            params![run, call_id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+        let row: Option<(i64, String)> = match &note_id {
+            Some(id) => query_one(
+                tx,
+                "SELECT c.id, c.tool FROM calls c JOIN runs r ON r.id = c.run_id
+                 WHERE r.note_id = ?1 AND c.call_id = ?2 AND c.result_json IS NOT NULL
+                 ORDER BY c.id DESC LIMIT 1",
+                params![id, call_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            ),
+            None => query_one(
+                tx,
+                "SELECT id, tool FROM calls WHERE run_id = ?1 AND call_id = ?2
+                     AND result_json IS NOT NULL ORDER BY id DESC LIMIT 1",
+                params![run, call_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            ),
+        }
         .optional()?;
         let Some((id, tool)) = row else {
             tracing::warn!(
@@ -956,30 +1104,55 @@ fn insert_start(
 
 /// The calls of one run in order of first appearance, each at the progress of its newest row.
 fn run_calls(tx: &Tx<'_>, run: RunId) -> Result<Vec<JournalCall>, Failure> {
-    let mut stmt = tx.prepare(
-        "SELECT call_id, tool, effect, result_json, written_at_ms
-         FROM calls WHERE run_id = ?1 ORDER BY id",
+    let mut stmt = tx.prepare_cached(
+        "SELECT c.call_id, c.tool, c.effect, c.result_json, c.written_at_ms, c.started_at_ms,
+                r.note
+         FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.run_id = ?1 ORDER BY c.id",
     )?;
-    let rows = stmt.query_map(params![run], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, Option<String>>(2)?,
-            r.get::<_, Option<String>>(3)?,
-            r.get::<_, Option<i64>>(4)?,
-        ))
-    })?;
+    let rows = stmt.query_map(params![run], call_row)?;
+    collect_calls(rows)
+}
+
+type CallRow = (
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    String,
+);
+
+fn call_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CallRow> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+    ))
+}
+
+/// Calls in order of first appearance, each at the progress of its newest row.
+fn collect_calls(
+    rows: impl Iterator<Item = rusqlite::Result<CallRow>>,
+) -> Result<Vec<JournalCall>, Failure> {
     let mut calls: Vec<JournalCall> = Vec::new();
     for row in rows {
-        let (call_id, tool, effect, result, written) = row?;
+        let (call_id, tool, effect, result, written, started, note) = row?;
         let effect = match effect.as_deref() {
             None => Effect::ReadOnly,
             Some(text) => Effect::parse(text)
                 .ok_or_else(|| Failure::Other(format!("unknown effect {text:?}")))?,
         };
-        let progress = match (result, written) {
+        let recorded = result
+            .map(|json| decode_result(&call_id, &tool, &json))
+            .transpose()?;
+        let progress = match (&recorded, written) {
             (_, Some(_)) => CallProgress::Written,
-            (Some(json), None) => CallProgress::Finished(decode_result(&call_id, &tool, &json)?),
+            (Some(r), None) => CallProgress::Finished(r.clone()),
             (None, None) => CallProgress::Started,
         };
         let call = JournalCall {
@@ -987,6 +1160,9 @@ fn run_calls(tx: &Tx<'_>, run: RunId) -> Result<Vec<JournalCall>, Failure> {
             tool,
             effect,
             progress,
+            recorded,
+            started_at: started.map(from_ms),
+            note,
         };
         match calls.iter_mut().find(|c| c.call_id == call.call_id) {
             Some(earlier) => *earlier = call,
@@ -1149,6 +1325,20 @@ mod tests {
     use tempfile::TempDir;
 
     /// A journal in a fresh state dir; keep the dir alive as long as the journal.
+    fn shape(calls: &[JournalCall]) -> Vec<(String, String, Effect, CallProgress)> {
+        calls
+            .iter()
+            .map(|c| {
+                (
+                    c.call_id.clone(),
+                    c.tool.clone(),
+                    c.effect,
+                    c.progress.clone(),
+                )
+            })
+            .collect()
+    }
+
     fn fresh_journal() -> (TempDir, Journal) {
         let dir = tempfile::tempdir().expect("temp dir");
         let journal = Journal::open(dir.path()).expect("open journal");
@@ -1289,20 +1479,20 @@ mod tests {
         assert_eq!(runs[0].run_id, run);
         assert_eq!(runs[0].note, "In_Progress/a.md");
         assert_eq!(
-            runs[0].calls,
+            shape(&runs[0].calls),
             vec![
-                JournalCall {
-                    call_id: "c-ok".into(),
-                    tool: "search_web".into(),
-                    effect: Effect::ReadOnly,
-                    progress: CallProgress::Finished(ok),
-                },
-                JournalCall {
-                    call_id: "c-bad".into(),
-                    tool: "search_web".into(),
-                    effect: Effect::ReadOnly,
-                    progress: CallProgress::Finished(failed),
-                },
+                (
+                    "c-ok".to_string(),
+                    "search_web".to_string(),
+                    Effect::ReadOnly,
+                    CallProgress::Finished(ok)
+                ),
+                (
+                    "c-bad".to_string(),
+                    "search_web".to_string(),
+                    Effect::ReadOnly,
+                    CallProgress::Finished(failed)
+                ),
             ]
         );
     }
@@ -1543,20 +1733,20 @@ mod tests {
         let open = journal.open_runs().unwrap();
         assert_eq!(open.len(), 1);
         assert_eq!(
-            open[0].calls,
+            shape(&open[0].calls),
             vec![
-                JournalCall {
-                    call_id: "c-send".into(),
-                    tool: "send_notification".into(),
-                    effect: Effect::ExternalSideEffect,
-                    progress: CallProgress::Started,
-                },
-                JournalCall {
-                    call_id: "c-search".into(),
-                    tool: "search_web".into(),
-                    effect: Effect::ReadOnly,
-                    progress: CallProgress::Finished(result),
-                },
+                (
+                    "c-send".to_string(),
+                    "send_notification".to_string(),
+                    Effect::ExternalSideEffect,
+                    CallProgress::Started
+                ),
+                (
+                    "c-search".to_string(),
+                    "search_web".to_string(),
+                    Effect::ReadOnly,
+                    CallProgress::Finished(result)
+                ),
             ]
         );
         assert_eq!(

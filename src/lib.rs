@@ -17,6 +17,7 @@
 //! - [`cli`]: the command line.
 //! - [`config`]: TOML -> validated `Config`.
 //! - [`secret`]: secret references and the redactor.
+//! - [`private`]: files vaultd keeps for itself: 0600/0700, never through a symlink.
 //! - [`call`]: error codes, results: the shared vocabulary.
 //! - [`note`]: parse, render, atomic write of one note.
 //! - [`vault`]: folders, states, moves, ignore rules.
@@ -34,6 +35,7 @@ pub mod config;
 pub mod daemon;
 pub mod journal;
 pub mod note;
+pub mod private;
 pub mod runner;
 pub mod secret;
 pub mod synced;

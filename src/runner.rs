@@ -40,6 +40,7 @@ impl Runner {
         &self,
         run: RunId,
         note: &str,
+        note_id: &str,
         call_id: &str,
         name: &str,
         parameters: &Map<String, Value>,
@@ -104,6 +105,7 @@ impl Runner {
         let call = ToolCall {
             call_id,
             note,
+            note_id,
             parameters,
             deadline,
         };

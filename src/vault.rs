@@ -60,6 +60,10 @@ pub enum VaultError {
     },
     #[error("{path} is not inside a state folder of the vault")]
     NotInVault { path: PathBuf },
+    #[error(
+        "state folder {path} {why}; vaultd never works through a symlink (notes would be written outside the vault): replace it with a real folder"
+    )]
+    SymlinkedFolder { path: PathBuf, why: String },
 }
 
 #[derive(Debug, Clone)]
@@ -103,6 +107,37 @@ impl Vault {
                 .map_err(|source| VaultError::CreateFolder { path: p, source })?;
         }
         self.check_one_filesystem()
+    }
+
+    /// DESIGN §9.7: a state folder that is a symlink, or resolves outside the vault, stops
+    /// `run`/`once` at start.
+    pub fn refuse_symlinked_folders(&self) -> Result<(), VaultError> {
+        let root = self
+            .root
+            .canonicalize()
+            .unwrap_or_else(|_| self.root.clone());
+        for s in State::ALL {
+            let p = self.folder(s);
+            let mut walked = self.root.clone();
+            for part in Path::new(self.folder_name(s)).components() {
+                walked.push(part);
+                if std::fs::symlink_metadata(&walked).is_ok_and(|m| m.file_type().is_symlink()) {
+                    return Err(VaultError::SymlinkedFolder {
+                        path: walked,
+                        why: "is a symlink".into(),
+                    });
+                }
+            }
+            if let Ok(real) = p.canonicalize()
+                && !real.starts_with(&root)
+            {
+                return Err(VaultError::SymlinkedFolder {
+                    path: p,
+                    why: format!("resolves outside the vault ({})", real.display()),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn check_one_filesystem(&self) -> Result<(), VaultError> {

@@ -13,10 +13,12 @@ use tokio::sync::mpsc;
 /// What the watcher tells the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hint {
-    /// The writer is done with this file (closed after writing, or renamed into place):
-    /// look at it now.
+    /// The file was renamed into place (moved in, or saved atomically): whole, look at it now.
     Ready(PathBuf),
-    /// The file changed and may still be being written: look after a short settle.
+    /// A writer closed the file after writing it in place: look once it stayed unchanged
+    /// for `settle` (it may reopen it to append, DESIGN §9.1).
+    Closed(PathBuf),
+    /// The file changed and may still be being written: look once it is closed and quiet.
     Changed(PathBuf),
     /// A folder appeared: its files may have been created before its watch was added.
     NewFolder(PathBuf),
@@ -101,7 +103,7 @@ fn hints_for(event: Event, poll: bool) -> Vec<Hint> {
     let mut paths = event.paths;
     match event.kind {
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
-            paths.into_iter().map(Hint::Ready).collect()
+            paths.into_iter().map(Hint::Closed).collect()
         }
         EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
             paths.into_iter().map(Hint::Ready).collect()
@@ -129,11 +131,11 @@ mod tests {
     use notify::event::Flag;
 
     #[test]
-    fn close_write_and_moved_in_are_ready_at_once() {
+    fn moved_in_is_ready_at_once_and_close_write_settles() {
         let p = PathBuf::from("/v/Needs_Action/a.md");
         let e =
             Event::new(EventKind::Access(AccessKind::Close(AccessMode::Write))).add_path(p.clone());
-        assert_eq!(hints_for(e, false), vec![Hint::Ready(p.clone())]);
+        assert_eq!(hints_for(e, false), vec![Hint::Closed(p.clone())]);
         let e = Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::Both)))
             .add_path(PathBuf::from("/v/Needs_Action/.a.tmp"))
             .add_path(p.clone());

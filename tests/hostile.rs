@@ -94,7 +94,10 @@ async fn a_note_deleted_or_moved_away_mid_run_is_recorded_and_not_recreated() {
         vec!["Archive/moved.md", "Done/after.md"],
         "nothing recreated"
     );
-    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), moved_text);
+    // Untouched but for the identity added at its claim (DESIGN §9.2).
+    let moved = std::fs::read_to_string(&elsewhere).unwrap();
+    let id = property(&moved, "tool_note").expect("tool_note");
+    assert_eq!(moved, format!("---\ntool_note: {id}\n---\n{moved_text}"));
     let log = vault.cmd().args(["log", "--json"]).output().unwrap();
     let log = String::from_utf8_lossy(&log.stdout);
     assert_eq!(log.matches("during its run").count(), 2, "{log}");

@@ -6,6 +6,7 @@ mod util;
 mod approval;
 mod cmark;
 mod hostile;
+mod identity;
 mod limits;
 mod pipeline;
 mod recovery;

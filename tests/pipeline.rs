@@ -235,9 +235,11 @@ async fn broken_json_is_invalid_json_with_line_and_column() {
     let r = failed_result(&vault, "broken.md", text);
     assert_eq!(r["error"]["code"], "INVALID_JSON");
     assert_eq!(r["error"]["retryable"], false);
-    assert_eq!(r["error"]["details"]["line"], 4);
-    assert!(r["error"]["details"]["column"].as_u64().unwrap() > 1);
+    // Line 4 of the note as written, counted in the note as vaultd read it after its claim
+    // added the `tool_note` frontmatter (3 lines) above it (DESIGN §9.2; README).
+    assert_eq!(r["error"]["details"]["line"], 4 + 3);
     let note = vault.read("Failed", "broken.md");
+    assert!(r["error"]["details"]["column"].as_u64().unwrap() > 1);
     assert!(note.ends_with("```\n"));
     assert!(note.contains(text), "original kept");
 }

@@ -10,8 +10,8 @@ pub mod write;
 mod proptests;
 
 pub use parse::{
-    CallBlock, CallBody, HeldRef, LineEnding, ParsedNote, json_block_contents, params_hash,
-    parse_note,
+    CallBlock, CallBody, HeldRef, LineEnding, ParsedNote, frontmatter_property,
+    json_block_contents, params_hash, parse_note,
 };
-pub use render::{Block, append_blocks};
+pub use render::{Block, append_blocks, set_note_id};
 pub use write::{WriteError, read_settled, update_note};

@@ -114,6 +114,20 @@ pub fn parse_note(text: &str) -> ParsedNote {
     analyze(text).note
 }
 
+/// The value of the top-level frontmatter property `key` (one line, trimmed; quotes
+/// removed), if the note has frontmatter with that key. For vaultd's own one-word values
+/// (`tool_note`), not a YAML parser.
+pub fn frontmatter_property<'t>(text: &'t str, key: &str) -> Option<&'t str> {
+    let start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
+    let span = find_frontmatter(&text[start..])?;
+    let fm = &text[start..start + span.end];
+    fm.lines().skip(1).find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+        let v = rest.trim().trim_matches(|c| c == '"' || c == '\'');
+        (!v.is_empty()).then_some(v)
+    })
+}
+
 /// The content of every fenced block whose info string's first word is `json` (any case)
 /// outside blockquotes, in document order, closed or not, as CommonMark defines it (indent
 /// and container prefixes stripped, LF line breaks). The blocks [`parse_note`] reads calls
@@ -158,21 +172,34 @@ pub(crate) fn analyze(text: &str) -> Analysis {
     let mut calls = Vec::new();
     let mut results = Vec::new();
     let mut held = Vec::new();
-    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut found_calls = Vec::new();
     for fence in scan.fences.iter().filter(|f| f.is_json()) {
         if fence.in_quote {
             record_notice(fence, &mut results, &mut held);
             continue;
         }
-        let Some(found) = classify_call(fence, body_start, &lines, text) else {
-            continue;
-        };
+        if let Some(found) = classify_call(fence, body_start, &lines, text) {
+            found_calls.push((fence, found));
+        }
+    }
+    // §9.4: the n-th use of an id gets `-n`, skipping every id already used in the note, so
+    // an explicit `x-2` and the second `x` never share an id.
+    let mut used: std::collections::HashSet<String> =
+        found_calls.iter().map(|(_, f)| f.base_id.clone()).collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (fence, found) in found_calls {
         let n = seen.entry(found.base_id.clone()).or_insert(0);
         *n += 1;
         let call_id = if *n == 1 {
             found.base_id
         } else {
-            format!("{}-{}", found.base_id, n)
+            let mut candidate = format!("{}-{}", found.base_id, n);
+            while used.contains(&candidate) {
+                *n += 1;
+                candidate = format!("{}-{}", found.base_id, n);
+            }
+            used.insert(candidate.clone());
+            candidate
         };
         let span = fence.range.start + body_start..fence.range.end + body_start;
         calls.push(CallBlock {

@@ -66,6 +66,13 @@ pub fn set_properties(text: &str, status: &str, now: SystemTime) -> String {
     set_frontmatter(text, &note, &props)
 }
 
+/// Sets the `tool_note` property (DESIGN §9.2), creating the frontmatter when the note has
+/// none; every other byte stays as it was.
+pub fn set_note_id(text: &str, note_id: &str) -> String {
+    let note = parse_note(text);
+    set_frontmatter(text, &note, &[("tool_note", one_line(note_id))])
+}
+
 /// Replaces the line of each property (and its indented continuation lines), inserts the
 /// missing ones before the closing `---`; every other byte stays as it was.
 fn set_frontmatter(text: &str, note: &ParsedNote, props: &[(&str, String)]) -> String {

@@ -218,7 +218,7 @@ pub fn read_settled(path: &Path) -> Result<Vec<u8>, WriteError> {
 /// is released at once; no lease-break signal is asked for (no `F_SETOWN`). Where leases are
 /// not allowed (a note owned by another user, a network file system), a note modified within
 /// the last `QUIET` is taken to be busy.
-fn writer_busy(path: &Path) -> Result<bool, WriteError> {
+pub fn writer_busy(path: &Path) -> Result<bool, WriteError> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;

@@ -94,10 +94,27 @@ pub struct ToolCall<'a> {
     pub call_id: &'a str,
     /// The vault-relative path of the note the call comes from, as claimed.
     pub note: &'a str,
+    /// The note's identity (its `tool_note` property, DESIGN §9.2): stable across moves and
+    /// renames. Command tools export it as `VAULTD_NOTE_ID`; undo and the note budget key on it.
+    pub note_id: &'a str,
     /// Parameters that passed the tool's schema.
     pub parameters: &'a Map<String, Value>,
     /// When the runner will give up: tools that retry must stop retrying before it.
     pub deadline: Instant,
+}
+
+/// A violation message quotes the value at fault; a 900 KB parameter must not come back
+/// into the note two or three times (DESIGN §9.8). Long messages keep their start.
+fn bounded_message(message: String) -> String {
+    const MAX: usize = 300;
+    if message.len() <= MAX {
+        return message;
+    }
+    let mut cut = 200;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes in all)", &message[..cut], message.len())
 }
 
 /// What policy says about a call before it runs.
@@ -213,7 +230,7 @@ impl RegisteredTool {
                         })
                         .collect::<Vec<_>>();
                 }
-                vec![(pointer, e.to_string())]
+                vec![(pointer, bounded_message(e.to_string()))]
             })
             .collect();
         if violations.is_empty() {

@@ -384,6 +384,7 @@ pub(crate) mod test_support {
             .clone();
         tool.run(ToolCall {
             note: "Needs_Action/test.md",
+            note_id: "n-000000000001",
             call_id: "c-test",
             parameters: &parameters,
             deadline: Instant::now() + within,

@@ -212,12 +212,17 @@ impl Email {
         let message = self.build_message(&message_id, to.clone(), subject, body)?;
         match &self.transport {
             Transport::File { outbox, transport } => {
-                tokio::fs::create_dir_all(outbox).await.map_err(|e| {
-                    CallError::new(
-                        ErrorCode::ExecutionError,
-                        format!("cannot create the outbox {}: {e}", outbox.display()),
-                    )
-                })?;
+                // §9.5: the outbox holds whole messages: its folder 0700, each file 0600.
+                let dir = outbox.clone();
+                tokio::task::spawn_blocking(move || crate::private::create_dir(&dir))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+                    .map_err(|e| {
+                        CallError::new(
+                            ErrorCode::ExecutionError,
+                            format!("cannot create the outbox {}: {e}", outbox.display()),
+                        )
+                    })?;
                 let id = transport.send(message).await.map_err(|e| {
                     CallError::new(
                         ErrorCode::ExecutionError,
@@ -228,7 +233,9 @@ impl Email {
                         ),
                     )
                 })?;
-                tracing::info!(call_id = call.call_id, file = %outbox.join(format!("{id}.eml")).display(), "email written to the outbox");
+                let file = outbox.join(format!("{id}.eml"));
+                crate::private::narrow(&file);
+                tracing::info!(call_id = call.call_id, file = %file.display(), "email written to the outbox");
             }
             Transport::Smtp(smtp) => {
                 let transport = smtp.transport.get_or_init(|| smtp.builder.clone().build());

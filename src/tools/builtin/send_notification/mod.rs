@@ -565,6 +565,7 @@ mod tests_support {
     ) -> Result<ToolOutput, CallError> {
         tool.run(ToolCall {
             note: "Needs_Action/test.md",
+            note_id: "n-000000000001",
             call_id,
             parameters: &parameters,
             deadline: Instant::now() + Duration::from_secs(10),

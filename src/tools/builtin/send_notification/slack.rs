@@ -243,6 +243,7 @@ mod tests {
             &tool,
             ToolCall {
                 note: "Needs_Action/test.md",
+                note_id: "n-000000000001",
                 call_id: "c-slack7",
                 parameters: &parameters,
                 deadline: std::time::Instant::now() + std::time::Duration::from_millis(300),

@@ -1,0 +1,128 @@
+//! Files and folders vaultd creates outside the vault (journal, lock, outbox, `init`'s config):
+//! private to the user whatever the umask, and never opened through a symlink (DESIGN §9.5,
+//! §9.7).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Mode of the files vaultd creates for itself.
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of the folders vaultd creates for itself.
+pub const DIR_MODE: u32 = 0o700;
+
+/// Creates `dir` and its missing parents with mode 0700 (a folder that already exists keeps
+/// its mode: a person chose it). The umask can only take bits away, and 0700 has none to take
+/// from the owner.
+pub fn create_dir(dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)?;
+    // A umask of 0o077 or less leaves 0700 as it is; a stricter one (0o277) is undone.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))
+}
+
+/// Opens `path` for reading and writing, creating it 0600 if missing, without following a
+/// symlink (O_NOFOLLOW: a symlink planted at the path is an error, not a redirect). An
+/// existing file readable by others is narrowed to 0600.
+pub fn open_file(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| symlink_error(path, e))?;
+    let mode = file.metadata()?.permissions().mode();
+    if mode & 0o077 != 0 || mode & 0o600 != 0o600 {
+        file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+    }
+    Ok(file)
+}
+
+/// [`open_file`], closed again: makes sure `path` exists, private, and is no symlink.
+pub fn touch_file(path: &Path) -> io::Result<()> {
+    open_file(path).map(drop)
+}
+
+/// Creates a new file 0600 that must not exist yet (O_EXCL | O_NOFOLLOW).
+pub fn create_new_file(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+    Ok(file)
+}
+
+/// Takes group and other permissions off an existing regular file (not through a symlink).
+/// Missing files and failures are ignored: this only tidies what an older release left.
+pub fn narrow(path: &Path) {
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.file_type().is_file()
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(FILE_MODE));
+    }
+}
+
+fn symlink_error(path: &Path, e: io::Error) -> io::Error {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        io::Error::other(format!(
+            "{} is a symlink; vaultd never writes through one (remove it)",
+            path.display()
+        ))
+    } else {
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn created_files_and_folders_are_private_and_existing_ones_narrowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("a/b");
+        create_dir(&state).unwrap();
+        assert_eq!(mode(&state), 0o700);
+        let f = state.join("j");
+        touch_file(&f).unwrap();
+        assert_eq!(mode(&f), 0o600);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        touch_file(&f).unwrap();
+        assert_eq!(mode(&f), 0o600);
+        let g = state.join("g");
+        std::fs::write(&g, "x").unwrap();
+        std::fs::set_permissions(&g, std::fs::Permissions::from_mode(0o666)).unwrap();
+        narrow(&g);
+        assert_eq!(mode(&g), 0o600);
+    }
+
+    #[test]
+    fn symlinks_are_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "precious").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = open_file(&link).unwrap_err();
+        assert!(e.to_string().contains("symlink"), "{e}");
+        assert!(create_new_file(&link).is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
+    }
+}
