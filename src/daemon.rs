@@ -30,6 +30,14 @@ const SETTLE: Duration = Duration::from_millis(150);
 /// A start-up backlog this large gets progress reports in the log.
 const PROGRESS_FROM: usize = 500;
 
+/// On a terminal, a backlog this large gets a progress bar (indicatif) instead.
+const PROGRESS_BAR_FROM: usize = 20;
+
+/// How long a note that arrived by rename stays where it landed before it is claimed. `mv
+/// a.md b.md Needs_Action/` looks at each note it moved right after moving it (GNU mv
+/// `lstat`s the destination) and fails with "cannot stat" when the note is already gone.
+const MOVED_IN_GRACE: Duration = Duration::from_millis(100);
+
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error(transparent)]
@@ -240,21 +248,28 @@ impl Daemon {
         };
 
         self.recover(&mut tasks).await?;
-        let queued = self.scan_all(&mut tasks);
+        let (looked, queued) = self.scan_all(&mut tasks);
         tracing::info!(
             vault = %self.vault.root().display(),
             queued,
             "vaultd started"
         );
-        if queued >= PROGRESS_FROM {
-            // Detached: `once` must not wait for the next progress tick to exit.
-            tokio::spawn(self.clone().report_progress(queued));
-        }
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
+            && std::env::var_os("JOURNAL_STREAM").is_none();
+        let progress = if (bar && queued >= PROGRESS_BAR_FROM) || queued >= PROGRESS_FROM {
+            Some(tokio::spawn(self.clone().report_progress(looked, bar)))
+        } else {
+            None
+        };
 
         if mode == Mode::Once {
             tokio::select! {
                 _ = async { while tasks.join_next().await.is_some() {} } => {}
                 _ = &mut shutdown => { self.drain(&mut tasks).await; }
+            }
+            // The last tick draws the finished bar (it comes within one tick).
+            if let Some(p) = progress {
+                let _ = p.await;
             }
             return Ok(());
         }
@@ -328,18 +343,21 @@ impl Daemon {
             .collect()
     }
 
-    /// Queues every note of the watched folders. Returns how many were queued.
-    fn scan_all(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> usize {
+    /// Queues every note of the watched folders. Returns how many notes were looked at and
+    /// how many of them hold a pending call (the "queued" of the start-up line: a note
+    /// without calls waits for its agent, not for vaultd).
+    fn scan_all(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> (usize, usize) {
         let me = self.clone();
         tasks.spawn(async move { me.resume_stranded().await });
-        let mut n = 0;
+        let (mut looked, mut queued) = (0, 0);
         for folder in self.watched_states() {
             for path in self.vault.scan(folder) {
+                queued += usize::from(has_pending_call(&path));
                 self.dispatch(path, tasks);
-                n += 1;
+                looked += 1;
             }
         }
-        n
+        (looked, queued)
     }
 
     /// With `approval_via = "cli"`, Approved/ is watched only for the notes `vaultd approve`
@@ -359,7 +377,6 @@ impl Daemon {
 
     fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {
         match hint {
-            Hint::Ready(path) => self.dispatch(path, tasks),
             Hint::Changed(path) => {
                 let me = self.clone();
                 tasks.spawn(async move {
@@ -383,6 +400,13 @@ impl Daemon {
             }
             Hint::Rescan => {
                 self.scan_all(tasks);
+            }
+            Hint::Ready(path) => {
+                let me = self.clone();
+                tasks.spawn(async move {
+                    tokio::time::sleep(MOVED_IN_GRACE).await;
+                    me.spawn_note(path).await;
+                });
             }
         }
     }
@@ -435,27 +459,53 @@ impl Daemon {
         self.looked_at.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Logs how far a long start-up backlog has got, every few seconds, until it is done.
-    async fn report_progress(self: Arc<Self>, queued: usize) {
+    /// Shows how far a long start-up backlog has got until it is done: a progress bar on a
+    /// terminal, else a log line (and systemd's STATUS=) every few seconds.
+    async fn report_progress(self: Arc<Self>, queued: usize, bar: bool) {
         let start = std::time::Instant::now();
+        let bar = bar.then(|| {
+            let b = indicatif::ProgressBar::new(queued as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {pos}/{len} notes ({elapsed})",
+                )
+                .expect("the template is valid")
+                .progress_chars("=> "),
+            );
+            b.set_message("start-up backlog");
+            b
+        });
+        let mut last_line = std::time::Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             let done = self.looked_at.load(Ordering::Relaxed).min(queued);
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
             if done >= queued || self.stopping.load(Ordering::SeqCst) {
-                tracing::info!(
-                    queued,
-                    "start-up backlog done in {:.1} s",
-                    start.elapsed().as_secs_f64()
-                );
+                match &bar {
+                    Some(b) => b.finish_with_message("start-up backlog done"),
+                    None => tracing::info!(
+                        queued,
+                        "start-up backlog done in {:.1} s",
+                        start.elapsed().as_secs_f64()
+                    ),
+                }
                 return;
             }
+            if last_line.elapsed() < Duration::from_secs(2) {
+                continue;
+            }
+            last_line = std::time::Instant::now();
             let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
                 "start-up backlog: {done} of {queued} notes"
             ))]);
-            tracing::info!(
-                "start-up backlog: {done} of {queued} notes ({}%)",
-                done * 100 / queued
-            );
+            if bar.is_none() {
+                tracing::info!(
+                    "start-up backlog: {done} of {queued} notes ({}%)",
+                    done * 100 / queued
+                );
+            }
         }
     }
 
@@ -1196,4 +1246,13 @@ async fn wait_until_settled(path: &Path) -> bool {
         last = now;
     }
     true
+}
+
+/// True when the note holds a call without a result (read errors: false; the note task
+/// reports them).
+fn has_pending_call(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| {
+        let note = crate::note::parse_note(&text);
+        note.pending_calls().next().is_some()
+    })
 }
