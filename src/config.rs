@@ -978,7 +978,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("providr"), "{err}");
-        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("test.toml:2:1"), "{err}");
     }
 
     #[test]

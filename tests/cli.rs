@@ -458,7 +458,7 @@ fn once_draws_a_progress_bar_on_a_terminal_and_plain_lines_otherwise() {
         .env("HOME", &h.home)
         .env_remove("VAULTD_CONFIG")
         .env_remove("JOURNAL_STREAM")
-        .env("TERM", "dumb")
+        .env("TERM", "xterm")
         .args(["-qec", &cmd, "/dev/null"])
         .stdin(Stdio::null())
         .output()

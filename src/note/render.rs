@@ -459,6 +459,7 @@ tool_updated: 2023-11-14T22:14:20Z
 
     #[test]
     fn failure_block_exact() {
+        // The four properties go above line 3: INVALID_JSON's line moves to 7 (§8.3).
         let result = failure("c-1");
         let out = append_blocks(
             "---\na: 1\n---\nx\n",
@@ -476,7 +477,7 @@ tool_updated: 2023-11-14T22:14:20Z
 ---
 x
 
-> [!failure]- search_web · INVALID_JSON · 0 ms
+> [!failure]- search_web · INVALID_JSON at 7:5
 > ```json
 > {
 >   \"tool_result\": {
@@ -485,11 +486,11 @@ x
 >     \"ok\": false,
 >     \"error\": {
 >       \"code\": \"INVALID_JSON\",
->       \"message\": \"invalid JSON at line 3, column 5: expected `,` or `}`\",
+>       \"message\": \"invalid JSON at line 7, column 5: expected `,` or `}`\",
 >       \"retryable\": false,
 >       \"details\": {
 >         \"column\": 5,
->         \"line\": 3
+>         \"line\": 7
 >       }
 >     },
 >     \"meta\": {
