@@ -1048,6 +1048,10 @@ impl Daemon {
         };
         let rel = self.vault.relative(&dest);
         tracing::info!(note = %rel, state = next.as_str(), "note processed");
+        if next == State::PendingApproval {
+            // §13: every refusal says what to do next, in the log too.
+            tracing::info!(note = %rel, "held for approval. {}", self.how_to_decide());
+        }
         self.blocking(move |j| {
             let ids: Vec<&str> = written.iter().map(String::as_str).collect();
             j.written_and_moved(run, &ids, &rel, true)

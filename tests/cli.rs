@@ -415,7 +415,14 @@ fn a_held_note_counts_its_held_calls_in_tool_held() {
         email_note("me@example.com").replace("Report", "Mine")
     );
     h.write("Needs_Action/held.md", &note);
-    assert!(h.vaultd(&["once"]).status.success());
+    let out = h.vaultd(&["once"]);
+    assert!(out.status.success());
+    // The log says how to approve (§13: every refusal says what to do next).
+    let log = text(&out.stderr);
+    assert!(
+        log.contains("held for approval. To send it, move this note to `Approved/`"),
+        "{log}"
+    );
     let text = h.read("Pending_Approval/held.md");
     assert_eq!(property(&text, "tool_held").as_deref(), Some("1"), "{text}");
     assert_eq!(
