@@ -18,7 +18,8 @@ use std::sync::Arc;
 #[command(
     name = "vaultd",
     version,
-    about = "Runs the tool calls that agents write into markdown notes"
+    about = "Runs the tool calls that agents write into markdown notes",
+    after_help = EXAMPLES
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -56,14 +57,41 @@ pub enum ToolFormat {
     Anthropic,
 }
 
+/// `vaultd --help`: the commands in the order of the loop, one example each.
+const EXAMPLES: &str = "\
+Examples, in the order of the loop:
+  vaultd init ~/Notes                    create a vault with a welcome note
+  vaultd run                             run the daemon (inside the vault: no --vault needed)
+  vaultd once                            process everything pending, then exit
+  vaultd check Needs_Action/a.md         lint a note: what would run, what is held, why
+  vaultd tools --format openai           the tool list for an LLM API
+  vaultd status                          notes per state, failures, rate limits
+  vaultd approve report.md               approve the held calls of Pending_Approval/report.md
+  vaultd reject report.md                reject them instead
+  vaultd log --since 1h                  the journal of the last hour
+  vaultd config                          the effective config, secrets redacted
+  vaultd completions bash                shell completions (bash, zsh, fish, ...)
+
+Without --vault, vaultd finds the vault by walking up from the current folder to the first
+folder holding .vaultd.toml or Needs_Action/.";
+
+/// One variant per command, declared in the order of the loop (which is the order of
+/// `--help`); each is handled by one function in [`dispatch`].
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Create the folders, a commented config and a welcome note in DIR.
+    #[command(after_help = "Example: vaultd init ~/Notes && cd ~/Notes && vaultd once")]
+    Init { dir: PathBuf },
     /// Run the daemon in the foreground (systemd runs this).
+    #[command(after_help = "Example: vaultd run --vault ~/Notes")]
     Run,
     /// Process everything pending, then exit.
+    #[command(after_help = "Example: vaultd once --vault ~/Notes")]
     Once,
-    /// Parse and validate notes; print what would run. Exit 1 when any call is invalid.
+    /// Show what each call of a note would do (run, held, denied, invalid); exit 1 if invalid.
+    #[command(after_help = "Example: vaultd check Needs_Action/a.md --json")]
     Check {
+        /// Notes: a path (from here or from the vault root) or a bare note name.
         #[arg(required = true)]
         notes: Vec<PathBuf>,
         /// One JSON object per note (JSON Lines).
@@ -71,6 +99,7 @@ pub enum Command {
         json: bool,
     },
     /// List the tools with their descriptions and JSON Schemas.
+    #[command(after_help = "Example: vaultd tools --format anthropic")]
     Tools {
         #[arg(long)]
         json: bool,
@@ -78,16 +107,28 @@ pub enum Command {
         #[arg(long, value_enum)]
         format: Option<ToolFormat>,
     },
-    /// Create the folders, a commented config and a welcome note in DIR.
-    Init { dir: PathBuf },
-    /// Print the effective configuration, secrets redacted.
-    Config,
     /// Notes per state, running calls, recent failures and problems, rate-limit use.
+    #[command(after_help = "Example: vaultd status --json")]
     Status {
         #[arg(long)]
         json: bool,
     },
+    /// Approve the held calls of a note in Pending_Approval/ (exactly the parameters its
+    /// questions show) and move it to Approved/, where the daemon runs them.
+    #[command(after_help = "Example: vaultd approve report.md")]
+    Approve {
+        /// The note: a path (from here or from the vault root) or a bare name of a held note.
+        note: PathBuf,
+    },
+    /// Reject the held calls of a note: they get REJECTED results and the note moves to
+    /// Rejected/.
+    #[command(after_help = "Example: vaultd reject report.md")]
+    Reject {
+        /// The note: a path (from here or from the vault root) or a bare name of a held note.
+        note: PathBuf,
+    },
     /// Show the journal: claims, calls, results, moves, problems.
+    #[command(after_help = "Example: vaultd log --since 1h --tool send_notification")]
     Log {
         /// Only entries newer than this (e.g. 30m, 1h, 2days).
         #[arg(long, value_name = "DURATION")]
@@ -105,30 +146,69 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve the held calls of a note in Pending_Approval/ (exactly the parameters its
-    /// questions show) and move it to Approved/, where the daemon runs them.
-    Approve {
-        /// The note: a path, or relative to the vault or to Pending_Approval/.
-        note: PathBuf,
-    },
-    /// Reject the held calls of a note: they get REJECTED results and the note moves to
-    /// Rejected/.
-    Reject {
-        /// The note: a path, or relative to the vault or to Pending_Approval/.
-        note: PathBuf,
+    /// Print the effective configuration, secrets redacted.
+    #[command(after_help = "Example: vaultd config --config /etc/vaultd/config.toml")]
+    Config,
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Example: vaultd completions bash > ~/.local/share/bash-completion/completions/vaultd"
+    )]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
 }
 
 /// Parses the command line, runs it, returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run | Command::Once) {
+        restore_sigpipe();
+    }
     match dispatch(cli) {
         Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
-            eprintln!("vaultd: {e:#}");
+            eprintln!("vaultd: {}", escape_controls(&format!("{e:#}")));
             2
         }
     }
+}
+
+/// Output into a closed pipe (`vaultd log | head`) ends the process quietly, as `cat` does:
+/// the Rust runtime ignores SIGPIPE, which turns every later print into a panic. The daemon
+/// commands keep ignoring it: their output is the log, and a closed stderr must not kill a
+/// running call.
+fn restore_sigpipe() {
+    // SAFETY: setting a signal's disposition to its default has no preconditions; it runs
+    // before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Control characters in a printed path (a note named `a\nINFO forged.md`) are shown
+/// escaped, so no name can forge a line of output or move the terminal's cursor.
+pub fn escape_controls(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| match c {
+            '\n' => "\\n".to_string(),
+            '\r' => "\\r".to_string(),
+            '\t' => "\\t".to_string(),
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 fn overrides(g: &GlobalArgs) -> Overrides {
@@ -136,19 +216,21 @@ fn overrides(g: &GlobalArgs) -> Overrides {
         vault: g.vault.clone(),
         config: g.config.clone(),
         state_dir: g.state_dir.clone(),
+        skip_secrets: false,
     }
 }
 
 fn dispatch(cli: Cli) -> Result<i32> {
     let g = cli.global;
     match cli.command {
+        Command::Init { dir } => init(&dir),
         Command::Run => serve(&g, Mode::Run),
         Command::Once => serve(&g, Mode::Once),
         Command::Check { notes, json } => check(&g, &notes, json),
         Command::Tools { json, format } => tools(&g, json, format),
-        Command::Init { dir } => init(&dir),
-        Command::Config => print_config(&g),
         Command::Status { json } => status(&g, json),
+        Command::Approve { note } => decide(&g, &note, Decision::Approved),
+        Command::Reject { note } => decide(&g, &note, Decision::Rejected),
         Command::Log {
             since,
             tool,
@@ -156,30 +238,57 @@ fn dispatch(cli: Cli) -> Result<i32> {
             limit,
             json,
         } => log(&g, since, tool, note, limit, json),
-        Command::Approve { note } => decide(&g, &note, Decision::Approved),
-        Command::Reject { note } => decide(&g, &note, Decision::Rejected),
+        Command::Config => print_config(&g),
+        Command::Completions { shell } => completions(shell),
     }
 }
 
-fn load(g: &GlobalArgs) -> Result<Config> {
-    Ok(config::load(&overrides(g))?)
+fn completions(shell: clap_complete::Shell) -> Result<i32> {
+    use clap::CommandFactory;
+    let mut out = std::io::stdout().lock();
+    clap_complete::generate(shell, &mut Cli::command(), "vaultd", &mut out);
+    out.flush()?;
+    Ok(0)
+}
+
+/// The one validation every command goes through: the config file (every key, every value)
+/// and the tools built from it, so `vaultd config` refuses exactly what `vaultd once` would.
+fn validated(o: &Overrides) -> Result<(Config, Registry)> {
+    let config = config::load(o)?;
+    let registry = registry_for(&config)?;
+    Ok((config, registry))
+}
+
+/// For commands that run no tool (`status`, `log`): secrets stay unresolved references.
+fn validated_without_secrets(g: &GlobalArgs) -> Result<(Config, Registry)> {
+    let mut o = overrides(g);
+    o.skip_secrets = true;
+    validated(&o)
+}
+
+fn load(g: &GlobalArgs) -> Result<(Config, Registry)> {
+    validated(&overrides(g))
 }
 
 /// The config for commands that work without a vault (`check`, `tools`): the current folder
 /// stands in for a missing vault.
-fn load_lenient(g: &GlobalArgs) -> Result<Config> {
+fn load_lenient(g: &GlobalArgs) -> Result<(Config, Registry)> {
     match config::load(&overrides(g)) {
         Err(config::ConfigError::NoVault { .. }) => {
             let mut o = overrides(g);
             o.vault = Some(std::env::current_dir()?);
-            Ok(config::load(&o)?)
+            validated(&o)
         }
-        other => Ok(other?),
+        Err(e) => Err(e.into()),
+        Ok(config) => {
+            let registry = registry_for(&config)?;
+            Ok((config, registry))
+        }
     }
 }
 
 fn serve(g: &GlobalArgs, mode: Mode) -> Result<i32> {
-    let config = load(g)?;
+    let (config, _) = load(g)?;
     let redactor = Arc::new(daemon::redactor_for(&config));
     init_tracing(redactor.clone(), g.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -223,7 +332,7 @@ pub fn init_tracing(redactor: Arc<Redactor>, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
     let ansi = std::io::stderr().is_terminal() && !under_journal;
-    let writer = RedactingStderr(redactor);
+    let writer = RedactingStderr(redactor, ansi);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
@@ -236,23 +345,52 @@ pub fn init_tracing(redactor: Arc<Redactor>, format: LogFormat) {
     };
 }
 
-/// A stderr writer that passes every log line through the redactor.
+/// A stderr writer that passes every log line through the redactor and escapes control
+/// characters (a note named with a line break must not forge a log line). The second field
+/// says whether the line carries our own colour codes (ESC is then kept).
 #[derive(Clone)]
-struct RedactingStderr(Arc<Redactor>);
+struct RedactingStderr(Arc<Redactor>, bool);
 
-struct RedactingLine(Arc<Redactor>);
+struct RedactingLine(Arc<Redactor>, bool);
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RedactingStderr {
     type Writer = RedactingLine;
     fn make_writer(&'a self) -> RedactingLine {
-        RedactingLine(self.0.clone())
+        RedactingLine(self.0.clone(), self.1)
     }
+}
+
+/// One formatted log line with every control character inside it escaped; its final line
+/// break stays.
+fn escape_log_line(line: &str, keep_esc: bool) -> String {
+    let (body, end) = match line.strip_suffix('\n') {
+        Some(b) => (b, "\n"),
+        None => (line, ""),
+    };
+    if !body
+        .chars()
+        .any(|c| c.is_control() && c != '\t' && !(keep_esc && c == '\u{1b}'))
+    {
+        return line.to_string();
+    }
+    let mut out = String::with_capacity(line.len() + 8);
+    for c in body.chars() {
+        match c {
+            '\t' => out.push(c),
+            '\u{1b}' if keep_esc => out.push(c),
+            c if c.is_control() => out.push_str(&escape_controls(&c.to_string())),
+            c => out.push(c),
+        }
+    }
+    out.push_str(end);
+    out
 }
 
 impl Write for RedactingLine {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let text = String::from_utf8_lossy(buf);
-        std::io::stderr().write_all(self.0.redact(&text).as_bytes())?;
+        let line = escape_log_line(&self.0.redact(&text), self.1);
+        std::io::stderr().write_all(line.as_bytes())?;
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -267,12 +405,112 @@ fn registry_for(config: &Config) -> Result<Registry> {
     )?)
 }
 
+/// A NOTE argument: a path from the current folder, a path from the vault root, or a bare
+/// note name (`report` or `report.md`) that matches exactly one note in `folders`.
+fn resolve_note(config: &Config, arg: &Path, folders: &[crate::vault::State]) -> Result<PathBuf> {
+    use crate::vault::Vault;
+    if arg.is_file() {
+        return Ok(arg.to_path_buf());
+    }
+    let from_root = config.vault.join(arg);
+    if from_root.is_file() {
+        return Ok(from_root);
+    }
+    let vault = Vault::new(config.vault.clone(), config.folders.clone());
+    for state in folders {
+        let in_folder = vault.folder(*state).join(arg);
+        if in_folder.is_file() {
+            return Ok(in_folder);
+        }
+    }
+    let shown = escape_controls(&arg.display().to_string());
+    let is_bare = arg.components().count() == 1;
+    if !is_bare {
+        anyhow::bail!(
+            "no note {shown}: not a file here or in the vault {}",
+            config.vault.display()
+        );
+    }
+    let name = arg.to_string_lossy();
+    let wanted = [name.to_string(), format!("{name}.md")];
+    let matches: Vec<PathBuf> = folders
+        .iter()
+        .flat_map(|s| vault.scan(*s))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|f| wanted.iter().any(|w| f.to_string_lossy() == *w))
+        })
+        .collect();
+    let where_ = folders
+        .iter()
+        .map(|s| format!("{}/", vault.folder_name(*s)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    match matches.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => anyhow::bail!(
+            "no note named {shown} in {where_} of the vault {}",
+            config.vault.display()
+        ),
+        many => {
+            let list: Vec<String> = many
+                .iter()
+                .map(|p| escape_controls(&vault.relative(p)))
+                .collect();
+            anyhow::bail!(
+                "{shown} names {} notes: {}; give one of these paths (nothing was done)",
+                many.len(),
+                list.join(", ")
+            )
+        }
+    }
+}
+
+/// What would happen to a call that is still pending (DESIGN §12.1's decision).
+fn decision_of(registry: &Registry, body: &CallBody) -> (&'static str, Value) {
+    match body {
+        CallBody::Broken(e) => (
+            "invalid",
+            json!({ "action": "invalid", "reason": e.message }),
+        ),
+        CallBody::Call { name, parameters } => match registry.resolve(name, parameters) {
+            Err(e) if e.code == crate::call::ErrorCode::PolicyDenied => (
+                "invalid",
+                json!({ "action": "denied", "reason": e.message }),
+            ),
+            Err(e) => (
+                "invalid",
+                json!({ "action": "invalid", "reason": e.message }),
+            ),
+            Ok(tool) => match tool.admit(parameters) {
+                crate::tools::Admission::Run => ("pending", json!({ "action": "run" })),
+                crate::tools::Admission::Hold { reason } => {
+                    ("pending", json!({ "action": "held", "reason": reason }))
+                }
+                crate::tools::Admission::Deny(e) => (
+                    "invalid",
+                    json!({ "action": "denied", "reason": e.message }),
+                ),
+            },
+        },
+    }
+}
+
 fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
-    let config = load_lenient(g)?;
-    let registry = registry_for(&config)?;
+    use crate::vault::State;
+    let (config, registry) = load_lenient(g)?;
     let mut any_invalid = false;
     let mut out = std::io::stdout().lock();
-    for path in notes {
+    for arg in notes {
+        let path = match resolve_note(&config, arg, &State::ALL) {
+            Ok(p) => p,
+            Err(e) => {
+                any_invalid = true;
+                report_unreadable(&mut out, arg, &format!("{e:#}"), as_json)?;
+                continue;
+            }
+        };
+        let path = path.as_path();
         let text = match std::fs::read(path) {
             Ok(b) => match String::from_utf8(b) {
                 Ok(s) => s,
@@ -291,39 +529,41 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
         let parsed = parse_note(&text);
         let mut calls = Vec::new();
         for call in &parsed.calls {
-            let (status, error) = if parsed.has_result(&call.call_id) {
-                ("done", None)
-            } else {
-                match &call.body {
-                    CallBody::Broken(e) => ("invalid", Some(e.clone())),
-                    CallBody::Call { name, parameters } => {
-                        match registry.resolve(name, parameters) {
-                            Err(e) => ("invalid", Some(e)),
-                            Ok(tool) => match tool.admit(parameters) {
-                                crate::tools::Admission::Deny(e) => ("invalid", Some(e)),
-                                _ => ("pending", None),
-                            },
-                        }
-                    }
-                }
-            };
-            any_invalid |= status == "invalid";
             let mut entry = json!({
                 "call_id": call.call_id,
                 "name": call.name,
                 "line": call.line,
-                "status": status,
             });
-            if let Some(e) = error {
-                entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
+            if parsed.has_result(&call.call_id) {
+                entry["status"] = json!("done");
+            } else {
+                let (status, decision) = decision_of(&registry, &call.body);
+                let error = match &call.body {
+                    CallBody::Broken(e) => Some(e.clone()),
+                    CallBody::Call { name, parameters } => match registry.resolve(name, parameters)
+                    {
+                        Err(e) => Some(e),
+                        Ok(tool) => match tool.admit(parameters) {
+                            crate::tools::Admission::Deny(e) => Some(e),
+                            _ => None,
+                        },
+                    },
+                };
+                entry["status"] = json!(status);
+                entry["decision"] = decision;
+                if let Some(e) = error {
+                    entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
+                }
             }
+            any_invalid |= entry["status"] == "invalid";
             calls.push(entry);
         }
+        let shown = escape_controls(&path.display().to_string());
         if as_json {
             let line = json!({ "path": path.display().to_string(), "calls": calls });
             writeln!(out, "{line}")?;
         } else {
-            writeln!(out, "{}: {} call(s)", path.display(), calls.len())?;
+            writeln!(out, "{shown}: {} call(s)", calls.len())?;
             for c in &calls {
                 write!(
                     out,
@@ -340,6 +580,21 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
                         e["code"].as_str().unwrap_or(""),
                         e["message"].as_str().unwrap_or("")
                     )?;
+                }
+                match c["decision"]["action"].as_str() {
+                    Some("run") => write!(out, "\n        -> runs")?,
+                    Some("held") => write!(
+                        out,
+                        "\n        -> held for approval: {}",
+                        c["decision"]["reason"].as_str().unwrap_or("")
+                    )?,
+                    Some("denied") => write!(
+                        out,
+                        "\n        -> denied: {}",
+                        c["decision"]["reason"].as_str().unwrap_or("")
+                    )?,
+                    Some(_) => write!(out, "\n        -> not run: the call is invalid")?,
+                    None => {}
                 }
                 writeln!(out)?;
             }
@@ -358,14 +613,17 @@ fn report_unreadable(
         let line = json!({ "path": path.display().to_string(), "calls": [], "error": { "code": "UNREADABLE", "message": message } });
         writeln!(out, "{line}")?;
     } else {
-        writeln!(out, "{}: {message}", path.display())?;
+        writeln!(
+            out,
+            "{}: {message}",
+            escape_controls(&path.display().to_string())
+        )?;
     }
     Ok(())
 }
 
 fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i32> {
-    let config = load_lenient(g)?;
-    let registry = registry_for(&config)?;
+    let (_, registry) = load_lenient(g)?;
     let described = registry.describe();
     let list = described.as_array().cloned().unwrap_or_default();
     let out: Value = match format {
@@ -381,19 +639,25 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
         ),
         None if as_json => described.clone(),
         None => {
+            let mut out = std::io::stdout().lock();
             for t in &list {
-                println!(
+                writeln!(
+                    out,
                     "{} ({})\n  {}\n  parameters: {}\n",
                     t["name"].as_str().unwrap_or(""),
                     t["effect"].as_str().unwrap_or(""),
                     t["description"].as_str().unwrap_or(""),
                     serde_json::to_string_pretty(&t["parameters"])?.replace('\n', "\n  ")
-                );
+                )?;
             }
             return Ok(0);
         }
     };
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    writeln!(
+        std::io::stdout().lock(),
+        "{}",
+        serde_json::to_string_pretty(&out)?
+    )?;
     Ok(0)
 }
 
@@ -454,7 +718,7 @@ fn shell_quote(s: &str) -> String {
 }
 
 fn print_config(g: &GlobalArgs) -> Result<i32> {
-    let c = load(g)?;
+    let (c, _) = load(g)?;
     let rl = |r: &config::RateLimit| json!({ "per_hour": r.per_hour, "per_day": r.per_day });
     let t = &c.tools;
     let email = match &t.send_notification.email.transport {
@@ -535,7 +799,7 @@ fn open_journal(config: &Config) -> Result<crate::journal::Journal> {
 
 fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     use crate::vault::{State, Vault};
-    let config = load(g)?;
+    let (config, registry) = validated_without_secrets(g)?;
     let vault = Vault::new(config.vault.clone(), config.folders.clone());
     let journal = open_journal(&config)?;
     let daemon_pid = daemon::running_daemon(&config.vault);
@@ -559,7 +823,6 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     let now = std::time::SystemTime::now();
     let hour = now - std::time::Duration::from_secs(3600);
     let day = now - std::time::Duration::from_secs(86_400);
-    let registry = registry_for(&config)?;
     let mut rates = Vec::new();
     for t in registry.tools() {
         let used = journal.rate_use(t.name(), hour, day)?;
@@ -600,7 +863,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     for e in &running {
         println!(
             "  {}  {}  {} for {} ms",
-            e.note,
+            escape_controls(&e.note),
             e.call_id.as_deref().unwrap_or(""),
             e.tool.as_deref().unwrap_or(""),
             e.duration_ms.unwrap_or(0)
@@ -615,7 +878,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         println!(
             "  {}  {}  {} {}: {}",
             e.time,
-            e.note,
+            escape_controls(&e.note),
             e.tool.as_deref().unwrap_or(""),
             e.outcome.as_deref().unwrap_or(""),
             redactor.redact(e.detail.as_deref().unwrap_or(""))
@@ -627,7 +890,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             println!(
                 "  {}  {}: {}",
                 e.time,
-                e.note,
+                escape_controls(&e.note),
                 redactor.redact(e.detail.as_deref().unwrap_or(""))
             );
         }
@@ -653,7 +916,9 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
 
 /// `vaultd approve` / `vaultd reject`: prints each decided call and where the note went.
 fn decide(g: &GlobalArgs, note: &Path, decision: Decision) -> Result<i32> {
-    let config = load(g)?;
+    use crate::vault::State;
+    let (config, _) = load(g)?;
+    let note = &resolve_note(&config, note, &[State::PendingApproval, State::Approved])?;
     let outcome = match decision {
         Decision::Approved => crate::approval::approve(&config, note)?,
         Decision::Rejected => crate::approval::reject(&config, note)?,
@@ -685,7 +950,11 @@ fn decide(g: &GlobalArgs, note: &Path, decision: Decision) -> Result<i32> {
         }
         (Decision::Rejected, _) => "",
     };
-    writeln!(out, "note is now {}{daemon_note}", outcome.note)?;
+    writeln!(
+        out,
+        "note is now {}{daemon_note}",
+        escape_controls(&outcome.note)
+    )?;
     Ok(0)
 }
 
@@ -697,13 +966,18 @@ fn log(
     limit: usize,
     as_json: bool,
 ) -> Result<i32> {
-    let config = load(g)?;
+    let (config, _) = validated_without_secrets(g)?;
     let journal = open_journal(&config)?;
     let since = match since {
         Some(s) => {
             let d = humantime::parse_duration(&s)
                 .with_context(|| format!("--since {s}: not a duration like 30m, 1h, 2days"))?;
-            Some(std::time::SystemTime::now() - d)
+            // Further back than the clock goes: everything.
+            Some(
+                std::time::SystemTime::now()
+                    .checked_sub(d)
+                    .unwrap_or(std::time::UNIX_EPOCH),
+            )
         }
         None => None,
     };
@@ -720,7 +994,7 @@ fn log(
         if as_json {
             writeln!(out, "{}", redactor.redact(&serde_json::to_string(&e)?))?;
         } else {
-            let mut line = format!("{}  {:<10} {}", e.time, e.event, e.note);
+            let mut line = format!("{}  {:<10} {}", e.time, e.event, escape_controls(&e.note));
             for part in [&e.call_id, &e.tool, &e.outcome].into_iter().flatten() {
                 line.push_str("  ");
                 line.push_str(part);
@@ -730,7 +1004,7 @@ fn log(
             }
             if let Some(d) = &e.detail {
                 line.push_str("  ");
-                line.push_str(d);
+                line.push_str(&escape_controls(d));
             }
             writeln!(out, "{}", redactor.redact(&line))?;
         }

@@ -9,29 +9,36 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    // Fields named `reason`, not `source`: the message already says it, and a `source` would
+    // be printed a second time by `{:#}` chains.
+    #[error("cannot read config {path}: {reason}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     #[error("bad config {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    /// Every unknown key of the file at once, each as `file:line:column: key`.
+    #[error("bad config {path}: unknown keys (a typo?):\n{}", .keys.join("\n"))]
+    UnknownKeys { path: PathBuf, keys: Vec<String> },
     #[error("bad config {path}: key `{key}`: {message}")]
     Invalid {
         path: PathBuf,
         key: String,
         message: String,
     },
-    #[error("bad config {path}: key `{key}`: {source}")]
+    #[error("bad config {path}: key `{key}`: {reason}")]
     Secret {
         path: PathBuf,
         key: String,
-        source: SecretError,
+        reason: SecretError,
     },
     #[error(
-        "no vault given: pass --vault DIR or set `vault = \"...\"` in the config (looked for {looked})"
+        "no vault found: {looked}; pass --vault DIR, run vaultd inside a vault, or create one with `vaultd init DIR`"
     )]
     NoVault { looked: String },
+    #[error("no such vault: {path} ({reason})")]
+    NoSuchVault { path: PathBuf, reason: String },
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -317,6 +324,9 @@ pub struct Overrides {
     pub vault: Option<PathBuf>,
     pub config: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
+    /// Commands that run no tool (`status`, `log`) keep secret references unresolved: an
+    /// unset environment variable must not stop them (the values are never needed there).
+    pub skip_secrets: bool,
 }
 
 /// The config file to read, by the lookup order of DESIGN §6: `--config`, `$VAULTD_CONFIG`,
@@ -374,14 +384,33 @@ pub fn expand_tilde(p: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Finds, reads and validates the config. The vault folder must exist.
+/// The vault that holds the current folder: the first folder, walking up, that holds
+/// `.vaultd.toml` or `Needs_Action/` (DESIGN §13).
+pub fn find_vault_upwards() -> Option<PathBuf> {
+    let cwd = std::env::current_dir().ok()?;
+    let needs_action = Folders::default().needs_action;
+    cwd.ancestors()
+        .find(|dir| dir.join(".vaultd.toml").is_file() || dir.join(&needs_action).is_dir())
+        .map(Path::to_path_buf)
+}
+
+/// Finds, reads and validates the config. The vault folder must exist. Without `--vault`, a
+/// config named by `--config` or `$VAULTD_CONFIG` decides (its `vault`, else the folder
+/// found walking up); otherwise the vault found walking up from the current folder.
 pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
+    let explicit_config = overrides.config.is_some()
+        || std::env::var_os("VAULTD_CONFIG").is_some_and(|v| !v.is_empty());
+    let mut found = overrides.clone();
+    if found.vault.is_none() && !explicit_config {
+        found.vault = find_vault_upwards();
+    }
+    let overrides = &found;
     let path = locate(overrides);
     let raw = match &path {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+            let text = std::fs::read_to_string(p).map_err(|reason| ConfigError::Read {
                 path: p.clone(),
-                source,
+                reason,
             })?;
             parse_raw(&text, p)?
         }
@@ -390,11 +419,90 @@ pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
     from_raw(raw, path, overrides)
 }
 
+/// Parses the file strictly. Every unknown key is reported at once, each with its line and
+/// column: serde stops at the first, so each one found is removed and the rest parsed again.
 pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
-    toml::from_str(text).map_err(|e| ConfigError::Parse {
+    use serde::Deserialize as _;
+    let parse_error = |e: toml::de::Error| ConfigError::Parse {
         path: path.to_path_buf(),
         message: e.to_string(),
+    };
+    let mut table = toml::de::DeTable::parse(text).map_err(parse_error)?;
+    let mut unknown = Vec::new();
+    loop {
+        let attempt = RawConfig::deserialize(toml::de::Deserializer::from(table.clone()));
+        let mut error = match attempt {
+            Ok(raw) if unknown.is_empty() => return Ok(raw),
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let span = error.span();
+        let removed = match &span {
+            Some(span) if error.message().starts_with("unknown field") => {
+                remove_key(table.get_mut(), span, "")
+            }
+            _ => None,
+        };
+        match (removed, span) {
+            (Some(key), Some(span)) if unknown.len() < 100 => {
+                let (line, column) = line_column(text, span.start);
+                unknown.push(format!("{}:{line}:{column}: `{key}`", path.display()));
+            }
+            _ if unknown.is_empty() => {
+                error.set_input(Some(text));
+                return Err(parse_error(error));
+            }
+            // Another error after the unknown keys: report the keys; the rest follows once
+            // they are fixed.
+            _ => break,
+        }
+    }
+    Err(ConfigError::UnknownKeys {
+        path: path.to_path_buf(),
+        keys: unknown,
     })
+}
+
+/// Removes the key whose name sits at `span`, anywhere in the tree; returns its dotted path.
+fn remove_key(
+    table: &mut toml::de::DeTable<'_>,
+    span: &std::ops::Range<usize>,
+    prefix: &str,
+) -> Option<String> {
+    let hit = table.keys().find(|k| k.span() == *span).cloned();
+    if let Some(key) = hit {
+        table.remove(&key);
+        return Some(format!("{prefix}{}", key.get_ref()));
+    }
+    for (k, v) in table.iter_mut() {
+        let path = format!("{prefix}{}.", k.get_ref());
+        if let Some(hit) = remove_key_in(v.get_mut(), span, &path) {
+            return Some(hit);
+        }
+    }
+    None
+}
+
+fn remove_key_in(
+    value: &mut toml::de::DeValue<'_>,
+    span: &std::ops::Range<usize>,
+    prefix: &str,
+) -> Option<String> {
+    match value {
+        toml::de::DeValue::Table(t) => remove_key(t, span, prefix),
+        toml::de::DeValue::Array(items) => items
+            .iter_mut()
+            .find_map(|item| remove_key_in(item.get_mut(), span, prefix)),
+        _ => None,
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
 }
 
 fn parse_duration(
@@ -438,10 +546,15 @@ pub fn from_raw(
         message,
     };
     let secret = |key: &str, reference: &str| {
-        Secret::resolve(reference).map_err(|source| ConfigError::Secret {
+        let resolved = if overrides.skip_secrets {
+            Secret::unresolved(reference)
+        } else {
+            Secret::resolve(reference)
+        };
+        resolved.map_err(|reason| ConfigError::Secret {
             path: path.clone(),
             key: key.to_string(),
-            source,
+            reason,
         })
     };
 
@@ -458,27 +571,46 @@ pub fn from_raw(
     let vault = match (&overrides.vault, &raw.vault) {
         (Some(v), _) => v.clone(),
         (None, Some(v)) => config_path(v),
-        (None, None) => {
-            return Err(ConfigError::NoVault {
-                looked: source
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|| "no config file found".into()),
-            });
+        (None, None) => match find_vault_upwards() {
+            Some(v) => v,
+            None => {
+                let looked = match &source {
+                    Some(p) => format!("{} sets no `vault`", p.display()),
+                    None => "no config file sets `vault`".to_string(),
+                };
+                let looked = match std::env::current_dir() {
+                    Ok(cwd) => format!(
+                        "{looked}, and neither {} nor any folder above it holds .vaultd.toml or {}/",
+                        cwd.display(),
+                        Folders::default().needs_action
+                    ),
+                    Err(_) => looked,
+                };
+                return Err(ConfigError::NoVault { looked });
+            }
+        },
+    };
+    // A vault named on the command line that does not exist is "no such vault", not a bad
+    // config; one named in the config file is that file's key at fault.
+    let from_command_line = overrides.vault.is_some();
+    let unusable = |reason: String| {
+        if from_command_line {
+            ConfigError::NoSuchVault {
+                path: vault.clone(),
+                reason,
+            }
+        } else {
+            invalid(
+                "vault",
+                format!("vault folder {} is not usable: {reason}", vault.display()),
+            )
         }
     };
-    let vault = std::fs::canonicalize(&vault).map_err(|e| {
-        invalid(
-            "vault",
-            format!("vault folder {} is not usable: {e}", vault.display()),
-        )
-    })?;
-    if !vault.is_dir() {
-        return Err(invalid(
-            "vault",
-            format!("{} is not a folder", vault.display()),
-        ));
+    let canonical = std::fs::canonicalize(&vault).map_err(|e| unusable(e.to_string()))?;
+    if !canonical.is_dir() {
+        return Err(unusable("not a folder".to_string()));
     }
+    let vault = canonical;
     let state_dir = match (&overrides.state_dir, &raw.state_dir) {
         (Some(s), _) => s.clone(),
         (None, Some(s)) => config_path(s),
@@ -830,7 +962,7 @@ impl ToolsConfig {
         let overrides = Overrides {
             vault: Some(dir.clone()),
             state_dir: Some(dir),
-            config: None,
+            ..Default::default()
         };
         from_raw(RawConfig::default(), None, &overrides)
             .expect("the default config is valid")
@@ -890,7 +1022,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("providr"), "{err}");
-        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("test.toml:2:1"), "{err}");
     }
 
     #[test]

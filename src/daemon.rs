@@ -26,6 +26,16 @@ use tokio::task::JoinSet;
 /// A start-up backlog this large gets progress reports in the log.
 const PROGRESS_FROM: usize = 500;
 
+/// On a terminal, a backlog this large gets a progress bar (indicatif) instead.
+const PROGRESS_BAR_FROM: usize = 20;
+
+/// How long a note that arrived by rename stays where it landed before it is claimed. `mv
+/// a.md b.md Needs_Action/` looks at each note it moved right after moving it (GNU mv
+/// `lstat`s the destination) and fails with "cannot stat" when the note is already gone.
+/// Those two system calls follow each other at once; 5 ms covers mv being preempted
+/// between them on a busy machine, at the price of 5 ms on every drop by rename.
+const MOVED_IN_GRACE: Duration = Duration::from_millis(5);
+
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error(transparent)]
@@ -291,21 +301,28 @@ impl Daemon {
         };
 
         self.recover(&mut tasks).await?;
-        let queued = self.scan_all(&mut tasks);
+        let (looked, queued) = self.scan_all(&mut tasks);
         tracing::info!(
             vault = %self.vault.root().display(),
             queued,
             "vaultd started"
         );
-        if queued >= PROGRESS_FROM {
-            // Detached: `once` must not wait for the next progress tick to exit.
-            tokio::spawn(self.clone().report_progress(queued));
-        }
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
+            && std::env::var_os("JOURNAL_STREAM").is_none();
+        let progress = if (bar && queued >= PROGRESS_BAR_FROM) || queued >= PROGRESS_FROM {
+            Some(tokio::spawn(self.clone().report_progress(looked, bar)))
+        } else {
+            None
+        };
 
         if mode == Mode::Once {
             tokio::select! {
                 _ = async { while tasks.join_next().await.is_some() {} } => {}
                 _ = &mut shutdown => { self.drain(&mut tasks).await; }
+            }
+            // The last tick draws the finished bar (it comes within one tick).
+            if let Some(p) = progress {
+                let _ = p.await;
             }
             return Ok(());
         }
@@ -379,18 +396,21 @@ impl Daemon {
             .collect()
     }
 
-    /// Queues every note of the watched folders. Returns how many were queued.
-    fn scan_all(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> usize {
+    /// Queues every note of the watched folders. Returns how many notes were looked at and
+    /// how many of them hold a pending call (the "queued" of the start-up line: a note
+    /// without calls waits for its agent, not for vaultd).
+    fn scan_all(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> (usize, usize) {
         let me = self.clone();
         tasks.spawn(async move { me.resume_stranded().await });
-        let mut n = 0;
+        let (mut looked, mut queued) = (0, 0);
         for folder in self.watched_states() {
             for path in self.vault.scan(folder) {
+                queued += usize::from(has_pending_call(&path));
                 self.dispatch(path, tasks);
-                n += 1;
+                looked += 1;
             }
         }
-        n
+        (looked, queued)
     }
 
     /// With `approval_via = "cli"`, Approved/ is watched only for the notes `vaultd approve`
@@ -410,7 +430,6 @@ impl Daemon {
 
     fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {
         match hint {
-            Hint::Ready(path) => self.dispatch(path, tasks),
             Hint::Closed(path) | Hint::Changed(path) => {
                 if self.vault.locate(&path).is_none() {
                     return;
@@ -433,6 +452,13 @@ impl Daemon {
             }
             Hint::Rescan => {
                 self.scan_all(tasks);
+            }
+            Hint::Ready(path) => {
+                let me = self.clone();
+                tasks.spawn(async move {
+                    tokio::time::sleep(MOVED_IN_GRACE).await;
+                    me.spawn_note(path).await;
+                });
             }
         }
     }
@@ -567,27 +593,53 @@ impl Daemon {
         self.looked_at.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Logs how far a long start-up backlog has got, every few seconds, until it is done.
-    async fn report_progress(self: Arc<Self>, queued: usize) {
+    /// Shows how far a long start-up backlog has got until it is done: a progress bar on a
+    /// terminal, else a log line (and systemd's STATUS=) every few seconds.
+    async fn report_progress(self: Arc<Self>, queued: usize, bar: bool) {
         let start = std::time::Instant::now();
+        let bar = bar.then(|| {
+            let b = indicatif::ProgressBar::new(queued as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {pos}/{len} notes ({elapsed})",
+                )
+                .expect("the template is valid")
+                .progress_chars("=> "),
+            );
+            b.set_message("start-up backlog");
+            b
+        });
+        let mut last_line = std::time::Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             let done = self.looked_at.load(Ordering::Relaxed).min(queued);
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
             if done >= queued || self.stopping.load(Ordering::SeqCst) {
-                tracing::info!(
-                    queued,
-                    "start-up backlog done in {:.1} s",
-                    start.elapsed().as_secs_f64()
-                );
+                match &bar {
+                    Some(b) => b.finish_with_message("start-up backlog done"),
+                    None => tracing::info!(
+                        queued,
+                        "start-up backlog done in {:.1} s",
+                        start.elapsed().as_secs_f64()
+                    ),
+                }
                 return;
             }
+            if last_line.elapsed() < Duration::from_secs(2) {
+                continue;
+            }
+            last_line = std::time::Instant::now();
             let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
                 "start-up backlog: {done} of {queued} notes"
             ))]);
-            tracing::info!(
-                "start-up backlog: {done} of {queued} notes ({}%)",
-                done * 100 / queued
-            );
+            if bar.is_none() {
+                tracing::info!(
+                    "start-up backlog: {done} of {queued} notes ({}%)",
+                    done * 100 / queued
+                );
+            }
         }
     }
 
@@ -1473,14 +1525,18 @@ impl Daemon {
             self.vault.move_to(path, next)?
         };
         let rel = self.vault.relative(&dest);
-        // One line per finished note, with its outcome and why (point 10 of issue 10).
+        // One line per finished note, with its outcome and why (point 10 of issue 10); a held
+        // note's line says what to do next (§13).
         match next {
             State::Failed => {
                 tracing::warn!(note = %rel, state = next.as_str(), "note failed: {reason}")
             }
-            State::PendingApproval => {
-                tracing::warn!(note = %rel, state = next.as_str(), "note held: {reason}")
-            }
+            State::PendingApproval => tracing::warn!(
+                note = %rel,
+                state = next.as_str(),
+                "note held: {reason}. {}",
+                self.how_to_decide()
+            ),
             _ => tracing::info!(note = %rel, state = next.as_str(), "note processed: {reason}"),
         }
         self.blocking(move |j| {
@@ -1810,4 +1866,13 @@ fn unfinished_tail(text: &str, parsed: &ParsedNote) -> bool {
         && text
             .get(last.span.end..)
             .is_none_or(|rest| rest.trim().is_empty())
+}
+
+/// True when the note holds a call without a result (read errors: false; the note task
+/// reports them).
+fn has_pending_call(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| {
+        let note = crate::note::parse_note(&text);
+        note.pending_calls().next().is_some()
+    })
 }

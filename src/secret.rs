@@ -12,10 +12,10 @@ pub enum SecretError {
     NotAReference(String),
     #[error("environment variable {0} is not set or empty")]
     EnvMissing(String),
-    #[error("cannot read secret file {path}: {source}")]
+    #[error("cannot read secret file {path}: {reason}")]
     File {
         path: PathBuf,
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     #[error("credential:{0} needs $CREDENTIALS_DIRECTORY (set by systemd's LoadCredential=)")]
     NoCredentialsDirectory(String),
@@ -64,6 +64,27 @@ impl Secret {
         })
     }
 
+    /// A reference checked for its form but not read: for commands that run no tool
+    /// (`status`, `log`), which must work while a secret's variable is unset.
+    /// [`Secret::expose`] gives an empty string; [`Secret::is_resolved`] says so.
+    pub fn unresolved(reference: &str) -> Result<Secret, SecretError> {
+        if !["env:", "file:", "credential:"]
+            .iter()
+            .any(|p| reference.starts_with(p))
+        {
+            return Err(SecretError::NotAReference(redact_literal(reference)));
+        }
+        Ok(Secret {
+            reference: reference.to_string(),
+            value: String::new(),
+        })
+    }
+
+    /// False for a reference loaded with [`Secret::unresolved`].
+    pub fn is_resolved(&self) -> bool {
+        !self.value.is_empty()
+    }
+
     /// A secret from a literal value, for tests and for secrets that come from elsewhere.
     pub fn literal(reference: &str, value: &str) -> Secret {
         Secret {
@@ -95,9 +116,9 @@ fn redact_literal(s: &str) -> String {
 }
 
 fn read_trimmed(path: PathBuf) -> Result<String, SecretError> {
-    let mut s = std::fs::read_to_string(&path).map_err(|source| SecretError::File {
+    let mut s = std::fs::read_to_string(&path).map_err(|reason| SecretError::File {
         path: path.clone(),
-        source,
+        reason,
     })?;
     if s.ends_with('\n') {
         s.pop();

@@ -4,6 +4,7 @@
 mod util;
 
 mod approval;
+mod cli;
 mod cmark;
 mod hostile;
 mod identity;

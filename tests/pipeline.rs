@@ -215,10 +215,15 @@ fn failed_result(vault: &TestVault, name: &str, text: &str) -> serde_json::Value
     assert!(!results.is_empty(), "no result in {note}");
     let r = results.last().unwrap().clone();
     assert_eq!(r["ok"], false);
+    // A block that never became a call is titled "broken call" (issue 11).
+    let shown_name = match r["name"].as_str().unwrap() {
+        "tool_call" => "broken call",
+        name => name,
+    };
     assert!(
         note.contains(&format!(
             "> [!failure]- {} · {}",
-            r["name"].as_str().unwrap(),
+            shown_name,
             r["error"]["code"].as_str().unwrap()
         )),
         "{note}"
@@ -235,10 +240,16 @@ async fn broken_json_is_invalid_json_with_line_and_column() {
     let r = failed_result(&vault, "broken.md", text);
     assert_eq!(r["error"]["code"], "INVALID_JSON");
     assert_eq!(r["error"]["retryable"], false);
-    // Line 4 of the note as written, counted in the note as vaultd read it after its claim
-    // added the `tool_note` frontmatter (3 lines) above it (DESIGN §9.2; README).
-    assert_eq!(r["error"]["details"]["line"], 4 + 3);
+    // §8.3: the line counted in the note as written, vaultd's frontmatter included: the
+    // broken call's line in the final note.
     let note = vault.read("Failed", "broken.md");
+    let broken_line = note
+        .lines()
+        .position(|l| l.starts_with("{\"tool_call\": {\"name\": \"search_web\",}}"))
+        .unwrap()
+        + 1;
+    assert!(broken_line > 4, "frontmatter added above");
+    assert_eq!(r["error"]["details"]["line"], broken_line);
     assert!(r["error"]["details"]["column"].as_u64().unwrap() > 1);
     assert!(note.ends_with("```\n"));
     assert!(note.contains(text), "original kept");
@@ -529,7 +540,7 @@ fn a_bad_config_stops_with_file_line_and_key() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("bad.toml") && err.contains("provder") && err.contains("line 4"),
+        err.contains("bad.toml:4:") && err.contains("provder"),
         "{err}"
     );
 }

@@ -23,6 +23,64 @@ pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: System
     if blocks.is_empty() {
         return set_properties(text, status, now);
     }
+    let appended = append_only(text, blocks);
+    let written = set_properties(&appended, status, now);
+    // §8.3: an INVALID_JSON line is counted in the note as written, so the lines that
+    // new frontmatter properties add above the call move it down.
+    let added = written.matches('\n').count() - appended.matches('\n').count();
+    if added == 0 || !blocks.iter().any(|b| json_position(b).is_some()) {
+        return written;
+    }
+    let shifted: Vec<CallResult> = blocks
+        .iter()
+        .filter_map(|b| match b {
+            Block::Result(r) => Some(shift_json_position(r, added)),
+            Block::Held(_) => None,
+        })
+        .collect();
+    let mut results = shifted.iter();
+    let blocks: Vec<Block<'_>> = blocks
+        .iter()
+        .map(|b| match b {
+            Block::Result(_) => {
+                Block::Result(results.next().expect("one shifted result per result block"))
+            }
+            Block::Held(h) => Block::Held(h),
+        })
+        .collect();
+    set_properties(&append_only(text, &blocks), status, now)
+}
+
+/// INVALID_JSON's (line, column), when `block` is such a result.
+fn json_position(block: &Block<'_>) -> Option<(u64, u64)> {
+    let Block::Result(r) = block else { return None };
+    let e = r.outcome.as_ref().err()?;
+    if e.code != crate::call::ErrorCode::InvalidJson {
+        return None;
+    }
+    let d = e.details.as_ref()?;
+    Some((d.get("line")?.as_u64()?, d.get("column")?.as_u64()?))
+}
+
+/// The result with its INVALID_JSON line moved down by `added` lines, message included.
+fn shift_json_position(result: &CallResult, added: usize) -> CallResult {
+    let mut r = result.clone();
+    if let Some((line, column)) = json_position(&Block::Result(result))
+        && let Err(e) = &mut r.outcome
+    {
+        let moved = line + added as u64;
+        e.message = e.message.replacen(
+            &format!("at line {line}, column {column}"),
+            &format!("at line {moved}, column {column}"),
+            1,
+        );
+        e.details = Some(serde_json::json!({ "line": moved, "column": column }));
+    }
+    r
+}
+
+/// `text` with the blocks appended and the frontmatter not yet touched.
+fn append_only(text: &str, blocks: &[Block<'_>]) -> String {
     let analysis = analyze(text);
     let eol = analysis.note.line_ending.as_str();
     let mut out = String::with_capacity(text.len() + 1024 * blocks.len());
@@ -48,7 +106,7 @@ pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: System
             out.push_str(eol);
         }
     }
-    set_properties(&out, status, now)
+    out
 }
 
 /// Counts the result blocks of `text` and sets the four frontmatter properties (creating the
@@ -57,12 +115,26 @@ pub fn set_properties(text: &str, status: &str, now: SystemTime) -> String {
     let note = parse_note(text);
     let calls = note.results.len();
     let errors = note.results.iter().filter(|r| !r.ok).count();
-    let props = [
+    let held = note
+        .pending_calls()
+        .filter(|c| note.is_held(&c.call_id))
+        .count();
+    let mut props = vec![
         ("tool_status", one_line(status)),
         ("tool_calls", calls.to_string()),
         ("tool_errors", errors.to_string()),
-        ("tool_updated", rfc3339_seconds(now)),
     ];
+    // Calls waiting for a person (a `[!question]` each, no result yet): shown once a note
+    // has any, and kept up to date (back to 0) from then on.
+    let has_held_line = note.frontmatter.as_ref().is_some_and(|span| {
+        text[span.clone()]
+            .lines()
+            .any(|l| l.starts_with("tool_held:"))
+    });
+    if held > 0 || has_held_line {
+        props.push(("tool_held", held.to_string()));
+    }
+    props.push(("tool_updated", rfc3339_seconds(now)));
     set_frontmatter(text, &note, &props)
 }
 
@@ -201,7 +273,7 @@ fn result_callout(result: &CallResult) -> Vec<String> {
             (title, Some(&output.data), None)
         }
         Err(error) => (
-            format!("[!failure]- {} · {} · {ms} ms", result.name, error.code),
+            format!("[!failure]- {}", failure_title(result, error, ms)),
             None,
             Some(error),
         ),
@@ -223,6 +295,25 @@ fn result_callout(result: &CallResult) -> Vec<String> {
     let mut lines = vec![format!("> {}", one_line(&title))];
     push_json_fence(&mut lines, &doc);
     lines
+}
+
+/// What the agent needs first: which call, what went wrong, where. A block that never became
+/// a call is a "broken call", named by its position: "broken call · INVALID_JSON at 12:5".
+fn failure_title(result: &CallResult, error: &CallError, ms: u64) -> String {
+    use crate::call::ErrorCode;
+    let broken = matches!(error.code, ErrorCode::InvalidJson | ErrorCode::InvalidCall);
+    if !broken {
+        return format!("{} · {} · {ms} ms", result.name, error.code);
+    }
+    let name = if result.name == "tool_call" {
+        "broken call"
+    } else {
+        result.name.as_str()
+    };
+    match json_position(&Block::Result(result)) {
+        Some((line, column)) => format!("{name} · {} at {line}:{column}", error.code),
+        None => format!("{name} · {}", error.code),
+    }
 }
 
 /// The lines of an open `[!question]` callout: what will run and why it waits for a person.
@@ -375,6 +466,7 @@ tool_updated: 2023-11-14T22:14:20Z
 
     #[test]
     fn failure_block_exact() {
+        // The four properties go above line 3: INVALID_JSON's line moves to 7 (§8.3).
         let result = failure("c-1");
         let out = append_blocks(
             "---\na: 1\n---\nx\n",
@@ -392,7 +484,7 @@ tool_updated: 2023-11-14T22:14:20Z
 ---
 x
 
-> [!failure]- search_web · INVALID_JSON · 0 ms
+> [!failure]- search_web · INVALID_JSON at 7:5
 > ```json
 > {
 >   \"tool_result\": {
@@ -401,11 +493,11 @@ x
 >     \"ok\": false,
 >     \"error\": {
 >       \"code\": \"INVALID_JSON\",
->       \"message\": \"invalid JSON at line 3, column 5: expected `,` or `}`\",
+>       \"message\": \"invalid JSON at line 7, column 5: expected `,` or `}`\",
 >       \"retryable\": false,
 >       \"details\": {
 >         \"column\": 5,
->         \"line\": 3
+>         \"line\": 7
 >       }
 >     },
 >     \"meta\": {

@@ -251,7 +251,8 @@ impl RegisteredTool {
         let details = json!({
             "violations": violations
                 .iter()
-                .map(|(p, m)| json!({ "pointer": if p.is_empty() { "/" } else { p.as_str() }, "message": m }))
+                // RFC 6901: "" is the parameters object itself; "/" would name a member "".
+                .map(|(p, m)| json!({ "pointer": p, "message": m }))
                 .collect::<Vec<_>>()
         });
         Err(CallError::new(

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod home;
 pub mod searx;
 
 use std::path::{Path, PathBuf};

@@ -308,6 +308,10 @@ impl Webhooks {
     ) -> Result<Webhooks, RegistryError> {
         let mut hooks = BTreeMap::new();
         for (name, secret) in config {
+            if !secret.is_resolved() {
+                // Loaded for a command that runs no tool (`status`): nothing to check or send.
+                continue;
+            }
             // The parse error never quotes the URL; the reference is safe to print.
             let setup = |why: String| RegistryError::Setup {
                 tool: TOOL.to_string(),
