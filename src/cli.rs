@@ -7,6 +7,7 @@ use crate::journal::Decision;
 use crate::note::{CallBody, parse_note};
 use crate::secret::Redactor;
 use crate::tools::Registry;
+use crate::tools::mcp::McpSource;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
@@ -70,13 +71,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the tools with their descriptions and JSON Schemas.
+    /// List the tools with their descriptions and JSON Schemas (MCP tools from the catalog
+    /// the daemon last listed; no server is started).
     Tools {
         #[arg(long)]
         json: bool,
         /// Print a ready-to-use tool list for an LLM API.
         #[arg(long, value_enum)]
         format: Option<ToolFormat>,
+        #[command(subcommand)]
+        action: Option<ToolsAction>,
     },
     /// Create the folders, a commented config and a welcome note in DIR.
     Init { dir: PathBuf },
@@ -119,6 +123,13 @@ pub enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum ToolsAction {
+    /// Accept the definition an MCP server offers now for NAME (`mcp__SERVER__TOOL`): after a
+    /// change (see the diff in `vaultd tools`) or for a tool that appeared later.
+    Accept { name: String },
+}
+
 /// Parses the command line, runs it, returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
@@ -145,7 +156,11 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Command::Run => serve(&g, Mode::Run),
         Command::Once => serve(&g, Mode::Once),
         Command::Check { notes, json } => check(&g, &notes, json),
-        Command::Tools { json, format } => tools(&g, json, format),
+        Command::Tools {
+            action: Some(ToolsAction::Accept { name }),
+            ..
+        } => accept_tool(&g, &name),
+        Command::Tools { json, format, .. } => tools(&g, json, format),
         Command::Init { dir } => init(&dir),
         Command::Config => print_config(&g),
         Command::Status { json } => status(&g, json),
@@ -260,16 +275,37 @@ impl Write for RedactingLine {
     }
 }
 
-fn registry_for(config: &Config) -> Result<Registry> {
-    Ok(Registry::from_config(
-        &config.tools,
-        daemon::http_client()?,
-    )?)
+/// Every tool, MCP tools from the journal's catalog (no server is started).
+fn registry_for(config: &Config) -> Result<(Registry, McpSource, Arc<crate::journal::Journal>)> {
+    let mut registry = Registry::from_config(&config.tools, daemon::http_client()?)?;
+    let journal = Arc::new(open_journal(config)?);
+    let mcp = McpSource::offline(&config.mcp, journal.clone());
+    mcp.register(&mut registry)?;
+    Ok((registry, mcp, journal))
+}
+
+/// `vaultd tools accept NAME`.
+fn accept_tool(g: &GlobalArgs, name: &str) -> Result<i32> {
+    let config = load_lenient(g)?;
+    let Some((server, tool)) = crate::tools::mcp::split_name(name) else {
+        anyhow::bail!("`{name}` is not an MCP tool name (mcp__SERVER__TOOL); only MCP tool definitions are pinned");
+    };
+    if !config.mcp.iter().any(|s| s.name == server) {
+        anyhow::bail!("no MCP server `{server}` in the config (add [mcp.{server}])");
+    }
+    let journal = open_journal(&config)?;
+    if !journal.accept_mcp_tool(server, tool)? {
+        anyhow::bail!(
+            "MCP server `{server}` has not listed a tool `{tool}` (is it in mcp.{server}.allow, and has the daemon run since it appeared?)"
+        );
+    }
+    println!("accepted the current definition of {name}; its calls run again");
+    Ok(0)
 }
 
 fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
     let config = load_lenient(g)?;
-    let registry = registry_for(&config)?;
+    let (registry, _mcp, _journal) = registry_for(&config)?;
     let mut any_invalid = false;
     let mut out = std::io::stdout().lock();
     for path in notes {
@@ -365,8 +401,16 @@ fn report_unreadable(
 
 fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i32> {
     let config = load_lenient(g)?;
-    let registry = registry_for(&config)?;
-    let described = registry.describe();
+    let (registry, mcp, journal) = registry_for(&config)?;
+    let mut described = registry.describe();
+    if let Some(list) = described.as_array_mut() {
+        for t in list.iter_mut() {
+            let name = t["name"].as_str().unwrap_or("").to_string();
+            if let Some(extra) = mcp.describe(&journal, &name) {
+                t["mcp"] = extra;
+            }
+        }
+    }
     let list = described.as_array().cloned().unwrap_or_default();
     let out: Value = match format {
         Some(ToolFormat::Openai) => Value::Array(
@@ -383,10 +427,30 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
         None => {
             for t in &list {
                 println!(
-                    "{} ({})\n  {}\n  parameters: {}\n",
+                    "{} ({}, {}, approval: {})\n  {}",
                     t["name"].as_str().unwrap_or(""),
+                    t["source"].as_str().unwrap_or(""),
                     t["effect"].as_str().unwrap_or(""),
+                    t["approval"].as_str().unwrap_or(""),
                     t["description"].as_str().unwrap_or(""),
+                );
+                if let Some(m) = t.get("mcp") {
+                    println!("  definition: {}", m["pin"].as_str().unwrap_or(""));
+                    if !m["annotations"].is_null() {
+                        println!(
+                            "  annotations (hints from the server, not trusted): {}",
+                            m["annotations"]
+                        );
+                    }
+                    if let Some(at) = m["catalog_refreshed_at"].as_str() {
+                        println!("  listed by the server at {at}");
+                    }
+                    if let Some(diff) = m["diff"].as_str() {
+                        println!("  {}", diff.trim_end().replace('\n', "\n  "));
+                    }
+                }
+                println!(
+                    "  parameters: {}\n",
                     serde_json::to_string_pretty(&t["parameters"])?.replace('\n', "\n  ")
                 );
             }
@@ -541,7 +605,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     let now = std::time::SystemTime::now();
     let hour = now - std::time::Duration::from_secs(3600);
     let day = now - std::time::Duration::from_secs(86_400);
-    let registry = registry_for(&config)?;
+    let (registry, _mcp, _journal) = registry_for(&config)?;
     let mut rates = Vec::new();
     for t in registry.tools() {
         let used = journal.rate_use(t.name(), hour, day)?;

@@ -10,6 +10,8 @@ use crate::journal::{CallProgress, Decision, Journal, JournalError, RunId};
 use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
 use crate::runner::Runner;
 use crate::secret::Redactor;
+use crate::results::ResultStore;
+use crate::tools::mcp::McpSource;
 use crate::tools::{Admission, Registry};
 use crate::vault::{State, Vault, VaultError};
 use crate::watch::{self, Hint};
@@ -190,6 +192,9 @@ pub fn redactor_for(config: &Config) -> Redactor {
     }
     secrets.extend(t.send_notification.slack.values());
     secrets.extend(t.send_notification.discord.values());
+    for server in &config.mcp {
+        secrets.extend(server.secrets());
+    }
     Redactor::new(secrets, &usernames)
 }
 
@@ -205,8 +210,25 @@ pub async fn run(
     vault.prepare()?;
     let _lock = lock_vault(vault.root())?;
     let journal = Arc::new(Journal::open(&config.state_dir)?);
-    let registry = Arc::new(Registry::from_config(&config.tools, http_client()?)?);
-    let runner = Runner::new(registry, journal.clone(), redactor, config.workers);
+    let http = http_client()?;
+    let results = ResultStore::new(
+        config.vault.clone(),
+        config.tool_results.clone(),
+        config.max_result_bytes,
+    );
+    // Servers start in parallel; each delays start-up by at most its start_timeout.
+    let mcp = McpSource::start(
+        &config.mcp,
+        journal.clone(),
+        http.clone(),
+        &config.state_dir,
+        results.clone(),
+    )
+    .await;
+    let mut registry = Registry::from_config(&config.tools, http)?;
+    mcp.register(&mut registry)?;
+    let runner = Runner::new(Arc::new(registry), journal.clone(), redactor, config.workers)
+        .with_results(results);
     let daemon = Arc::new(Daemon {
         note_slots: Semaphore::new(config.workers * 4),
         config,
@@ -218,7 +240,10 @@ pub async fn run(
         looked_at: std::sync::atomic::AtomicUsize::new(0),
         reported: Mutex::new(HashSet::new()),
     });
-    daemon.supervise(mode, shutdown).await
+    let outcome = daemon.supervise(mode, shutdown).await;
+    // No server outlives vaultd.
+    mcp.shutdown().await;
+    outcome
 }
 
 impl Daemon {
