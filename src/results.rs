@@ -72,8 +72,8 @@ impl ResultStore {
         let pretty = serde_json::to_string_pretty(&data).unwrap_or_else(|_| compact.clone());
         let fence = fence_for(&pretty);
         let text = format!(
-            "# Result of {call_id}\n\nThe whole `data` of call `{call_id}` from [[{}]].\n\n{fence}json\n{pretty}\n{fence}\n",
-            note.trim_end_matches(".md")
+            "# Result of {call_id}\n\nThe whole `data` of call `{call_id}` from note `{}`.\n\n{fence}json\n{pretty}\n{fence}\n",
+            note_id_for(note)
         );
         self.save(&rel, text.as_bytes())?;
         Ok(json!({

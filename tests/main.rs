@@ -7,6 +7,7 @@ mod approval;
 mod cmark;
 mod hostile;
 mod limits;
+mod mcp;
 mod pipeline;
 mod recovery;
 mod secrets;
