@@ -160,7 +160,7 @@ impl ServerHandler for TestServer {
                     "image/png",
                 )])
             }
-            "drifting" => CallToolResult::success(vec![ContentBlock::text("hello")]),
+            "drifting" | "late" => CallToolResult::success(vec![ContentBlock::text("hello")]),
             "crash" => std::process::exit(3),
             "flaky" => {
                 let marker = self.dir.join("crashed_once");
