@@ -7,6 +7,7 @@ use crate::journal::Decision;
 use crate::note::{CallBody, parse_note};
 use crate::secret::Redactor;
 use crate::tools::Registry;
+use crate::tools::mcp::McpSource;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
@@ -98,7 +99,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the tools with their descriptions and JSON Schemas.
+    /// List the tools with their descriptions and JSON Schemas (MCP tools from the catalog
+    /// the daemon last listed; no server is started).
     #[command(after_help = "Example: vaultd tools --format anthropic")]
     Tools {
         #[arg(long)]
@@ -106,6 +108,8 @@ pub enum Command {
         /// Print a ready-to-use tool list for an LLM API.
         #[arg(long, value_enum)]
         format: Option<ToolFormat>,
+        #[command(subcommand)]
+        action: Option<ToolsAction>,
     },
     /// Notes per state, running calls, recent failures and problems, rate-limit use.
     #[command(after_help = "Example: vaultd status --json")]
@@ -157,6 +161,13 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ToolsAction {
+    /// Accept the definition an MCP server offers now for NAME (`mcp__SERVER__TOOL`): after a
+    /// change (see the diff in `vaultd tools`) or for a tool that appeared later.
+    Accept { name: String },
 }
 
 /// Parses the command line, runs it, returns the process exit code.
@@ -227,7 +238,11 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Command::Run => serve(&g, Mode::Run),
         Command::Once => serve(&g, Mode::Once),
         Command::Check { notes, json } => check(&g, &notes, json),
-        Command::Tools { json, format } => tools(&g, json, format),
+        Command::Tools {
+            action: Some(ToolsAction::Accept { name }),
+            ..
+        } => accept_tool(&g, &name),
+        Command::Tools { json, format, .. } => tools(&g, json, format),
         Command::Status { json } => status(&g, json),
         Command::Approve { note } => decide(&g, &note, Decision::Approved),
         Command::Reject { note } => decide(&g, &note, Decision::Rejected),
@@ -398,11 +413,41 @@ impl Write for RedactingLine {
     }
 }
 
+/// Every tool, MCP tools from the journal's catalog (no server is started).
 fn registry_for(config: &Config) -> Result<Registry> {
-    Ok(Registry::from_config(
-        &config.tools,
-        daemon::http_client()?,
-    )?)
+    Ok(mcp_registry_for(config)?.0)
+}
+
+/// [`registry_for`], with the MCP source and the journal it read the catalog from.
+fn mcp_registry_for(
+    config: &Config,
+) -> Result<(Registry, McpSource, Arc<crate::journal::Journal>)> {
+    let mut registry = Registry::from_config(&config.tools, daemon::http_client()?)?;
+    let journal = Arc::new(open_journal(config)?);
+    let mcp = McpSource::offline(&config.mcp, journal.clone());
+    mcp.register(&mut registry)?;
+    Ok((registry, mcp, journal))
+}
+
+/// `vaultd tools accept NAME`.
+fn accept_tool(g: &GlobalArgs, name: &str) -> Result<i32> {
+    let (config, _) = load_lenient(g)?;
+    let Some((server, tool)) = crate::tools::mcp::split_name(name) else {
+        anyhow::bail!(
+            "`{name}` is not an MCP tool name (mcp__SERVER__TOOL); only MCP tool definitions are pinned"
+        );
+    };
+    if !config.mcp.iter().any(|s| s.name == server) {
+        anyhow::bail!("no MCP server `{server}` in the config (add [mcp.{server}])");
+    }
+    let journal = open_journal(&config)?;
+    if !journal.accept_mcp_tool(server, tool)? {
+        anyhow::bail!(
+            "MCP server `{server}` has not listed a tool `{tool}` (is it in mcp.{server}.allow, and has the daemon run since it appeared?)"
+        );
+    }
+    println!("accepted the current definition of {name}; its calls run again");
+    Ok(0)
 }
 
 /// A NOTE argument: a path from the current folder, a path from the vault root, or a bare
@@ -623,8 +668,17 @@ fn report_unreadable(
 }
 
 fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i32> {
-    let (_, registry) = load_lenient(g)?;
-    let described = registry.describe();
+    let (config, _) = load_lenient(g)?;
+    let (registry, mcp, journal) = mcp_registry_for(&config)?;
+    let mut described = registry.describe();
+    if let Some(list) = described.as_array_mut() {
+        for t in list.iter_mut() {
+            let name = t["name"].as_str().unwrap_or("").to_string();
+            if let Some(extra) = mcp.describe(&journal, &name) {
+                t["mcp"] = extra;
+            }
+        }
+    }
     let list = described.as_array().cloned().unwrap_or_default();
     let out: Value = match format {
         Some(ToolFormat::Openai) => Value::Array(
@@ -643,10 +697,31 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
             for t in &list {
                 writeln!(
                     out,
-                    "{} ({})\n  {}\n  parameters: {}\n",
+                    "{} ({}, {}, approval: {})\n  {}",
                     t["name"].as_str().unwrap_or(""),
+                    t["source"].as_str().unwrap_or(""),
                     t["effect"].as_str().unwrap_or(""),
+                    t["approval"].as_str().unwrap_or(""),
                     t["description"].as_str().unwrap_or(""),
+                )?;
+                if let Some(m) = t.get("mcp") {
+                    writeln!(out, "  definition: {}", m["pin"].as_str().unwrap_or(""))?;
+                    if !m["annotations"].is_null() {
+                        println!(
+                            "  annotations (hints from the server, not trusted): {}",
+                            m["annotations"]
+                        );
+                    }
+                    if let Some(at) = m["catalog_refreshed_at"].as_str() {
+                        println!("  listed by the server at {at}");
+                    }
+                    if let Some(diff) = m["diff"].as_str() {
+                        println!("  {}", diff.trim_end().replace('\n', "\n  "));
+                    }
+                }
+                writeln!(
+                    out,
+                    "  parameters: {}\n",
                     serde_json::to_string_pretty(&t["parameters"])?.replace('\n', "\n  ")
                 )?;
             }

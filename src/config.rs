@@ -33,6 +33,8 @@ pub enum ConfigError {
         key: String,
         reason: SecretError,
     },
+    #[error(transparent)]
+    Mcp(#[from] crate::tools::mcp::config::McpConfigError),
     #[error(
         "no vault found: {looked}; pass --vault DIR, run vaultd inside a vault, or create one with `vaultd init DIR`"
     )]
@@ -69,6 +71,11 @@ pub struct RawConfig {
     pub folders: RawFolders,
     #[serde(default)]
     pub tools: RawTools,
+    /// A result `data` larger than this goes to `Tool_Results/` (DESIGN §10.6).
+    pub max_result_bytes: Option<usize>,
+    /// `[mcp.NAME]`: MCP servers, read by their tool source.
+    #[serde(default)]
+    pub mcp: BTreeMap<String, crate::tools::mcp::config::RawServer>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -81,6 +88,8 @@ pub struct RawFolders {
     pub rejected: Option<String>,
     pub done: Option<String>,
     pub failed: Option<String>,
+    /// Where oversized results are saved; never watched.
+    pub tool_results: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -183,6 +192,12 @@ pub struct Config {
     pub stale_copy_window: Duration,
     pub folders: Folders,
     pub tools: ToolsConfig,
+    /// `data` larger than this (compact JSON bytes) is saved to `tool_results` instead.
+    pub max_result_bytes: usize,
+    /// Vault-relative folder of saved results and attachments (`[folders] tool_results`).
+    pub tool_results: String,
+    /// `[mcp.NAME]` servers, validated.
+    pub mcp: Vec<crate::tools::mcp::config::McpServerConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -692,8 +707,12 @@ pub fn from_raw(
         done: f.done.unwrap_or(d.done),
         failed: f.failed.unwrap_or(d.failed),
     };
+    let tool_results = f
+        .tool_results
+        .unwrap_or_else(|| crate::results::DEFAULT_FOLDER.to_string());
     {
         let all = [
+            ("folders.tool_results", &tool_results),
             ("folders.needs_action", &folders.needs_action),
             ("folders.in_progress", &folders.in_progress),
             ("folders.pending_approval", &folders.pending_approval),
@@ -925,6 +944,17 @@ pub fn from_raw(
         discord,
     };
 
+    let max_result_bytes = raw
+        .max_result_bytes
+        .unwrap_or(crate::results::DEFAULT_MAX_RESULT_BYTES);
+    if max_result_bytes < 1024 {
+        return Err(invalid(
+            "max_result_bytes",
+            format!("must be at least 1024, got {max_result_bytes}"),
+        ));
+    }
+    let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &path, config_path)?;
+
     Ok(Config {
         source,
         vault,
@@ -944,6 +974,9 @@ pub fn from_raw(
             search_web,
             send_notification,
         },
+        max_result_bytes,
+        tool_results,
+        mcp,
     })
 }
 

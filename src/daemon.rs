@@ -8,8 +8,10 @@ use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
 use crate::config::{ApprovalVia, Config};
 use crate::journal::{CallProgress, Claim, Decision, Journal, JournalCall, JournalError, RunId};
 use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
+use crate::results::ResultStore;
 use crate::runner::Runner;
 use crate::secret::Redactor;
+use crate::tools::mcp::McpSource;
 use crate::tools::{Admission, Registry};
 use crate::vault::{State, Vault, VaultError};
 use crate::watch::{self, Hint};
@@ -122,6 +124,9 @@ enum HeldDecision {
 /// Everything a note task needs, shared.
 pub struct Daemon {
     config: Config,
+    /// Where results too big for a note go (§10.6), also used to keep a note under
+    /// `max_note_bytes` (§9.8).
+    results: ResultStore,
     vault: Vault,
     runner: Runner,
     journal: Arc<Journal>,
@@ -246,6 +251,9 @@ pub fn redactor_for(config: &Config) -> Redactor {
     }
     secrets.extend(t.send_notification.slack.values());
     secrets.extend(t.send_notification.discord.values());
+    for server in &config.mcp {
+        secrets.extend(server.secrets());
+    }
     Redactor::new(secrets, &usernames)
 }
 
@@ -263,9 +271,32 @@ pub async fn run(
     vault.prepare()?;
     let _lock = lock_vault(vault.root())?;
     let journal = Arc::new(Journal::open(&config.state_dir)?);
-    let registry = Arc::new(Registry::from_config(&config.tools, http_client()?)?);
-    let runner = Runner::new(registry, journal.clone(), redactor, config.workers);
+    let http = http_client()?;
+    let results = ResultStore::new(
+        config.vault.clone(),
+        config.tool_results.clone(),
+        config.max_result_bytes,
+    );
+    // Servers start in parallel; each delays start-up by at most its start_timeout.
+    let mcp = McpSource::start(
+        &config.mcp,
+        journal.clone(),
+        http.clone(),
+        &config.state_dir,
+        results.clone(),
+    )
+    .await;
+    let mut registry = Registry::from_config(&config.tools, http)?;
+    mcp.register(&mut registry)?;
+    let runner = Runner::new(
+        Arc::new(registry),
+        journal.clone(),
+        redactor,
+        config.workers,
+    )
+    .with_results(results.clone());
     let daemon = Arc::new(Daemon {
+        results,
         note_slots: Semaphore::new(config.workers * 4),
         config,
         vault,
@@ -279,7 +310,10 @@ pub async fn run(
         settling: Mutex::new(HashSet::new()),
         mode,
     });
-    daemon.supervise(mode, shutdown).await
+    let outcome = daemon.supervise(mode, shutdown).await;
+    // No server outlives vaultd.
+    mcp.shutdown().await;
+    outcome
 }
 
 impl Daemon {
@@ -1314,31 +1348,14 @@ impl Daemon {
                 break;
             }
             let r = &mut results[i];
-            let Ok(out) = &mut r.outcome else { continue };
-            let full = serde_json::to_string_pretty(&out.data).unwrap_or_default();
-            let rel = format!("Tool_Results/{note_id}/{}.md", r.call_id);
-            let file = self.vault.root().join(&rel);
-            let saved = file
-                .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|_| std::fs::write(&file, format!("```json\n{full}\n```\n")));
-            if let Err(e) = saved {
-                tracing::error!(note = %self.vault.relative(path), "cannot save a large result to {rel}: {e}");
-                continue;
-            }
             let before = size(r);
-            let mut cut = full.len().min(500);
-            while !full.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let link = rel.trim_end_matches(".md").to_string();
-            if let Ok(out) = &mut r.outcome {
-                out.data = serde_json::json!({
-                    "truncated": true,
-                    "bytes": full.len(),
-                    "full": format!("[[{link}]]"),
-                    "preview": &full[..cut],
-                });
+            let Ok(out) = &mut r.outcome else { continue };
+            match self.results.save_whole(note_id, &r.call_id, &out.data) {
+                Ok(stand_in) => out.data = stand_in,
+                Err(e) => {
+                    tracing::error!(note = %self.vault.relative(path), "{e}");
+                    continue;
+                }
             }
             total = total - before + size(r);
         }

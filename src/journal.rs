@@ -25,6 +25,8 @@
 //! - `approvals`: `vaultd approve`/`reject` decisions, bound to the call id and the hash of the
 //!   exact parameters shown.
 
+pub mod catalog;
+
 use crate::call::{CallError, CallResult, ToolOutput};
 use crate::tools::Effect;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -284,6 +286,8 @@ impl Journal {
         let wrap = |f: Failure| attach(&path, f);
         let mut conn = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         configure(&mut conn).map_err(wrap)?;
+        conn.execute_batch(catalog::TABLES)
+            .map_err(|e| wrap(e.into()))?;
         Ok(Journal {
             path,
             conn: Mutex::new(conn),

@@ -23,8 +23,9 @@
 //! - [`vault`]: folders, states, moves, ignore rules.
 //! - [`watch`]: filesystem events into a bounded channel.
 //! - [`runner`]: one call under permit, timeout, rate limit and policy.
+//! - [`results`]: results too big for a note, saved to `Tool_Results/`.
 //! - [`journal`]: the SQLite record of every claim, call and move.
-//! - [`tools`]: the registry and the built-in tools.
+//! - [`tools`]: the registry and the tool sources (built-in, MCP servers).
 //! - [`daemon`]: the pipeline, start-up recovery and shutdown.
 //! - [`approval`]: `vaultd approve` / `vaultd reject`, decisions bound to parameters.
 
@@ -36,6 +37,7 @@ pub mod daemon;
 pub mod journal;
 pub mod note;
 pub mod private;
+pub mod results;
 pub mod runner;
 pub mod secret;
 pub mod synced;

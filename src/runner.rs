@@ -4,6 +4,7 @@
 
 use crate::call::{CallError, CallResult, ErrorCode};
 use crate::journal::{Journal, RateWindow, RunId, StartAdmission};
+use crate::results::ResultStore;
 use crate::secret::Redactor;
 use crate::tools::{Registry, ToolCall};
 use serde_json::{Map, Value};
@@ -17,6 +18,8 @@ pub struct Runner {
     pub redactor: Arc<Redactor>,
     /// The global cap of `workers` calls running at once, across all notes.
     permits: Arc<Semaphore>,
+    /// The result size limit (DESIGN §10.6); None keeps every result in the note.
+    results: Option<ResultStore>,
 }
 
 impl Runner {
@@ -31,6 +34,29 @@ impl Runner {
             journal,
             redactor,
             permits: Arc::new(Semaphore::new(workers)),
+            results: None,
+        }
+    }
+
+    /// Applies the result size limit of every tool: oversized `data` is saved to the store.
+    pub fn with_results(mut self, store: ResultStore) -> Runner {
+        self.results = Some(store);
+        self
+    }
+
+    /// Oversized `data` saved whole and replaced by its §10.6 stand-in. A result that cannot
+    /// be saved stays whole in the note: nothing is lost.
+    fn limit_size(&self, note_id: &str, call_id: &str, data: Value) -> Value {
+        let Some(store) = &self.results else {
+            return data;
+        };
+        let backup = data.clone();
+        match store.limit(note_id, call_id, data) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(call_id, "{e}; the whole result goes into the note");
+                backup
+            }
         }
     }
 
@@ -124,7 +150,7 @@ impl Runner {
             name: name.to_string(),
             outcome: outcome
                 .map(|mut out| {
-                    out.data = self.redact_value(out.data);
+                    out.data = self.limit_size(note_id, call_id, self.redact_value(out.data));
                     out.summary = self.redactor.redact(&out.summary);
                     out
                 })

@@ -9,6 +9,7 @@ mod cmark;
 mod hostile;
 mod identity;
 mod limits;
+mod mcp;
 mod pipeline;
 mod recovery;
 mod secrets;

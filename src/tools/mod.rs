@@ -8,6 +8,7 @@
 //! a tool to a source is one module plus one line in that source's `register`.
 
 pub mod builtin;
+pub mod mcp;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::config::{RateLimit, ToolsConfig};
@@ -274,10 +275,16 @@ pub enum RegistryError {
     Setup { tool: String, message: String },
 }
 
+/// Says why an unregistered name is refused (`POLICY_DENIED` for an MCP tool left out of
+/// `allow`) instead of UNKNOWN_TOOL; None: not this rule's name.
+pub type Denial = Box<dyn Fn(&str) -> Option<CallError> + Send + Sync>;
+
 pub struct Registry {
     /// In registration order, which is the order `vaultd tools` lists them in.
     tools: Vec<RegisteredTool>,
     by_name: HashMap<String, usize>,
+    /// Names a source knows but denies; they are not listed.
+    denials: Vec<Denial>,
 }
 
 impl Registry {
@@ -285,6 +292,7 @@ impl Registry {
         Registry {
             tools: Vec::new(),
             by_name: HashMap::new(),
+            denials: Vec::new(),
         }
     }
 
@@ -324,6 +332,11 @@ impl Registry {
         Ok(())
     }
 
+    /// Adds a rule for names a source knows but refuses (see [`Denial`]).
+    pub fn add_denial(&mut self, denial: Denial) {
+        self.denials.push(denial);
+    }
+
     pub fn get(&self, name: &str) -> Option<&RegisteredTool> {
         self.by_name.get(name).map(|&i| &self.tools[i])
     }
@@ -340,6 +353,9 @@ impl Registry {
         parameters: &Map<String, Value>,
     ) -> Result<&RegisteredTool, CallError> {
         let Some(tool) = self.get(name) else {
+            if let Some(denied) = self.denials.iter().find_map(|d| d(name)) {
+                return Err(denied);
+            }
             let known: Vec<&str> = self.tools.iter().map(|t| t.name()).collect();
             return Err(CallError::new(
                 ErrorCode::UnknownTool,

@@ -1,0 +1,584 @@
+//! One MCP server under supervision: started (a child process in its own process group that
+//! dies with vaultd, or a streamable HTTP session), its tools listed to the last page and
+//! pinned, restarted with backoff when it fails or exits, its stderr sent to the log, and
+//! stopped on shutdown (close stdin, SIGTERM, SIGKILL after 2 s).
+
+use super::config::{INHERITED_ENV, McpServerConfig, Transport};
+use super::pin;
+use crate::call::{CallError, ErrorCode};
+use crate::journal::Journal;
+use crate::journal::catalog::{ListedTool, PinState};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult};
+use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService, ServiceError};
+use rmcp::{ClientHandler, ServiceExt};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::watch;
+
+/// Restart backoff: from 1 s, doubling, up to 60 s (DESIGN §10.4).
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A server that stayed up this long starts its next backoff from the minimum again.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+/// After stdin is closed, how long a server gets to exit before SIGTERM.
+const EXIT_ON_EOF: Duration = Duration::from_secs(1);
+/// After SIGTERM, how long before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// The connection as calls see it.
+#[derive(Clone, Default)]
+struct Link {
+    /// Set while the server is up.
+    peer: Option<Peer<RoleClient>>,
+    /// Counts connections; a call that saw connection `n` fail waits for `n + 1`.
+    generation: u64,
+    /// Counts start attempts (successful or not), so start-up can stop waiting early.
+    attempts: u64,
+    /// Why the server is down, for the EXECUTION_ERROR of calls meanwhile.
+    error: Option<String>,
+}
+
+/// One tool as last listed: the definition as sent and its pin identity.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub definition: Value,
+    pub listed: ListedTool,
+}
+
+pub struct McpServer {
+    pub config: McpServerConfig,
+    journal: Arc<Journal>,
+    link: watch::Sender<Link>,
+    /// The allowed tools of the last listing (or of the catalog, before the first).
+    tools: Mutex<HashMap<String, Listed>>,
+    /// Set on shutdown.
+    stop: watch::Sender<bool>,
+    supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    http: reqwest::Client,
+    /// Working directory of a stdio server without `cwd`.
+    default_cwd: std::path::PathBuf,
+}
+
+impl McpServer {
+    pub fn new(
+        config: McpServerConfig,
+        journal: Arc<Journal>,
+        http: reqwest::Client,
+        default_cwd: std::path::PathBuf,
+    ) -> Arc<McpServer> {
+        let server = Arc::new(McpServer {
+            config,
+            journal,
+            link: watch::channel(Link::default()).0,
+            tools: Mutex::new(HashMap::new()),
+            stop: watch::channel(false).0,
+            supervisor: Mutex::new(None),
+            http,
+            default_cwd,
+        });
+        server.load_catalog();
+        server
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Fills the tool list from the journal's catalog (what the server listed last time).
+    fn load_catalog(&self) {
+        match self.journal.mcp_catalog(self.name()) {
+            Ok(Some(catalog)) => {
+                let mut tools = self.tools.lock().expect("tools lock");
+                for entry in catalog.tools {
+                    if !self.config.allow.allows(&entry.tool.tool) {
+                        continue;
+                    }
+                    let definition =
+                        serde_json::from_str(&entry.tool.definition).unwrap_or(Value::Null);
+                    tools.insert(
+                        entry.tool.tool.clone(),
+                        Listed {
+                            definition,
+                            listed: entry.tool,
+                        },
+                    );
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(server = self.name(), "cannot read the tool catalog: {e}"),
+        }
+    }
+
+    /// The allowed tools as last listed, by name.
+    pub fn tools(&self) -> HashMap<String, Listed> {
+        self.tools.lock().expect("tools lock").clone()
+    }
+
+    pub fn tool(&self, name: &str) -> Option<Listed> {
+        self.tools.lock().expect("tools lock").get(name).cloned()
+    }
+
+    /// Starts the supervisor task (start, list, watch, restart).
+    pub fn spawn(self: &Arc<Self>) {
+        let me = self.clone();
+        let handle = tokio::spawn(async move { me.supervise().await });
+        *self.supervisor.lock().expect("supervisor lock") = Some(handle);
+    }
+
+    /// Waits until the first start attempt ended (up or failed) or `limit` passed.
+    pub async fn wait_first_attempt(&self, limit: Duration) {
+        let mut rx = self.link.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|l| l.attempts > 0)).await;
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.link.borrow().peer.is_some()
+    }
+
+    /// Stops the server and its supervisor; returns when the process is gone.
+    pub async fn shutdown(&self) {
+        self.stop.send_replace(true);
+        let handle = self.supervisor.lock().expect("supervisor lock").take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+    }
+
+    async fn supervise(self: Arc<Self>) {
+        let mut stop = self.stop.subscribe();
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let started = Instant::now();
+            match self.connect().await {
+                Ok(conn) => {
+                    let Connection { service, child } = conn;
+                    let up = service.peer().clone();
+                    self.link.send_modify(|l| {
+                        l.peer = Some(up);
+                        l.generation += 1;
+                        l.attempts += 1;
+                        l.error = None;
+                    });
+                    tracing::info!(server = self.name(), "MCP server is up");
+                    let ct = service.cancellation_token();
+                    let session = service.waiting();
+                    tokio::pin!(session);
+                    let stopped = tokio::select! {
+                        _ = stop.wait_for(|s| *s) => true,
+                        _ = &mut session => false,
+                    };
+                    self.link.send_modify(|l| {
+                        l.peer = None;
+                        l.error = Some(if stopped {
+                            "vaultd is stopping".into()
+                        } else {
+                            "the server exited; restarting".into()
+                        });
+                    });
+                    if stopped {
+                        // Closing the session closes the server's stdin.
+                        ct.cancel();
+                        let _ = tokio::time::timeout(EXIT_ON_EOF, &mut session).await;
+                    }
+                    if let Some(child) = child {
+                        stop_child(self.name(), child).await;
+                    }
+                    if stopped {
+                        break;
+                    }
+                    tracing::warn!(
+                        server = self.name(),
+                        "MCP server exited; restarting in {}",
+                        humantime::format_duration(backoff)
+                    );
+                    if started.elapsed() >= HEALTHY_AFTER {
+                        backoff = BACKOFF_MIN;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(
+                        server = self.name(),
+                        "MCP server did not start: {e}; retrying in {}",
+                        humantime::format_duration(backoff)
+                    );
+                    self.link.send_modify(|l| {
+                        l.attempts += 1;
+                        l.error = Some(format!("it did not start: {e}"));
+                    });
+                }
+            }
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// Starts the server, initializes the session and lists its tools.
+    async fn connect(self: &Arc<Self>) -> Result<Connection, String> {
+        let handler = VaultdClient {
+            server: Arc::downgrade(self),
+        };
+        let (service, child) = match &self.config.transport {
+            Transport::Stdio {
+                program,
+                args,
+                env,
+                cwd,
+            } => {
+                let mut child = spawn_child(
+                    self.name(),
+                    program,
+                    args,
+                    env,
+                    cwd.as_deref().unwrap_or(&self.default_cwd),
+                )?;
+                let stdout = child.stdout.take().expect("stdout is piped");
+                let stdin = child.stdin.take().expect("stdin is piped");
+                if let Some(stderr) = child.stderr.take() {
+                    let name = self.name().to_string();
+                    tokio::spawn(async move {
+                        let mut lines = tokio::io::BufReader::new(stderr).lines();
+                        while let Ok(Some(line)) = lines.next_line().await {
+                            tracing::info!(server = %name, "MCP server stderr: {line}");
+                        }
+                    });
+                }
+                let service = match handler.serve((stdout, stdin)).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        stop_child(self.name(), child).await;
+                        return Err(format!("initialize failed: {e}"));
+                    }
+                };
+                (service, Some(child))
+            }
+            Transport::Http { url, headers } => {
+                use rmcp::transport::StreamableHttpClientTransport;
+                use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+                let mut map = HashMap::new();
+                for (name, secret) in headers {
+                    let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                        .map_err(|e| format!("header name `{name}`: {e}"))?;
+                    let mut value = reqwest::header::HeaderValue::from_str(secret.expose())
+                        .map_err(|_| {
+                            format!("header `{name}`: the secret is not a valid header value")
+                        })?;
+                    value.set_sensitive(true);
+                    map.insert(name, value);
+                }
+                let transport = StreamableHttpClientTransport::with_client(
+                    self.http.clone(),
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
+                );
+                let service = handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| format!("initialize failed: {e}"))?;
+                (service, None)
+            }
+        };
+        let conn = Connection { service, child };
+        if let Err(e) = self.relist(conn.service.peer()).await {
+            conn.stop(self.name()).await;
+            return Err(e);
+        }
+        Ok(conn)
+    }
+
+    /// Lists every tool (all pages), records the allowed ones in the catalog and their pins.
+    async fn relist(&self, peer: &Peer<RoleClient>) -> Result<(), String> {
+        let all = peer
+            .list_all_tools()
+            .await
+            .map_err(|e| format!("tools/list failed: {e}"))?;
+        let mut listed = Vec::new();
+        let mut defs = HashMap::new();
+        for tool in all {
+            if !self.config.allow.allows(&tool.name) {
+                continue;
+            }
+            let definition = serde_json::to_value(&tool).unwrap_or(Value::Null);
+            let l = pin::listed(&tool.name, &definition);
+            defs.insert(
+                tool.name.to_string(),
+                Listed {
+                    definition,
+                    listed: l.clone(),
+                },
+            );
+            listed.push(l);
+        }
+        let journal = self.journal.clone();
+        let name = self.name().to_string();
+        let to_record = listed.clone();
+        let states =
+            tokio::task::spawn_blocking(move || journal.record_mcp_listing(&name, &to_record))
+                .await
+                .map_err(|e| format!("journal task failed: {e}"))?
+                .map_err(|e| format!("cannot record the tool listing: {e}"))?;
+        for (l, state) in listed.iter().zip(&states) {
+            let full = super::tool_name(self.name(), &l.tool);
+            match state {
+                PinState::Accepted => {}
+                PinState::Changed { .. } => tracing::warn!(
+                    tool = %full,
+                    "MCP tool definition changed since accepted; its calls are denied until `vaultd tools accept {full}` (see `vaultd tools` for the diff)"
+                ),
+                PinState::New => tracing::warn!(
+                    tool = %full,
+                    "MCP tool appeared after the server's first listing; its calls are denied until `vaultd tools accept {full}`"
+                ),
+            }
+        }
+        tracing::debug!(
+            server = self.name(),
+            tools = listed.len(),
+            "listed MCP tools"
+        );
+        *self.tools.lock().expect("tools lock") = defs;
+        Ok(())
+    }
+
+    /// The pin state of `tool`'s current definition (read from the journal at call time, so
+    /// an accept made while the daemon runs counts at once). None: the server no longer
+    /// offers the tool.
+    pub fn pin_state(&self, tool: &str) -> Option<Result<PinState, String>> {
+        let listed = self.tool(tool)?;
+        Some(
+            self.journal
+                .mcp_pin_state(self.name(), &listed.listed)
+                .map_err(|e| e.to_string()),
+        )
+    }
+
+    /// A connected peer. `wait_past`: wait (until `deadline`) for a connection newer than
+    /// this generation (after a crash mid-call, or before the first start finished).
+    async fn peer(
+        &self,
+        deadline: Instant,
+        wait_past: Option<u64>,
+    ) -> Result<(Peer<RoleClient>, u64), CallError> {
+        let mut rx = self.link.subscribe();
+        let ready = |l: &Link| l.peer.is_some() && wait_past.is_none_or(|g| l.generation > g);
+        let first_start_pending = rx.borrow().attempts == 0;
+        if wait_past.is_some() || first_start_pending {
+            let _ = tokio::time::timeout_at(
+                tokio::time::Instant::from_std(deadline),
+                rx.wait_for(|l| ready(l)),
+            )
+            .await;
+        }
+        let l = rx.borrow().clone();
+        match (&l.peer, ready(&l)) {
+            (Some(p), true) => Ok((p.clone(), l.generation)),
+            _ => Err(CallError::new(
+                ErrorCode::ExecutionError,
+                format!(
+                    "MCP server `{}` is not running ({}); vaultd restarts it with backoff, try again later",
+                    self.name(),
+                    l.error.as_deref().unwrap_or("starting")
+                ),
+            )
+            .retryable(true)),
+        }
+    }
+
+    /// Calls `tool` once. A server that goes away mid-call: a `read_only` tool is called
+    /// again on the restarted server (within the deadline); anything else ends as
+    /// UNKNOWN_OUTCOME, since it may have acted.
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments: serde_json::Map<String, Value>,
+        safe_to_repeat: bool,
+        deadline: Instant,
+    ) -> Result<CallToolResult, CallError> {
+        let mut wait_past = None;
+        loop {
+            let (peer, generation) = self.peer(deadline, wait_past).await?;
+            let params =
+                CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.clone());
+            // Dropped at the runner's timeout: rmcp then sends notifications/cancelled.
+            match peer.call_tool_once(params).await {
+                Ok(CallToolResponse::Complete(result)) => return Ok(result),
+                Ok(_) => {
+                    return Err(CallError::new(
+                        ErrorCode::ExecutionError,
+                        format!(
+                            "MCP server `{}` asked for input or started a task; vaultd supports neither",
+                            self.name()
+                        ),
+                    ));
+                }
+                Err(ServiceError::McpError(e)) => {
+                    return Err(CallError::new(
+                        ErrorCode::ExecutionError,
+                        format!(
+                            "MCP server `{}` refused the call: {} (JSON-RPC error {})",
+                            self.name(),
+                            e.message,
+                            e.code.0
+                        ),
+                    ));
+                }
+                Err(ServiceError::TransportClosed | ServiceError::TransportSend(_))
+                    if wait_past.is_none() && safe_to_repeat =>
+                {
+                    tracing::warn!(
+                        server = self.name(),
+                        tool,
+                        "MCP server went away during a read_only call; calling again once it is back"
+                    );
+                    wait_past = Some(generation);
+                }
+                Err(e @ (ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
+                    if safe_to_repeat {
+                        return Err(CallError::new(
+                            ErrorCode::ExecutionError,
+                            format!(
+                                "MCP server `{}` went away during the call: {e}",
+                                self.name()
+                            ),
+                        )
+                        .retryable(true));
+                    }
+                    return Err(CallError::new(
+                        ErrorCode::UnknownOutcome,
+                        format!(
+                            "MCP server `{}` went away while this call ran; it may or may not have acted, so it is not called again. Check, then write the call again to run it once more",
+                            self.name()
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    return Err(CallError::new(
+                        ErrorCode::ExecutionError,
+                        format!("MCP call to `{}` failed: {e}", self.name()),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// A live session and, for stdio, the process behind it.
+struct Connection {
+    service: RunningService<RoleClient, VaultdClient>,
+    child: Option<tokio::process::Child>,
+}
+
+impl Connection {
+    /// Closes the session (stdin of a stdio server), then stops the process.
+    async fn stop(mut self, server: &str) {
+        let _ = self.service.close_with_timeout(EXIT_ON_EOF).await;
+        drop(self.service);
+        if let Some(child) = self.child.take() {
+            stop_child(server, child).await;
+        }
+    }
+}
+
+/// Close stdin (already done by closing the session), give the server a moment, SIGTERM its
+/// process group, SIGKILL it after [`TERM_GRACE`].
+async fn stop_child(server: &str, mut child: tokio::process::Child) {
+    drop(child.stdin.take());
+    if tokio::time::timeout(EXIT_ON_EOF, child.wait())
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    let group = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+    if let Some(pg) = group {
+        let _ = rustix::process::kill_process_group(pg, rustix::process::Signal::TERM);
+    }
+    if tokio::time::timeout(TERM_GRACE, child.wait()).await.is_ok() {
+        return;
+    }
+    tracing::warn!(server, "MCP server ignored SIGTERM; killing it");
+    if let Some(pg) = group {
+        let _ = rustix::process::kill_process_group(pg, rustix::process::Signal::KILL);
+    }
+    let _ = child.kill().await;
+}
+
+/// Spawns a stdio server: no shell, a clean environment (only [`INHERITED_ENV`] and the
+/// configured secrets), its own process group, and `PR_SET_PDEATHSIG` so it dies with vaultd
+/// even after `kill -9`.
+fn spawn_child(
+    server: &str,
+    program: &str,
+    args: &[String],
+    env: &[(String, crate::secret::Secret)],
+    cwd: &std::path::Path,
+) -> Result<tokio::process::Child, String> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for var in INHERITED_ENV {
+        if let Some(v) = std::env::var_os(var) {
+            cmd.env(var, v);
+        }
+    }
+    for (var, secret) in env {
+        cmd.env(var, secret.expose());
+    }
+    if std::fs::create_dir_all(cwd).is_ok() {
+        cmd.current_dir(cwd);
+    }
+    let parent = rustix::process::getpid();
+    // SAFETY: only async-signal-safe system calls (setpgid, prctl, getppid, _exit) run
+    // between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::setpgid(None, None)?;
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            // vaultd died between fork and prctl: the signal would never come.
+            if rustix::process::getppid() != Some(parent) {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| format!("cannot run `{program}` for MCP server `{server}`: {e}"))
+}
+
+/// The client side of the session: reacts to `notifications/tools/list_changed`.
+#[derive(Clone)]
+struct VaultdClient {
+    server: Weak<McpServer>,
+}
+
+impl ClientHandler for VaultdClient {
+    async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
+        let Some(server) = self.server.upgrade() else {
+            return;
+        };
+        tracing::info!(
+            server = server.name(),
+            "MCP server says its tools changed; listing again"
+        );
+        let peer = context.peer.clone();
+        // Not awaited here: the listing's responses arrive through this same session.
+        tokio::spawn(async move {
+            if let Err(e) = server.relist(&peer).await {
+                tracing::error!(server = server.name(), "{e}");
+            }
+        });
+    }
+}
