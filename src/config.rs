@@ -54,6 +54,12 @@ pub struct RawConfig {
     pub folders: RawFolders,
     #[serde(default)]
     pub tools: RawTools,
+    /// Guardrails (DESIGN §12), validated by `guard::config_from_raw`.
+    pub note_budget: Option<u64>,
+    #[serde(default)]
+    pub notify: crate::guard::RawNotify,
+    #[serde(default)]
+    pub circuit_breaker: crate::guard::RawCircuitBreaker,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -66,6 +72,7 @@ pub struct RawFolders {
     pub rejected: Option<String>,
     pub done: Option<String>,
     pub failed: Option<String>,
+    pub dry_run: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -156,6 +163,8 @@ pub struct Config {
     pub rescan_interval: Duration,
     pub folders: Folders,
     pub tools: ToolsConfig,
+    /// Dry run, note budget, circuit breaker, hold alerts (DESIGN §12).
+    pub guard: crate::guard::GuardConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +183,7 @@ pub struct Folders {
     pub rejected: String,
     pub done: String,
     pub failed: String,
+    pub dry_run: String,
 }
 
 impl Default for Folders {
@@ -186,6 +196,7 @@ impl Default for Folders {
             rejected: "Rejected".into(),
             done: "Done".into(),
             failed: "Failed".into(),
+            dry_run: "Dry_Run".into(),
         }
     }
 }
@@ -519,6 +530,7 @@ pub fn from_raw(
         rejected: f.rejected.unwrap_or(d.rejected),
         done: f.done.unwrap_or(d.done),
         failed: f.failed.unwrap_or(d.failed),
+        dry_run: f.dry_run.unwrap_or(d.dry_run),
     };
     {
         let all = [
@@ -529,6 +541,7 @@ pub fn from_raw(
             ("folders.rejected", &folders.rejected),
             ("folders.done", &folders.done),
             ("folders.failed", &folders.failed),
+            ("folders.dry_run", &folders.dry_run),
         ];
         for (i, (key, name)) in all.iter().enumerate() {
             let p = Path::new(name.as_str());
@@ -752,6 +765,13 @@ pub fn from_raw(
         slack,
         discord,
     };
+    let guard = crate::guard::config_from_raw(
+        raw.note_budget,
+        raw.notify,
+        raw.circuit_breaker,
+        &send_notification,
+        &path,
+    )?;
 
     Ok(Config {
         source,
@@ -768,6 +788,7 @@ pub fn from_raw(
             search_web,
             send_notification,
         },
+        guard,
     })
 }
 

@@ -5,6 +5,9 @@
 //! Shutdown stops claiming and lets running calls finish within the grace period.
 
 use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
+use crate::guard::breaker::Breakers;
+use crate::guard::hold_alert::{HeldSummary, HoldAlerts};
+use crate::guard::{budget, dry_run};
 use crate::config::{ApprovalVia, Config};
 use crate::journal::{CallProgress, Decision, Journal, JournalError, RunId};
 use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
@@ -106,6 +109,8 @@ pub struct Daemon {
     looked_at: std::sync::atomic::AtomicUsize,
     /// Problems already reported, so a periodic scan does not repeat them.
     reported: Mutex<HashSet<(PathBuf, u64, SystemTime)>>,
+    /// `[notify] on_hold`: one message per held note (DESIGN §12.4).
+    hold_alerts: HoldAlerts,
 }
 
 /// Holds the vault lock while alive.
@@ -206,8 +211,15 @@ pub async fn run(
     let _lock = lock_vault(vault.root())?;
     let journal = Arc::new(Journal::open(&config.state_dir)?);
     let registry = Arc::new(Registry::from_config(&config.tools, http_client()?)?);
-    let runner = Runner::new(registry, journal.clone(), redactor, config.workers);
+    let mut runner = Runner::new(registry, journal.clone(), redactor, config.workers);
+    runner.breakers =
+        Arc::new(Breakers::new(config.guard.breaker).with_state_file(&config.state_dir));
+    let hold_alerts = HoldAlerts::new(
+        config.guard.on_hold.clone(),
+        config.guard.on_hold_per_hour,
+    );
     let daemon = Arc::new(Daemon {
+        hold_alerts,
         note_slots: Semaphore::new(config.workers * 4),
         config,
         vault,
@@ -346,7 +358,7 @@ impl Daemon {
     /// moves there (a note moved in by hand is left alone, see `claim_and_run`), and
     /// Rejected/ not at all: `vaultd reject` writes the REJECTED results itself.
     fn watched_states(&self) -> Vec<State> {
-        let mut v = vec![State::NeedsAction, State::Approved];
+        let mut v = vec![State::NeedsAction, State::Approved, State::DryRun];
         if !self.approval_via_cli() {
             v.push(State::Rejected);
         }
@@ -468,6 +480,7 @@ impl Daemon {
             State::NeedsAction => self.claim_and_run(path, Pass::Fresh).await,
             State::Approved => self.claim_and_run(path, Pass::Approved).await,
             State::Rejected => self.reject_held(path).await,
+            State::DryRun => self.preview_note(path).await,
             _ => Ok(()),
         }
     }
@@ -751,6 +764,13 @@ impl Daemon {
             }
         }
 
+        self.apply_note_budget(path, &mut steps, &prior, |step| match step {
+            Step::Run { call_id, name, .. } => Some((call_id.clone(), name.clone(), true)),
+            Step::Hold(h) => Some((h.call_id.clone(), h.name.clone(), false)),
+            _ => None,
+        }, |call_id, name, e| Step::Done(CallResult::failed_now(call_id, name, e)))
+        .await?;
+
         // Run what may run, concurrently; results stay in call order.
         let mut handles = Vec::with_capacity(steps.len());
         for step in &steps {
@@ -818,9 +838,26 @@ impl Daemon {
         } else {
             State::Done
         };
+        let newly_held: Vec<HeldSummary> = held
+            .iter()
+            .map(|h| HeldSummary {
+                call_id: h.call_id.clone(),
+                name: h.name.clone(),
+                reason: h.reason.clone(),
+            })
+            .collect();
         match self.write_back(path, results, held, next).await? {
             WriteBack::Written(ids) => {
-                if let Err(e) = self.finish_run(run, path, next, ids).await {
+                let finished = self.finish_run(run, path, next, ids).await;
+                if let Ok(dest) = &finished
+                    && !newly_held.is_empty()
+                {
+                    let note = self.vault.relative(dest);
+                    self.hold_alerts
+                        .note_held(&self.runner.registry, &note, &newly_held, &self.how_to_decide())
+                        .await;
+                }
+                if let Err(e) = finished {
                     // A read-only destination, say: the results are in the note; the run stays
                     // open and the move is retried at the next scan.
                     let rel = self.vault.relative(path);
@@ -891,6 +928,73 @@ impl Daemon {
             }
         }
         Ok(false)
+    }
+
+    /// The note budget (DESIGN §12.2): once the calls this note ever started reach
+    /// `note_budget`, every further call that would run or be held gets QUOTA_EXCEEDED. Calls
+    /// already started (recovery) are not charged again.
+    async fn apply_note_budget<S>(
+        &self,
+        path: &Path,
+        steps: &mut [S],
+        prior: &HashMap<String, CallProgress>,
+        charged: impl Fn(&S) -> Option<(String, String, bool)>,
+        spent: impl Fn(&str, &str, CallError) -> S,
+    ) -> Result<(), DaemonError> {
+        let budget = self.config.guard.note_budget;
+        let key = self.vault.relative(path);
+        let started = self
+            .blocking(move |j| budget::calls_started(j, &key))
+            .await?;
+        let mut left = budget::remaining(budget, started);
+        for step in steps.iter_mut() {
+            let Some((call_id, name, runs)) = charged(step) else {
+                continue;
+            };
+            if prior.contains_key(&call_id) {
+                continue;
+            }
+            if left == 0 {
+                *step = spent(&call_id, &name, budget::spent(budget));
+            } else if runs {
+                left -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// A note in Dry_Run/: each pending call gets its preview, once; nothing runs, nothing is
+    /// journaled, the note stays where it is (DESIGN §12.1).
+    async fn preview_note(&self, path: &Path) -> Result<(), DaemonError> {
+        if self.read_note(path).is_none() {
+            return Ok(());
+        }
+        let registry = self.runner.registry.clone();
+        let redactor = self.runner.redactor.clone();
+        let note = self.vault.relative(path);
+        let path_buf = path.to_path_buf();
+        let now = SystemTime::now();
+        let written = tokio::task::spawn_blocking(move || {
+            note::update_note(&path_buf, |current| {
+                let parsed = parse_note(current);
+                let previews = dry_run::previews(&registry, &redactor, &parsed, current, &note);
+                if previews.is_empty() {
+                    return current.to_string();
+                }
+                let blocks: Vec<Block<'_>> = previews.iter().map(Block::Preview).collect();
+                note::append_blocks(current, &blocks, State::DryRun.as_str(), now)
+            })
+        })
+        .await
+        .expect("write task does not panic");
+        match written {
+            Ok(_) | Err(note::WriteError::Gone(_)) => Ok(()),
+            Err(e) => {
+                let (len, mtime) = stamp(path);
+                self.problem(path, len, mtime, format!("dry-run previews not written: {e}"));
+                Ok(())
+            }
+        }
     }
 
     /// The last sentence of a `[!question]`: how a person decides, in this vault's mode.

@@ -448,6 +448,21 @@ impl Journal {
         self.read(|tx| Ok(count_since(tx, tool, to_ms(since))?))
     }
 
+    /// How many calls ever started in runs of `note` (its vault-relative path in
+    /// In_Progress): the note budget's count (DESIGN §12.2, see `guard::budget`).
+    pub fn calls_started_for_note(&self, note: &str) -> Result<u64, JournalError> {
+        self.read(|tx| {
+            let n: i64 = query_one(
+                tx,
+                "SELECT count(*) FROM calls JOIN runs ON runs.id = calls.run_id
+                 WHERE runs.note = ?1 AND calls.started_at_ms IS NOT NULL",
+                params![note],
+                |r| r.get(0),
+            )?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
     /// When the oldest call of `tool` counted since `since` started: the window frees a slot
     /// when that call leaves it.
     pub fn oldest_call_since(

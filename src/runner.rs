@@ -3,6 +3,8 @@
 //! tool says, and the outcome recorded.
 
 use crate::call::{CallError, CallResult, ErrorCode};
+use crate::guard::BreakerConfig;
+use crate::guard::breaker::{Breakers, circuit_key};
 use crate::journal::{Journal, RateWindow, RunId, StartAdmission};
 use crate::secret::Redactor;
 use crate::tools::{Registry, ToolCall};
@@ -15,6 +17,8 @@ pub struct Runner {
     pub registry: Arc<Registry>,
     pub journal: Arc<Journal>,
     pub redactor: Arc<Redactor>,
+    /// Circuit breakers per tool or MCP server (DESIGN §12.3); the daemon sets its own.
+    pub breakers: Arc<Breakers>,
     /// The global cap of `workers` calls running at once, across all notes.
     permits: Arc<Semaphore>,
 }
@@ -30,6 +34,7 @@ impl Runner {
             registry,
             journal,
             redactor,
+            breakers: Arc::new(Breakers::new(BreakerConfig::default())),
             permits: Arc::new(Semaphore::new(workers)),
         }
     }
@@ -51,6 +56,16 @@ impl Runner {
                 CallError::new(ErrorCode::UnknownTool, format!("no tool named `{name}`")),
             );
         };
+        // An open circuit fails the call at once: no permit, no rate limit, no start record.
+        let circuit = circuit_key(tool.spec());
+        let gate = match self.breakers.admit(&circuit, name) {
+            Ok(gate) => gate,
+            Err(e) => {
+                return self
+                    .record(run, CallResult::failed_now(call_id, name, e))
+                    .await;
+            }
+        };
         let permit = self
             .permits
             .acquire()
@@ -71,6 +86,9 @@ impl Runner {
             j.call_started_within(run, &cid, &tname, effect, &redacted, &limits)
         })
         .await;
+        if !matches!(admitted, Ok(Ok(StartAdmission::Started))) {
+            self.breakers.release_trial(&circuit);
+        }
         match admitted {
             Ok(Ok(StartAdmission::Started)) => {}
             Ok(Ok(StartAdmission::RateLimited { window, reset_at })) => {
@@ -117,6 +135,7 @@ impl Runner {
                 ),
             )),
         };
+        self.breakers.record(&circuit, gate, &outcome);
         let result = CallResult {
             call_id: call_id.to_string(),
             name: name.to_string(),

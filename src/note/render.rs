@@ -2,6 +2,7 @@
 //! frontmatter properties set without touching any other line.
 
 use crate::call::{CallError, CallResult, HeldCall, rfc3339_millis, rfc3339_seconds};
+use crate::guard::text::escape_untrusted;
 use crate::note::parse::{ParsedNote, analyze, parse_note};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -14,6 +15,8 @@ pub enum Block<'a> {
     Result(&'a CallResult),
     /// `> [!question]` with a `tool_approval` JSON: what will run and why it is held.
     Held(&'a HeldCall),
+    /// `> [!example]-` with a `tool_preview` JSON: what a dry run would do (DESIGN §12.1).
+    Preview(&'a Value),
 }
 
 /// Appends `blocks` to `text` (DESIGN §3, §8.11) and sets `tool_status` to `status`,
@@ -42,6 +45,7 @@ pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: System
         let lines = match block {
             Block::Result(result) => result_callout(result),
             Block::Held(held) => held_callout(held),
+            Block::Preview(preview) => crate::guard::dry_run::preview_callout(preview),
         };
         for line in lines {
             out.push_str(&line);
@@ -213,7 +217,8 @@ fn result_callout(result: &CallResult) -> Vec<String> {
             },
         },
     };
-    let mut lines = vec![format!("> {}", one_line(&title))];
+    // The title quotes tool output (the summary): untrusted text, escaped (DESIGN §12.5).
+    let mut lines = vec![format!("> {}", escape_untrusted(&one_line(&title)))];
     push_json_fence(&mut lines, &doc);
     lines
 }
@@ -254,9 +259,11 @@ fn inert_line(line: &str) -> String {
 
 /// "> ```json", the pretty JSON with every line quoted, "> ```". Pretty JSON lines start
 /// with spaces and a JSON token and strings carry no raw line breaks, so nothing in them
-/// can close the fence early.
-fn push_json_fence(lines: &mut Vec<String>, doc: &impl Serialize) {
+/// can close the fence early. Bidi controls and zero-width characters are written as `\uXXXX`
+/// escapes (the same JSON value), so the text cannot disguise what it says (DESIGN §12.5).
+pub(crate) fn push_json_fence(lines: &mut Vec<String>, doc: &impl Serialize) {
     let json = serde_json::to_string_pretty(doc).expect("maps with string keys always serialize");
+    let json = escape_untrusted(&json);
     lines.push("> ```json".to_string());
     lines.extend(json.split('\n').map(|l| format!("> {l}")));
     lines.push("> ```".to_string());
