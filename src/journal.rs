@@ -448,14 +448,16 @@ impl Journal {
         self.read(|tx| Ok(count_since(tx, tool, to_ms(since))?))
     }
 
-    /// How many calls ever started in runs of `note` (its vault-relative path in
-    /// In_Progress): the note budget's count (DESIGN §12.2, see `guard::budget`).
+    /// How many calls ever started in runs claimed as `note` (the vault-relative path in
+    /// In_Progress that the claim recorded; a run's `note` follows later moves): the note
+    /// budget's count (DESIGN §12.2, see `guard::budget`).
     pub fn calls_started_for_note(&self, note: &str) -> Result<u64, JournalError> {
         self.read(|tx| {
             let n: i64 = query_one(
                 tx,
-                "SELECT count(*) FROM calls JOIN runs ON runs.id = calls.run_id
-                 WHERE runs.note = ?1 AND calls.started_at_ms IS NOT NULL",
+                "SELECT count(*) FROM calls
+                 WHERE started_at_ms IS NOT NULL AND run_id IN
+                   (SELECT run_id FROM events WHERE event = 'claim' AND note = ?1)",
                 params![note],
                 |r| r.get(0),
             )?;
