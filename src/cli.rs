@@ -382,11 +382,8 @@ fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
         let parsed = parse_note(&text);
         let note = path.display().to_string();
         // Every pending call, even one a dry run already previewed in the note.
-        let previews =
-            crate::guard::dry_run::previews(&registry, &redactor, &parsed, "", &note);
-        any_denied |= previews
-            .iter()
-            .any(|p| p["decision"]["action"] == "deny");
+        let previews = crate::guard::dry_run::previews(&registry, &redactor, &parsed, "", &note);
+        any_denied |= previews.iter().any(|p| p["decision"]["action"] == "deny");
         if as_json {
             let line = json!({ "path": note, "previews": previews });
             writeln!(out, "{}", redactor.redact(&line.to_string()))?;

@@ -5,10 +5,10 @@
 //! Shutdown stops claiming and lets running calls finish within the grace period.
 
 use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
+use crate::config::{ApprovalVia, Config};
 use crate::guard::breaker::Breakers;
 use crate::guard::hold_alert::{HeldSummary, HoldAlerts};
 use crate::guard::{budget, dry_run};
-use crate::config::{ApprovalVia, Config};
 use crate::journal::{CallProgress, Decision, Journal, JournalError, RunId};
 use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
 use crate::runner::Runner;
@@ -214,10 +214,7 @@ pub async fn run(
     let mut runner = Runner::new(registry, journal.clone(), redactor, config.workers);
     runner.breakers =
         Arc::new(Breakers::new(config.guard.breaker).with_state_file(&config.state_dir));
-    let hold_alerts = HoldAlerts::new(
-        config.guard.on_hold.clone(),
-        config.guard.on_hold_per_hour,
-    );
+    let hold_alerts = HoldAlerts::new(config.guard.on_hold.clone(), config.guard.on_hold_per_hour);
     let daemon = Arc::new(Daemon {
         hold_alerts,
         note_slots: Semaphore::new(config.workers * 4),
@@ -764,11 +761,17 @@ impl Daemon {
             }
         }
 
-        self.apply_note_budget(path, &mut steps, &prior, |step| match step {
-            Step::Run { call_id, name, .. } => Some((call_id.clone(), name.clone(), true)),
-            Step::Hold(h) => Some((h.call_id.clone(), h.name.clone(), false)),
-            _ => None,
-        }, |call_id, name, e| Step::Done(CallResult::failed_now(call_id, name, e)))
+        self.apply_note_budget(
+            path,
+            &mut steps,
+            &prior,
+            |step| match step {
+                Step::Run { call_id, name, .. } => Some((call_id.clone(), name.clone(), true)),
+                Step::Hold(h) => Some((h.call_id.clone(), h.name.clone(), false)),
+                _ => None,
+            },
+            |call_id, name, e| Step::Done(CallResult::failed_now(call_id, name, e)),
+        )
         .await?;
 
         // Run what may run, concurrently; results stay in call order.
@@ -854,7 +857,12 @@ impl Daemon {
                 {
                     let note = self.vault.relative(dest);
                     self.hold_alerts
-                        .note_held(&self.runner.registry, &note, &newly_held, &self.how_to_decide())
+                        .note_held(
+                            &self.runner.registry,
+                            &note,
+                            &newly_held,
+                            &self.how_to_decide(),
+                        )
                         .await;
                 }
                 if let Err(e) = finished {
@@ -991,7 +999,12 @@ impl Daemon {
             Ok(_) | Err(note::WriteError::Gone(_)) => Ok(()),
             Err(e) => {
                 let (len, mtime) = stamp(path);
-                self.problem(path, len, mtime, format!("dry-run previews not written: {e}"));
+                self.problem(
+                    path,
+                    len,
+                    mtime,
+                    format!("dry-run previews not written: {e}"),
+                );
                 Ok(())
             }
         }

@@ -56,21 +56,24 @@ impl Runner {
                 CallError::new(ErrorCode::UnknownTool, format!("no tool named `{name}`")),
             );
         };
-        // An open circuit fails the call at once: no permit, no rate limit, no start record.
-        let circuit = circuit_key(tool.spec());
-        let gate = match self.breakers.admit(&circuit, name) {
-            Ok(gate) => gate,
-            Err(e) => {
-                return self
-                    .record(run, CallResult::failed_now(call_id, name, e))
-                    .await;
-            }
-        };
         let permit = self
             .permits
             .acquire()
             .await
             .expect("the worker semaphore is never closed");
+        // An open circuit fails the call at once: no rate limit spent, no start record.
+        // Asked with the permit in hand, so calls that queued for a worker while the circuit
+        // opened do not go on to hammer the failing service.
+        let circuit = circuit_key(tool.spec());
+        let gate = match self.breakers.admit(&circuit, name) {
+            Ok(gate) => gate,
+            Err(e) => {
+                drop(permit);
+                return self
+                    .record(run, CallResult::failed_now(call_id, name, e))
+                    .await;
+            }
+        };
 
         // Rate limit check and durable start, in one journal transaction, so two calls
         // cannot both take the last slot and a crash after this line never runs it twice.

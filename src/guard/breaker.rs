@@ -28,7 +28,9 @@ pub fn circuit_key(spec: &ToolSpec) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Closed,
-    Open { until: SystemTime },
+    Open {
+        until: SystemTime,
+    },
     /// The cool-down passed and one trial call is running; the others still fail at once.
     Trial,
 }
@@ -149,7 +151,7 @@ impl Breakers {
             c.last_error = message;
             let reopen = gate == Gate::Trial;
             if reopen || (c.phase == Phase::Closed && c.failures >= self.config.failures) {
-                let until = SystemTime::now() + self.config.open_for;
+                let until = whole_second_after(SystemTime::now() + self.config.open_for);
                 c.phase = Phase::Open { until };
                 tracing::warn!(
                     circuit = key,
@@ -232,6 +234,13 @@ fn statuses(circuits: &BTreeMap<String, Circuit>) -> Vec<CircuitStatus> {
         .collect()
 }
 
+/// Messages show the time to the second: the circuit opens up no earlier than they say.
+fn whole_second_after(t: SystemTime) -> SystemTime {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs() + u64::from(since.subsec_nanos() > 0);
+    SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs)
+}
+
 fn open_error(key: &str, tool: &str, until: SystemTime, c: &Circuit) -> CallError {
     let until_s = rfc3339_seconds(until);
     CallError::new(
@@ -311,7 +320,11 @@ mod tests {
         let e = b.admit("t", "t").unwrap_err();
         assert_eq!(e.code, ErrorCode::ExecutionError);
         assert!(e.retryable);
-        assert!(e.message.starts_with("circuit open until "), "{}", e.message);
+        assert!(
+            e.message.starts_with("circuit open until "),
+            "{}",
+            e.message
+        );
         assert_eq!(b.snapshot()[0].state, "open");
     }
 
@@ -335,6 +348,16 @@ mod tests {
             b.record("t", Gate::Pass, &failure());
         }
         assert_eq!(b.admit("t", "t").unwrap(), Gate::Pass);
+    }
+
+    #[test]
+    fn the_time_shown_is_never_earlier_than_the_real_one() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_001);
+        let shown = whole_second_after(t);
+        assert!(shown >= t);
+        assert_eq!(rfc3339_seconds(shown), "2023-11-14T22:13:21Z");
+        let whole = SystemTime::UNIX_EPOCH + Duration::from_secs(5);
+        assert_eq!(whole_second_after(whole), whole);
     }
 
     #[test]

@@ -41,8 +41,14 @@ mod tests {
         let j = Journal::open(dir.path()).unwrap();
         for round in 0..3 {
             let run = j.begin_run("In_Progress/loop.md").unwrap();
-            j.call_started(run, &format!("c-{round}"), "search_web", Effect::ReadOnly, &serde_json::json!({}))
-                .unwrap();
+            j.call_started(
+                run,
+                &format!("c-{round}"),
+                "search_web",
+                Effect::ReadOnly,
+                &serde_json::json!({}),
+            )
+            .unwrap();
             // A call that never started (a quota result) does not count.
             j.call_finished(
                 run,
@@ -52,8 +58,14 @@ mod tests {
             j.note_moved(run, "Done/loop.md", true).unwrap();
         }
         let other = j.begin_run("In_Progress/other.md").unwrap();
-        j.call_started(other, "c-x", "search_web", Effect::ReadOnly, &serde_json::json!({}))
-            .unwrap();
+        j.call_started(
+            other,
+            "c-x",
+            "search_web",
+            Effect::ReadOnly,
+            &serde_json::json!({}),
+        )
+        .unwrap();
         assert_eq!(calls_started(&j, "In_Progress/loop.md").unwrap(), 3);
         assert_eq!(calls_started(&j, "In_Progress/other.md").unwrap(), 1);
         assert_eq!(remaining(2, 3), 0);

@@ -15,7 +15,13 @@ const TITLE_PREFIX: &str = "> [!example]- preview · ";
 
 /// The `tool_preview` objects of the pending calls of `parsed` that have none in the note
 /// yet, in call order. `note` is the note's vault-relative path (tools may show it).
-pub fn previews(registry: &Registry, redactor: &Redactor, parsed: &ParsedNote, text: &str, note: &str) -> Vec<Value> {
+pub fn previews(
+    registry: &Registry,
+    redactor: &Redactor,
+    parsed: &ParsedNote,
+    text: &str,
+    note: &str,
+) -> Vec<Value> {
     let shown = previewed_ids(text);
     parsed
         .pending_calls()
@@ -28,7 +34,9 @@ pub fn previews(registry: &Registry, redactor: &Redactor, parsed: &ParsedNote, t
                     "decision": { "action": "deny", "code": e.code.as_str(), "reason": e.message },
                     "would": { "description": "nothing: the call block is not a valid tool call" },
                 }),
-                CallBody::Call { name, parameters } => preview_call(registry, &c.call_id, name, parameters, note),
+                CallBody::Call { name, parameters } => {
+                    preview_call(registry, &c.call_id, name, parameters, note)
+                }
             };
             redact(redactor, preview)
         })
@@ -108,8 +116,7 @@ pub fn preview_callout(preview: &Value) -> Vec<String> {
     let name = preview["name"].as_str().unwrap_or("tool_call");
     let call_id = preview["call_id"].as_str().unwrap_or("");
     let action = preview["decision"]["action"].as_str().unwrap_or("?");
-    let title = format!("{name} · would {action} · {call_id}")
-        .replace(['\r', '\n'], " ");
+    let title = format!("{name} · would {action} · {call_id}").replace(['\r', '\n'], " ");
     let mut lines = vec![format!(
         "{TITLE_PREFIX}{}",
         crate::guard::text::escape_untrusted(&title)

@@ -155,7 +155,12 @@ impl HoldAlerts {
 fn body(note: &str, held: &[HeldSummary], how_to_decide: &str) -> String {
     let mut s = format!("The note {note} waits for a person:\n");
     for h in held {
-        s.push_str(&format!("- {} ({}): {}\n", h.name, h.call_id, first_sentence(&h.reason)));
+        s.push_str(&format!(
+            "- {} ({}): {}\n",
+            h.name,
+            h.call_id,
+            first_sentence(&h.reason)
+        ));
     }
     s.push('\n');
     s.push_str(how_to_decide);
@@ -178,9 +183,15 @@ mod tests {
             name: "send_notification".into(),
             reason: "recipient bob@x.org is not in allowed_recipients. To send it, move this note to `Approved/`".into(),
         }];
-        let b = body("Pending_Approval/a.md", &held, "To send it, move this note to `Approved/`.");
+        let b = body(
+            "Pending_Approval/a.md",
+            &held,
+            "To send it, move this note to `Approved/`.",
+        );
         assert!(b.contains("Pending_Approval/a.md"));
-        assert!(b.contains("- send_notification (c-1): recipient bob@x.org is not in allowed_recipients\n"));
+        assert!(b.contains(
+            "- send_notification (c-1): recipient bob@x.org is not in allowed_recipients\n"
+        ));
         assert!(b.ends_with("move this note to `Approved/`."));
     }
 

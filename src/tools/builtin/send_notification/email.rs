@@ -265,7 +265,10 @@ impl Email {
         let message_id = format!("<{}@{}>", call.call_id, self.message_id_host);
         let transport = match &self.transport {
             Transport::File { outbox, .. } => {
-                format!("written as an .eml file into the outbox {}", outbox.display())
+                format!(
+                    "written as an .eml file into the outbox {}",
+                    outbox.display()
+                )
             }
             Transport::Smtp(smtp) => format!("sent through the SMTP server {}", smtp.server),
         };
