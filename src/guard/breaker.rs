@@ -193,6 +193,19 @@ impl Breakers {
         }
     }
 
+    /// Ends the cool-down of an open circuit now (tests stand in for the clock).
+    #[cfg(test)]
+    fn cool_down_now(&self, key: &str) {
+        let mut circuits = self.circuits.lock().expect("breaker lock poisoned");
+        if let Some(c) = circuits.get_mut(key)
+            && matches!(c.phase, Phase::Open { .. })
+        {
+            c.phase = Phase::Open {
+                until: SystemTime::now(),
+            };
+        }
+    }
+
     /// The circuits that are not closed.
     pub fn snapshot(&self) -> Vec<CircuitStatus> {
         statuses(&self.circuits.lock().expect("breaker lock poisoned"))
@@ -366,11 +379,14 @@ mod tests {
         for _ in 0..5 {
             b.record("t", Gate::Pass, &failure());
         }
+        b.cool_down_now("t");
         assert_eq!(b.admit("t", "t").unwrap(), Gate::Trial);
         // While the trial runs, everything else fails at once.
         assert!(b.admit("t", "t").unwrap_err().message.contains("half-open"));
         b.record("t", Gate::Trial, &failure());
-        // One failed trial opens it again at once.
+        // One failed trial opens it again for another cool-down.
+        assert!(b.admit("t", "t").unwrap_err().message.starts_with("circuit open until"));
+        b.cool_down_now("t");
         assert_eq!(b.admit("t", "t").unwrap(), Gate::Trial);
         b.record("t", Gate::Trial, &success());
         assert_eq!(b.admit("t", "t").unwrap(), Gate::Pass);

@@ -18,9 +18,17 @@ use std::time::Duration;
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawNotify {
-    pub on_hold: Option<RawHoldAlert>,
+    pub on_hold: Option<RawOnHold>,
     /// At most this many hold alerts per hour (default 20); the rest are logged only.
     pub on_hold_per_hour: Option<u32>,
+}
+
+/// `on_hold = { method = "slack", recipient = "ops" }`, or just an email address.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawOnHold {
+    Address(String),
+    Table(RawHoldAlert),
 }
 
 /// `on_hold = { method = "slack", recipient = "ops" }`.
@@ -107,7 +115,14 @@ pub fn config_from_raw(
     }
     let on_hold = match notify.on_hold {
         None => None,
-        Some(raw) => {
+        Some(on_hold) => {
+            let raw = match on_hold {
+                RawOnHold::Address(address) => RawHoldAlert {
+                    method: None,
+                    recipient: Some(address),
+                },
+                RawOnHold::Table(table) => table,
+            };
             let Some(recipient) = raw.recipient.filter(|r| !r.trim().is_empty()) else {
                 return Err(invalid(
                     "notify.on_hold.recipient",
@@ -168,4 +183,77 @@ pub fn config_from_raw(
         on_hold_per_hour,
         breaker: BreakerConfig { failures, open_for },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Overrides, from_raw, parse_raw};
+    use std::path::PathBuf;
+
+    fn load(text: &str) -> Result<crate::config::Config, crate::config::ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = PathBuf::from("test.toml");
+        from_raw(
+            parse_raw(text, &path)?,
+            Some(path),
+            &Overrides {
+                vault: Some(dir.path().to_path_buf()),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn defaults_match_the_design() {
+        let c = load("").unwrap();
+        assert_eq!(c.guard.note_budget, 100);
+        assert_eq!(c.guard.breaker.failures, 5);
+        assert_eq!(c.guard.breaker.open_for, std::time::Duration::from_secs(60));
+        assert!(c.guard.on_hold.is_none());
+        assert_eq!(c.folders.dry_run, "Dry_Run");
+    }
+
+    #[test]
+    fn on_hold_takes_a_table_or_an_address() {
+        let c = load("[notify]\non_hold = \"ops@example.com\"\n").unwrap();
+        let h = c.guard.on_hold.unwrap();
+        assert_eq!(
+            (h.method.as_str(), h.recipient.as_str()),
+            ("email", "ops@example.com")
+        );
+        let c =
+            load("[notify]\non_hold = { method = \"email\", recipient = \"a@b.org\" }\n").unwrap();
+        assert_eq!(c.guard.on_hold.unwrap().recipient, "a@b.org");
+    }
+
+    #[test]
+    fn bad_guard_keys_name_the_key() {
+        for (text, key) in [
+            ("note_budget = 0\n", "note_budget"),
+            (
+                "[notify]\non_hold = \"not an address\"\n",
+                "notify.on_hold.recipient",
+            ),
+            (
+                "[notify]\non_hold = { method = \"pager\", recipient = \"x\" }\n",
+                "notify.on_hold.method",
+            ),
+            (
+                "[notify]\non_hold = { method = \"discord\", recipient = \"x\" }\n",
+                "notify.on_hold.recipient",
+            ),
+            (
+                "[circuit_breaker]\nopen_for = \"soon\"\n",
+                "circuit_breaker.open_for",
+            ),
+            (
+                "[circuit_breaker]\nfailures = 0\n",
+                "circuit_breaker.failures",
+            ),
+            ("[folders]\ndry_run = \"Done\"\n", "folders.dry_run"),
+        ] {
+            let err = load(text).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+    }
 }
