@@ -4,7 +4,7 @@
 
 use crate::call::{CallError, CallResult, ErrorCode};
 use crate::guard::BreakerConfig;
-use crate::guard::breaker::{Breakers, circuit_key};
+use crate::guard::breaker::{Breakers, Gate, circuit_key};
 use crate::journal::{Journal, RateWindow, RunId, StartAdmission};
 use crate::secret::Redactor;
 use crate::tools::{Registry, ToolCall};
@@ -89,7 +89,7 @@ impl Runner {
             j.call_started_within(run, &cid, &tname, effect, &redacted, &limits)
         })
         .await;
-        if !matches!(admitted, Ok(Ok(StartAdmission::Started))) {
+        if gate == Gate::Trial && !matches!(admitted, Ok(Ok(StartAdmission::Started))) {
             self.breakers.release_trial(&circuit);
         }
         match admitted {

@@ -522,10 +522,20 @@ async fn a_held_note_sends_one_slack_alert_per_hold() {
     );
     assert!(text.contains("move this note to `Approved/`"), "{text}");
 
-    // A rescan does not repeat it (a new daemon over the same vault scans everything).
+    // The same hold looked at again is not alerted again: moved back to Needs_Action without
+    // a decision, the note returns to Pending_Approval with the same question.
+    vault.move_note("Pending_Approval", "Needs_Action", "mail.md");
+    wait_until("the note is held again", DEADLINE, || {
+        vault.exists("Pending_Approval", "mail.md")
+            && vault
+                .read("Pending_Approval", "mail.md")
+                .contains("tool_status: pending_approval")
+    });
+    // A restart (a full scan by a fresh daemon with fresh memory) does not repeat it either.
     assert_eq!(daemon.terminate().code(), Some(0));
     assert_eq!(vault.once().0, 0);
     let daemon = vault.start();
+    assert_eq!(slack.received_requests().await.unwrap().len(), 1);
     // Two more holds: the hourly cap of 1 (per daemon) lets one more through.
     vault.drop_note(
         "two.md",

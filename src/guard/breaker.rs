@@ -385,7 +385,12 @@ mod tests {
         assert!(b.admit("t", "t").unwrap_err().message.contains("half-open"));
         b.record("t", Gate::Trial, &failure());
         // One failed trial opens it again for another cool-down.
-        assert!(b.admit("t", "t").unwrap_err().message.starts_with("circuit open until"));
+        assert!(
+            b.admit("t", "t")
+                .unwrap_err()
+                .message
+                .starts_with("circuit open until")
+        );
         b.cool_down_now("t");
         assert_eq!(b.admit("t", "t").unwrap(), Gate::Trial);
         b.record("t", Gate::Trial, &success());
