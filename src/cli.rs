@@ -363,6 +363,16 @@ fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
     let config = load_lenient(g)?;
     let registry = registry_for(&config)?;
     let redactor = daemon::redactor_for(&config);
+    // What a running daemon records: its open circuits. The note budget needs the note's
+    // claim path, which a note outside the vault does not have: not checked here.
+    let facts = crate::guard::dry_run::Facts {
+        budget_left: None,
+        note_budget: config.guard.note_budget,
+        circuits: crate::guard::breaker::read_state_file(
+            &config.state_dir,
+            daemon::running_daemon(&config.vault),
+        ),
+    };
     let mut any_denied = false;
     let mut out = std::io::stdout().lock();
     for path in notes {
@@ -382,7 +392,8 @@ fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
         let parsed = parse_note(&text);
         let note = path.display().to_string();
         // Every pending call, even one a dry run already previewed in the note.
-        let previews = crate::guard::dry_run::previews(&registry, &redactor, &parsed, "", &note);
+        let previews =
+            crate::guard::dry_run::previews(&registry, &redactor, &parsed, "", &note, &facts);
         any_denied |= previews.iter().any(|p| p["decision"]["action"] == "deny");
         if as_json {
             let line = json!({ "path": note, "previews": previews });

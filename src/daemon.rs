@@ -980,12 +980,28 @@ impl Daemon {
         let registry = self.runner.registry.clone();
         let redactor = self.runner.redactor.clone();
         let note = self.vault.relative(path);
+        // Moved to Needs_Action, the note would be claimed at this path: its budget key.
+        let key = match self.vault.locate(path) {
+            Some((_, inner)) => self
+                .vault
+                .relative(&self.vault.folder(State::InProgress).join(inner)),
+            None => return Ok(()),
+        };
+        let started = self
+            .blocking(move |j| budget::calls_started(j, &key))
+            .await?;
+        let facts = dry_run::Facts {
+            budget_left: Some(budget::remaining(self.config.guard.note_budget, started)),
+            note_budget: self.config.guard.note_budget,
+            circuits: self.runner.breakers.snapshot(),
+        };
         let path_buf = path.to_path_buf();
         let now = SystemTime::now();
         let written = tokio::task::spawn_blocking(move || {
             note::update_note(&path_buf, |current| {
                 let parsed = parse_note(current);
-                let previews = dry_run::previews(&registry, &redactor, &parsed, current, &note);
+                let previews =
+                    dry_run::previews(&registry, &redactor, &parsed, current, &note, &facts);
                 if previews.is_empty() {
                     return current.to_string();
                 }

@@ -366,6 +366,17 @@ async fn the_note_budget_holds_across_once_runs() {
     assert_eq!(results.len(), 4);
     assert_eq!(results[3]["error"]["code"], "QUOTA_EXCEEDED");
     assert_eq!(search.queries().iter().filter(|q| *q == "d").count(), 0);
+
+    // A dry run of the same note says so before it is moved in again.
+    let next = format!(
+        "{text}\n```json\n{}\n```\n",
+        json!({ "tool_call": search_call("e") })
+    );
+    vault.drop_into("Dry_Run", "n.md", next.as_bytes());
+    assert_eq!(vault.once().0, 0);
+    let previews = previews_in(&vault.read("Dry_Run", "n.md"));
+    assert_eq!(previews.len(), 1);
+    assert_eq!(previews[0]["decision"]["code"], "QUOTA_EXCEEDED");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -382,7 +393,7 @@ async fn five_failures_open_the_circuit_then_one_trial_closes_it() {
     search.set_answer(Answer::ServerError);
     let vault = TestVault::new(
         &search.base_url(),
-        "[circuit_breaker]\nopen_for = \"2s\"\n[tools.search_web]\ntimeout = \"1s\"\n",
+        "[circuit_breaker]\nopen_for = \"5s\"\n[tools.search_web]\ntimeout = \"1s\"\n",
     );
     let daemon = vault.start();
     let five: Vec<Value> = (0..5).map(|i| search_call(&format!("down {i}"))).collect();
@@ -420,6 +431,28 @@ async fn five_failures_open_the_circuit_then_one_trial_closes_it() {
         search.requests(),
         asked,
         "no request while the circuit is open"
+    );
+    // A dry run and `check --preview` say the call would fail at once.
+    let probe = note_with_calls("P", &[search_call("probe")]);
+    vault.drop_into("Dry_Run", "p.md", probe.as_bytes());
+    wait_until("the preview is written", DEADLINE, || {
+        vault.read("Dry_Run", "p.md").contains("[!example]-")
+    });
+    let p = &previews_in(&vault.read("Dry_Run", "p.md"))[0];
+    assert_eq!(p["decision"]["code"], "EXECUTION_ERROR", "{p}");
+    let out = vault
+        .cmd()
+        .args(["check", "--preview", "--json"])
+        .arg(vault.path("Dry_Run", "p.md"))
+        .output()
+        .unwrap();
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        printed["previews"][0]["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("circuit search_web is open"),
+        "{printed}"
     );
 
     // The service recovers; after the cool-down one trial call closes the circuit.

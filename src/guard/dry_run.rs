@@ -3,6 +3,8 @@
 //! effect, the policy's decision and what would happen — and nothing runs: no request, no
 //! rate limit, no journal record. `vaultd check --preview` prints the same previews.
 
+use crate::guard::breaker::{CircuitStatus, circuit_key};
+use crate::guard::budget;
 use crate::note::{CallBody, ParsedNote};
 use crate::secret::Redactor;
 use crate::tools::{Admission, Registry, ToolCall};
@@ -13,6 +15,17 @@ use std::time::{Duration, Instant};
 /// The title of a preview callout starts with this; the call id ends it.
 const TITLE_PREFIX: &str = "> [!example]- preview · ";
 
+/// What stops calls now beyond their policy: the note's budget and open circuits. The
+/// daemon knows both; `vaultd check --preview` knows what the state dir records.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// How many more calls the note may start (`note_budget`); `None` when unknown.
+    pub budget_left: Option<u64>,
+    pub note_budget: u64,
+    /// The circuits that are not closed.
+    pub circuits: Vec<CircuitStatus>,
+}
+
 /// The `tool_preview` objects of the pending calls of `parsed` that have none in the note
 /// yet, in call order. `note` is the note's vault-relative path (tools may show it).
 pub fn previews(
@@ -21,8 +34,10 @@ pub fn previews(
     parsed: &ParsedNote,
     text: &str,
     note: &str,
+    facts: &Facts,
 ) -> Vec<Value> {
     let shown = previewed_ids(text);
+    let mut budget_left = facts.budget_left;
     parsed
         .pending_calls()
         .filter(|c| !shown.contains(&c.call_id))
@@ -35,7 +50,9 @@ pub fn previews(
                     "would": { "description": "nothing: the call block is not a valid tool call" },
                 }),
                 CallBody::Call { name, parameters } => {
-                    preview_call(registry, &c.call_id, name, parameters, note)
+                    let mut p = preview_call(registry, &c.call_id, name, parameters, note);
+                    apply_facts(&mut p, registry, name, facts, &mut budget_left);
+                    p
                 }
             };
             redact(redactor, preview)
@@ -89,6 +106,53 @@ fn preview_call(
     })
 }
 
+/// Turns a `run` or `hold` decision into the denial the budget or an open circuit would give,
+/// in call order, as the daemon would.
+fn apply_facts(
+    preview: &mut Value,
+    registry: &Registry,
+    name: &str,
+    facts: &Facts,
+    budget_left: &mut Option<u64>,
+) {
+    let action = preview["decision"]["action"].as_str().unwrap_or("");
+    if action != "run" && action != "hold" {
+        return;
+    }
+    if *budget_left == Some(0) {
+        let e = budget::spent(facts.note_budget);
+        preview["decision"] =
+            json!({ "action": "deny", "code": e.code.as_str(), "reason": e.message });
+        return;
+    }
+    if action == "hold" {
+        return;
+    }
+    if let Some(left) = budget_left.as_mut() {
+        *left -= 1;
+    }
+    let Some(key) = registry.get(name).map(|t| circuit_key(t.spec())) else {
+        return;
+    };
+    let now = crate::call::rfc3339_seconds(std::time::SystemTime::now());
+    // RFC 3339 UTC strings of one format compare like the times they name.
+    if let Some(c) = facts
+        .circuits
+        .iter()
+        .find(|c| c.key == key && c.until.as_deref().is_none_or(|u| u > now.as_str()))
+    {
+        let until = c.until.as_deref().unwrap_or("a trial call decides");
+        preview["decision"] = json!({
+            "action": "deny",
+            "code": "EXECUTION_ERROR",
+            "reason": format!(
+                "circuit {key} is {} (until {until}) after {} failures in a row; the call would fail at once (retryable)",
+                c.state, c.failures
+            ),
+        });
+    }
+}
+
 fn redact(redactor: &Redactor, v: Value) -> Value {
     if redactor.is_empty() {
         return v;
@@ -129,6 +193,111 @@ pub fn preview_callout(preview: &Value) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::note::parse_note;
+
+    fn registry() -> Registry {
+        Registry::from_config(
+            &crate::config::ToolsConfig::defaults(),
+            reqwest::Client::new(),
+        )
+        .unwrap()
+    }
+
+    fn three_searches() -> String {
+        (0..3)
+            .map(|i| {
+                format!(
+                    "```json\n{{\"tool_call\": {{\"name\": \"search_web\", \"parameters\": {{\"query\": \"q{i}\"}}}}}}\n```\n"
+                )
+            })
+            .collect()
+    }
+
+    fn actions(previews: &[Value]) -> Vec<(String, String)> {
+        previews
+            .iter()
+            .map(|p| {
+                (
+                    p["decision"]["action"].as_str().unwrap().to_string(),
+                    p["decision"]["code"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_budget_and_open_circuits_show_in_the_decision() {
+        let registry = registry();
+        let redactor = Redactor::new(Vec::new(), &[]);
+        let text = three_searches();
+        let parsed = parse_note(&text);
+        let run =
+            |facts: &Facts| actions(&previews(&registry, &redactor, &parsed, "", "n.md", facts));
+        let free = run(&Facts::default());
+        assert!(free.iter().all(|(a, _)| a == "run"), "{free:?}");
+        let one_left = run(&Facts {
+            budget_left: Some(1),
+            note_budget: 5,
+            circuits: Vec::new(),
+        });
+        assert_eq!(one_left[0].0, "run");
+        assert_eq!(
+            one_left[1],
+            ("deny".to_string(), "QUOTA_EXCEEDED".to_string())
+        );
+        assert_eq!(
+            one_left[2],
+            ("deny".to_string(), "QUOTA_EXCEEDED".to_string())
+        );
+        let open = |until: &str| CircuitStatus {
+            key: "search_web".into(),
+            state: "open".into(),
+            until: Some(until.into()),
+            failures: 5,
+            last_error: "EXECUTION_ERROR: 503".into(),
+        };
+        let broken = run(&Facts {
+            circuits: vec![open("2999-01-01T00:00:00Z")],
+            ..Facts::default()
+        });
+        assert!(
+            broken
+                .iter()
+                .all(|d| d == &("deny".to_string(), "EXECUTION_ERROR".to_string()))
+        );
+        // A cool-down that is over lets the trial run.
+        let over = run(&Facts {
+            circuits: vec![open("2000-01-01T00:00:00Z")],
+            ..Facts::default()
+        });
+        assert!(over.iter().all(|(a, _)| a == "run"), "{over:?}");
+    }
+
+    #[test]
+    fn a_call_previewed_once_is_not_previewed_again() {
+        let registry = registry();
+        let redactor = Redactor::new(Vec::new(), &[]);
+        let text = three_searches();
+        let parsed = parse_note(&text);
+        let first = previews(
+            &registry,
+            &redactor,
+            &parsed,
+            &text,
+            "n.md",
+            &Facts::default(),
+        );
+        let written = format!("{text}\n{}\n", preview_callout(&first[0]).join("\n"));
+        let again = previews(
+            &registry,
+            &redactor,
+            &parse_note(&written),
+            &written,
+            "n.md",
+            &Facts::default(),
+        );
+        assert_eq!(again.len(), 2);
+        assert_ne!(again[0]["call_id"], first[0]["call_id"]);
+    }
 
     #[test]
     fn a_written_preview_is_recognised_and_stays_inert() {
