@@ -98,6 +98,10 @@ pub enum Command {
         /// One JSON object per note (JSON Lines).
         #[arg(long)]
         json: bool,
+        /// Print what each pending call would do, as a dry run writes it (DESIGN §12.1);
+        /// nothing runs and the note is not touched.
+        #[arg(long)]
+        preview: bool,
     },
     /// List the tools with their descriptions and JSON Schemas (MCP tools from the catalog
     /// the daemon last listed; no server is started).
@@ -237,7 +241,12 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Command::Init { dir } => init(&dir),
         Command::Run => serve(&g, Mode::Run),
         Command::Once => serve(&g, Mode::Once),
-        Command::Check { notes, json } => check(&g, &notes, json),
+        Command::Check {
+            notes,
+            json,
+            preview: true,
+        } => preview(&g, &notes, json),
+        Command::Check { notes, json, .. } => check(&g, &notes, json),
         Command::Tools {
             action: Some(ToolsAction::Accept { name }),
             ..
@@ -648,6 +657,57 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
     Ok(if any_invalid { 1 } else { 0 })
 }
 
+/// `vaultd check --preview`: the `tool_preview` of every pending call, exactly as a note in
+/// Dry_Run/ gets it, printed instead of written. Exit 1 when a call would be denied.
+fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
+    let (config, registry) = load_lenient(g)?;
+    let redactor = daemon::redactor_for(&config);
+    // What a running daemon records: its open circuits. The note budget needs the note's
+    // claim path, which a note outside the vault does not have: not checked here.
+    let facts = crate::guard::dry_run::Facts {
+        budget_left: None,
+        note_budget: config.guard.note_budget,
+        circuits: crate::guard::breaker::read_state_file(
+            &config.state_dir,
+            daemon::running_daemon(&config.vault),
+        ),
+    };
+    let mut any_denied = false;
+    let mut out = std::io::stdout().lock();
+    for path in notes {
+        let text = match std::fs::read(path).map(String::from_utf8) {
+            Ok(Ok(s)) => s,
+            Ok(Err(_)) => {
+                any_denied = true;
+                report_unreadable(&mut out, path, "note is not UTF-8", as_json)?;
+                continue;
+            }
+            Err(e) => {
+                any_denied = true;
+                report_unreadable(&mut out, path, &format!("cannot read: {e}"), as_json)?;
+                continue;
+            }
+        };
+        let parsed = parse_note(&text);
+        let note = path.display().to_string();
+        // Every pending call, even one a dry run already previewed in the note.
+        let previews =
+            crate::guard::dry_run::previews(&registry, &redactor, &parsed, "", &note, &facts);
+        any_denied |= previews.iter().any(|p| p["decision"]["action"] == "deny");
+        if as_json {
+            let line = json!({ "path": note, "previews": previews });
+            writeln!(out, "{}", redactor.redact(&line.to_string()))?;
+        } else {
+            writeln!(out, "{note}: {} pending call(s)", previews.len())?;
+            for p in &previews {
+                let lines = crate::guard::dry_run::preview_callout(p);
+                writeln!(out, "{}", redactor.redact(&lines.join("\n")))?;
+            }
+        }
+    }
+    Ok(if any_denied { 1 } else { 0 })
+}
+
 fn report_unreadable(
     out: &mut impl Write,
     path: &Path,
@@ -839,7 +899,11 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
             "needs_action": c.folders.needs_action, "in_progress": c.folders.in_progress,
             "pending_approval": c.folders.pending_approval, "approved": c.folders.approved,
             "rejected": c.folders.rejected, "done": c.folders.done, "failed": c.folders.failed,
+            "dry_run": c.folders.dry_run,
         },
+        "note_budget": c.guard.note_budget,
+        "notify": { "on_hold": c.guard.on_hold.as_ref().map(|h| json!({ "method": h.method, "recipient": h.recipient })), "on_hold_per_hour": c.guard.on_hold_per_hour },
+        "circuit_breaker": { "failures": c.guard.breaker.failures, "open_for": humantime::format_duration(c.guard.breaker.open_for).to_string() },
         "tools": {
             "search_web": {
                 "enabled": t.search_web.enabled,
@@ -893,6 +957,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             p.starts_with(&in_progress) && p.is_file()
         })
         .collect();
+    let circuits = crate::guard::breaker::read_state_file(&config.state_dir, daemon_pid);
     let failures = journal.recent_failures(10)?;
     let problems = journal.problems(10)?;
     let now = std::time::SystemTime::now();
@@ -916,6 +981,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             "recent_failures": failures,
             "problems": problems,
             "rate_limits": rates,
+            "open_circuits": circuits,
         });
         // The journal holds redacted text only; the redactor here is the last line of defence.
         let redactor = daemon::redactor_for(&config);
@@ -967,6 +1033,22 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
                 e.time,
                 escape_controls(&e.note),
                 redactor.redact(e.detail.as_deref().unwrap_or(""))
+            );
+        }
+    }
+    if !circuits.is_empty() {
+        println!("\nopen circuits");
+        for c in &circuits {
+            println!(
+                "  {:<18} {}{}  after {} failures in a row; last: {}",
+                c.key,
+                c.state,
+                c.until
+                    .as_deref()
+                    .map(|u| format!(" until {u}"))
+                    .unwrap_or_default(),
+                c.failures,
+                redactor.redact(&c.last_error)
             );
         }
     }

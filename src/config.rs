@@ -76,6 +76,12 @@ pub struct RawConfig {
     /// `[mcp.NAME]`: MCP servers, read by their tool source.
     #[serde(default)]
     pub mcp: BTreeMap<String, crate::tools::mcp::config::RawServer>,
+    /// Guardrails (DESIGN §12), validated by `guard::config_from_raw`.
+    pub note_budget: Option<u64>,
+    #[serde(default)]
+    pub notify: crate::guard::RawNotify,
+    #[serde(default)]
+    pub circuit_breaker: crate::guard::RawCircuitBreaker,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -90,6 +96,7 @@ pub struct RawFolders {
     pub failed: Option<String>,
     /// Where oversized results are saved; never watched.
     pub tool_results: Option<String>,
+    pub dry_run: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -198,6 +205,8 @@ pub struct Config {
     pub tool_results: String,
     /// `[mcp.NAME]` servers, validated.
     pub mcp: Vec<crate::tools::mcp::config::McpServerConfig>,
+    /// Dry run, note budget, circuit breaker, hold alerts (DESIGN §12).
+    pub guard: crate::guard::GuardConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,6 +225,7 @@ pub struct Folders {
     pub rejected: String,
     pub done: String,
     pub failed: String,
+    pub dry_run: String,
 }
 
 impl Default for Folders {
@@ -228,6 +238,7 @@ impl Default for Folders {
             rejected: "Rejected".into(),
             done: "Done".into(),
             failed: "Failed".into(),
+            dry_run: "Dry_Run".into(),
         }
     }
 }
@@ -706,6 +717,7 @@ pub fn from_raw(
         rejected: f.rejected.unwrap_or(d.rejected),
         done: f.done.unwrap_or(d.done),
         failed: f.failed.unwrap_or(d.failed),
+        dry_run: f.dry_run.unwrap_or(d.dry_run),
     };
     let tool_results = f
         .tool_results
@@ -720,6 +732,7 @@ pub fn from_raw(
             ("folders.rejected", &folders.rejected),
             ("folders.done", &folders.done),
             ("folders.failed", &folders.failed),
+            ("folders.dry_run", &folders.dry_run),
         ];
         for (i, (key, name)) in all.iter().enumerate() {
             let p = Path::new(name.as_str());
@@ -943,6 +956,13 @@ pub fn from_raw(
         slack,
         discord,
     };
+    let guard = crate::guard::config_from_raw(
+        raw.note_budget,
+        raw.notify,
+        raw.circuit_breaker,
+        &send_notification,
+        &path,
+    )?;
 
     let max_result_bytes = raw
         .max_result_bytes
@@ -977,6 +997,7 @@ pub fn from_raw(
         max_result_bytes,
         tool_results,
         mcp,
+        guard,
     })
 }
 

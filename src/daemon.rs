@@ -6,6 +6,9 @@
 
 use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
 use crate::config::{ApprovalVia, Config};
+use crate::guard::breaker::Breakers;
+use crate::guard::hold_alert::{HeldSummary, HoldAlerts};
+use crate::guard::{budget, dry_run};
 use crate::journal::{CallProgress, Claim, Decision, Journal, JournalCall, JournalError, RunId};
 use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
 use crate::results::ResultStore;
@@ -147,6 +150,8 @@ pub struct Daemon {
     settling: Mutex<HashSet<PathBuf>>,
     /// `once` judges an unfinished last block at once: it is run when the writer is done.
     mode: Mode,
+    /// `[notify] on_hold`: one message per held note (DESIGN §12.4).
+    hold_alerts: HoldAlerts,
 }
 
 /// Holds the vault lock while alive; removes the lock file when dropped (DESIGN §9.5).
@@ -288,15 +293,19 @@ pub async fn run(
     .await;
     let mut registry = Registry::from_config(&config.tools, http)?;
     mcp.register(&mut registry)?;
-    let runner = Runner::new(
+    let mut runner = Runner::new(
         Arc::new(registry),
         journal.clone(),
         redactor,
         config.workers,
     )
     .with_results(results.clone());
+    runner.breakers =
+        Arc::new(Breakers::new(config.guard.breaker).with_state_file(&config.state_dir));
+    let hold_alerts = HoldAlerts::new(config.guard.on_hold.clone(), config.guard.on_hold_per_hour);
     let daemon = Arc::new(Daemon {
         results,
+        hold_alerts,
         note_slots: Semaphore::new(config.workers * 4),
         config,
         vault,
@@ -451,7 +460,7 @@ impl Daemon {
     /// moves there (a note moved in by hand is left alone, see `claim_and_run`), and
     /// Rejected/ not at all: `vaultd reject` writes the REJECTED results itself.
     fn watched_states(&self) -> Vec<State> {
-        let mut v = vec![State::NeedsAction, State::Approved];
+        let mut v = vec![State::NeedsAction, State::Approved, State::DryRun];
         if !self.approval_via_cli() {
             v.push(State::Rejected);
         }
@@ -686,6 +695,7 @@ impl Daemon {
             State::NeedsAction => self.claim_and_run(path, Pass::Fresh).await,
             State::Approved => self.claim_and_run(path, Pass::Approved).await,
             State::Rejected => self.reject_held(path).await,
+            State::DryRun => self.preview_note(path).await,
             _ => Ok(()),
         }
     }
@@ -1215,6 +1225,18 @@ impl Daemon {
                 .blocking(move |j| j.record_problem(&rel, &message))
                 .await;
         }
+        self.apply_note_budget(
+            &ident.note_id,
+            &mut steps,
+            prior,
+            |step| match step {
+                Step::Run { call_id, name, .. } => Some((call_id.clone(), name.clone(), true)),
+                Step::Hold(h) => Some((h.call_id.clone(), h.name.clone(), false)),
+                _ => None,
+            },
+            |call_id, name, e| Step::Done(CallResult::failed_now(call_id, name, e)),
+        )
+        .await?;
 
         // Run what may run, concurrently; results stay in call order.
         let mut handles = Vec::with_capacity(steps.len());
@@ -1292,13 +1314,35 @@ impl Daemon {
         };
         let reason = outcome_reason(&results, &held, waiting);
         let results = self.fit_results(path, &text, &ident.note_id, results);
+        let newly_held: Vec<HeldSummary> = held
+            .iter()
+            .map(|h| HeldSummary {
+                call_id: h.call_id.clone(),
+                name: h.name.clone(),
+                reason: h.reason.clone(),
+            })
+            .collect();
         match self
             .write_back(path, &ident.note_id, results, held, next)
             .await?
         {
             WriteBack::Written(mut ids) => {
                 ids.retain(|id| !foreign.contains(id));
-                if let Err(e) = self.finish_run(run, path, next, ids, &reason).await {
+                let finished = self.finish_run(run, path, next, ids, &reason).await;
+                if let Ok(dest) = &finished
+                    && !newly_held.is_empty()
+                {
+                    let note = self.vault.relative(dest);
+                    self.hold_alerts
+                        .note_held(
+                            &self.runner.registry,
+                            &note,
+                            &newly_held,
+                            &self.how_to_decide(),
+                        )
+                        .await;
+                }
+                if let Err(e) = finished {
                     // A read-only destination, say: the results are in the note; the run stays
                     // open and the move is retried at the next scan.
                     let rel = self.vault.relative(path);
@@ -1414,6 +1458,93 @@ impl Daemon {
             }
         }
         Ok(false)
+    }
+
+    /// The note budget (DESIGN §12.2): once the calls this note ever started reach
+    /// `note_budget`, every further call that would run or be held gets QUOTA_EXCEEDED. Calls
+    /// already started (recovery) are not charged again.
+    async fn apply_note_budget<S>(
+        &self,
+        note_id: &str,
+        steps: &mut [S],
+        prior: &HashMap<String, JournalCall>,
+        charged: impl Fn(&S) -> Option<(String, String, bool)>,
+        spent: impl Fn(&str, &str, CallError) -> S,
+    ) -> Result<(), DaemonError> {
+        let budget = self.config.guard.note_budget;
+        let key = note_id.to_string();
+        let started = self
+            .blocking(move |j| budget::calls_started(j, &key))
+            .await?;
+        let mut left = budget::remaining(budget, started);
+        for step in steps.iter_mut() {
+            let Some((call_id, name, runs)) = charged(step) else {
+                continue;
+            };
+            if prior.contains_key(&call_id) {
+                continue;
+            }
+            if left == 0 {
+                *step = spent(&call_id, &name, budget::spent(budget));
+            } else if runs {
+                left -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// A note in Dry_Run/: each pending call gets its preview, once; nothing runs, nothing is
+    /// journaled, the note stays where it is (DESIGN §12.1).
+    async fn preview_note(&self, path: &Path) -> Result<(), DaemonError> {
+        let Some(text) = self.read_note(path) else {
+            return Ok(());
+        };
+        let registry = self.runner.registry.clone();
+        let redactor = self.runner.redactor.clone();
+        let note = self.vault.relative(path);
+        // A note that ran before carries its id; a new one has spent nothing yet.
+        let started = match note::frontmatter_property(&text, "tool_note") {
+            Some(id) => {
+                let key = id.to_string();
+                self.blocking(move |j| budget::calls_started(j, &key))
+                    .await?
+            }
+            None => 0,
+        };
+        let facts = dry_run::Facts {
+            budget_left: Some(budget::remaining(self.config.guard.note_budget, started)),
+            note_budget: self.config.guard.note_budget,
+            circuits: self.runner.breakers.snapshot(),
+        };
+        let path_buf = path.to_path_buf();
+        let now = SystemTime::now();
+        let written = tokio::task::spawn_blocking(move || {
+            note::update_note(&path_buf, |current| {
+                let parsed = parse_note(current);
+                let previews =
+                    dry_run::previews(&registry, &redactor, &parsed, current, &note, &facts);
+                if previews.is_empty() {
+                    return current.to_string();
+                }
+                let blocks: Vec<Block<'_>> = previews.iter().map(Block::Preview).collect();
+                note::append_blocks(current, &blocks, State::DryRun.as_str(), now)
+            })
+        })
+        .await
+        .expect("write task does not panic");
+        match written {
+            Ok(_) | Err(note::WriteError::Gone(_)) => Ok(()),
+            Err(e) => {
+                let (len, mtime) = stamp(path);
+                self.problem(
+                    path,
+                    len,
+                    mtime,
+                    format!("dry-run previews not written: {e}"),
+                );
+                Ok(())
+            }
+        }
     }
 
     /// The last sentence of a `[!question]`: how a person decides, in this vault's mode.

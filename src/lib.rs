@@ -27,6 +27,7 @@
 //! - [`journal`]: the SQLite record of every claim, call and move.
 //! - [`tools`]: the registry and the tool sources (built-in, MCP servers).
 //! - [`daemon`]: the pipeline, start-up recovery and shutdown.
+//! - [`guard`]: dry run, note budget, circuit breaker, hold alerts, untrusted text.
 //! - [`approval`]: `vaultd approve` / `vaultd reject`, decisions bound to parameters.
 
 pub mod approval;
@@ -34,6 +35,7 @@ pub mod call;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod guard;
 pub mod journal;
 pub mod note;
 pub mod private;

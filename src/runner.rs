@@ -3,6 +3,8 @@
 //! tool says, and the outcome recorded.
 
 use crate::call::{CallError, CallResult, ErrorCode};
+use crate::guard::BreakerConfig;
+use crate::guard::breaker::{Breakers, Gate, circuit_key};
 use crate::journal::{Journal, RateWindow, RunId, StartAdmission};
 use crate::results::ResultStore;
 use crate::secret::Redactor;
@@ -16,6 +18,8 @@ pub struct Runner {
     pub registry: Arc<Registry>,
     pub journal: Arc<Journal>,
     pub redactor: Arc<Redactor>,
+    /// Circuit breakers per tool or MCP server (DESIGN §12.3); the daemon sets its own.
+    pub breakers: Arc<Breakers>,
     /// The global cap of `workers` calls running at once, across all notes.
     permits: Arc<Semaphore>,
     /// The result size limit (DESIGN §10.6); None keeps every result in the note.
@@ -33,6 +37,7 @@ impl Runner {
             registry,
             journal,
             redactor,
+            breakers: Arc::new(Breakers::new(BreakerConfig::default())),
             permits: Arc::new(Semaphore::new(workers)),
             results: None,
         }
@@ -83,6 +88,19 @@ impl Runner {
             .acquire()
             .await
             .expect("the worker semaphore is never closed");
+        // An open circuit fails the call at once: no rate limit spent, no start record.
+        // Asked with the permit in hand, so calls that queued for a worker while the circuit
+        // opened do not go on to hammer the failing service.
+        let circuit = circuit_key(tool.spec());
+        let gate = match self.breakers.admit(&circuit, name) {
+            Ok(gate) => gate,
+            Err(e) => {
+                drop(permit);
+                return self
+                    .record(run, CallResult::failed_now(call_id, name, e))
+                    .await;
+            }
+        };
 
         // Rate limit check and durable start, in one journal transaction, so two calls
         // cannot both take the last slot and a crash after this line never runs it twice.
@@ -98,6 +116,9 @@ impl Runner {
             j.call_started_within(run, &cid, &tname, effect, &redacted, &limits)
         })
         .await;
+        if gate == Gate::Trial && !matches!(admitted, Ok(Ok(StartAdmission::Started))) {
+            self.breakers.release_trial(&circuit);
+        }
         match admitted {
             Ok(Ok(StartAdmission::Started)) => {}
             Ok(Ok(StartAdmission::RateLimited { window, reset_at })) => {
@@ -145,6 +166,7 @@ impl Runner {
                 ),
             )),
         };
+        self.breakers.record(&circuit, gate, &outcome);
         let result = CallResult {
             call_id: call_id.to_string(),
             name: name.to_string(),

@@ -17,10 +17,12 @@ pub enum State {
     Rejected,
     Done,
     Failed,
+    /// Watched: every call gets a preview, nothing runs (DESIGN §12.1).
+    DryRun,
 }
 
 impl State {
-    pub const ALL: [State; 7] = [
+    pub const ALL: [State; 8] = [
         State::NeedsAction,
         State::InProgress,
         State::PendingApproval,
@@ -28,6 +30,7 @@ impl State {
         State::Rejected,
         State::Done,
         State::Failed,
+        State::DryRun,
     ];
 
     /// The `tool_status` value.
@@ -40,6 +43,7 @@ impl State {
             State::Rejected => "rejected",
             State::Done => "done",
             State::Failed => "failed",
+            State::DryRun => "dry_run",
         }
     }
 }
@@ -92,6 +96,7 @@ impl Vault {
             State::Rejected => &f.rejected,
             State::Done => &f.done,
             State::Failed => &f.failed,
+            State::DryRun => &f.dry_run,
         }
     }
 

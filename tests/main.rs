@@ -6,6 +6,7 @@ mod util;
 mod approval;
 mod cli;
 mod cmark;
+mod guard;
 mod hostile;
 mod identity;
 mod limits;

@@ -2,6 +2,7 @@
 //! frontmatter properties set without touching any other line.
 
 use crate::call::{CallError, CallResult, HeldCall, rfc3339_millis, rfc3339_seconds};
+use crate::guard::text::escape_untrusted;
 use crate::note::parse::{ParsedNote, analyze, parse_note};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -14,6 +15,8 @@ pub enum Block<'a> {
     Result(&'a CallResult),
     /// `> [!question]` with a `tool_approval` JSON: what will run and why it is held.
     Held(&'a HeldCall),
+    /// `> [!example]-` with a `tool_preview` JSON: what a dry run would do (DESIGN §12.1).
+    Preview(&'a Value),
 }
 
 /// Appends `blocks` to `text` (DESIGN §3, §8.11) and sets `tool_status` to `status`,
@@ -35,7 +38,7 @@ pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: System
         .iter()
         .filter_map(|b| match b {
             Block::Result(r) => Some(shift_json_position(r, added)),
-            Block::Held(_) => None,
+            Block::Held(_) | Block::Preview(_) => None,
         })
         .collect();
     let mut results = shifted.iter();
@@ -46,6 +49,7 @@ pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: System
                 Block::Result(results.next().expect("one shifted result per result block"))
             }
             Block::Held(h) => Block::Held(h),
+            Block::Preview(p) => Block::Preview(p),
         })
         .collect();
     set_properties(&append_only(text, &blocks), status, now)
@@ -100,6 +104,7 @@ fn append_only(text: &str, blocks: &[Block<'_>]) -> String {
         let lines = match block {
             Block::Result(result) => result_callout(result),
             Block::Held(held) => held_callout(held),
+            Block::Preview(preview) => crate::guard::dry_run::preview_callout(preview),
         };
         for line in lines {
             out.push_str(&line);
@@ -292,7 +297,8 @@ fn result_callout(result: &CallResult) -> Vec<String> {
             },
         },
     };
-    let mut lines = vec![format!("> {}", one_line(&title))];
+    // The title quotes tool output (the summary): untrusted text, escaped (DESIGN §12.5).
+    let mut lines = vec![format!("> {}", escape_untrusted(&one_line(&title)))];
     push_json_fence(&mut lines, &doc);
     lines
 }
@@ -352,9 +358,11 @@ fn inert_line(line: &str) -> String {
 
 /// "> ```json", the pretty JSON with every line quoted, "> ```". Pretty JSON lines start
 /// with spaces and a JSON token and strings carry no raw line breaks, so nothing in them
-/// can close the fence early.
-fn push_json_fence(lines: &mut Vec<String>, doc: &impl Serialize) {
+/// can close the fence early. Bidi controls and zero-width characters are written as `\uXXXX`
+/// escapes (the same JSON value), so the text cannot disguise what it says (DESIGN §12.5).
+pub(crate) fn push_json_fence(lines: &mut Vec<String>, doc: &impl Serialize) {
     let json = serde_json::to_string_pretty(doc).expect("maps with string keys always serialize");
+    let json = escape_untrusted(&json);
     lines.push("> ```json".to_string());
     lines.extend(json.split('\n').map(|l| format!("> {l}")));
     lines.push("> ```".to_string());

@@ -141,6 +141,24 @@ pub trait Tool: Send + Sync {
 
     /// Runs the call. The runner enforces the deadline too; tools use it to bound retries.
     fn run<'a>(&'a self, call: ToolCall<'a>) -> ToolFuture<'a>;
+
+    /// What running this validated call would do, without doing any of it (DESIGN §12.1):
+    /// the `would` object of a dry run's `tool_preview`. Pure: no request, no file written,
+    /// no journal record. Secrets may appear only as references; the caller redacts the
+    /// result once more. Tools override it to show the exact effect: the email as it would be
+    /// sent, a webhook's JSON body, a command's argv and sandbox, a vault write's unified
+    /// diff. The default describes the call.
+    fn preview(&self, _call: ToolCall<'_>) -> Value {
+        let spec = self.spec();
+        json!({
+            "description": format!(
+                "would call {} ({} tool, {}) with the parameters above",
+                spec.name,
+                spec.source,
+                spec.effect.as_str()
+            ),
+        })
+    }
 }
 
 /// A tool with everything compiled once: its schema validator and its limits.

@@ -137,6 +137,37 @@ impl Tool for SearchWeb {
         &self.spec
     }
 
+    fn preview(&self, call: ToolCall<'_>) -> Value {
+        let query = call.parameters.get("query").and_then(Value::as_str);
+        let num_results = call
+            .parameters
+            .get("num_results")
+            .and_then(Value::as_u64)
+            .unwrap_or(DEFAULT_NUM_RESULTS);
+        let provider = self.config.provider;
+        let base = match (provider, self.config.base_url.as_deref()) {
+            (_, Some(configured)) => Some(configured.to_string()),
+            (SearchProvider::Searxng, None) => None,
+            (SearchProvider::DuckDuckGo, None) => Some(duckduckgo::DEFAULT_BASE_URL.to_string()),
+            (SearchProvider::Brave, None) => Some(brave::DEFAULT_BASE_URL.to_string()),
+            (SearchProvider::Tavily, None) => Some(tavily::DEFAULT_BASE_URL.to_string()),
+        };
+        json!({
+            "description": match &base {
+                Some(base) => format!(
+                    "would ask {} at {base} for {num_results} results; read-only, nothing is changed",
+                    provider.as_str()
+                ),
+                None => "would fail: tools.search_web.base_url is not set for searxng".to_string(),
+            },
+            "provider": provider.as_str(),
+            "base_url": base,
+            "query": query,
+            "num_results": num_results,
+            "api_key": self.config.api_key.as_ref().map(|k| format!("{} [redacted]", k.reference())),
+        })
+    }
+
     fn run<'a>(&'a self, call: ToolCall<'a>) -> ToolFuture<'a> {
         Box::pin(async move {
             // The schema has validated both; the fallbacks only keep this total.

@@ -25,10 +25,7 @@ pub(super) async fn post(
     call: &ToolCall<'_>,
 ) -> Result<String, CallError> {
     let url = with_wait(&hook.url);
-    let payload = json!({
-        "content": content(subject, body),
-        "allowed_mentions": { "parse": [] },
-    });
+    let payload = payload(subject, body);
     let mut attempt = 1;
     loop {
         let left = time_left(hook, call.deadline)?;
@@ -79,6 +76,14 @@ pub(super) async fn post(
         };
         return Err(status_error(hook, status, &detail));
     }
+}
+
+/// The JSON body of the POST (also what a dry run shows). Mentions are off.
+pub(super) fn payload(subject: &str, body: &str) -> Value {
+    json!({
+        "content": content(subject, body),
+        "allowed_mentions": { "parse": [] },
+    })
 }
 
 /// The webhook URL with `wait=true`, keeping any other query (`thread_id`, …).

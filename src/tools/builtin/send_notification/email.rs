@@ -260,6 +260,36 @@ impl Email {
         Ok(message_id)
     }
 
+    /// The email exactly as [`send`](Self::send) would hand it to the transport (headers and
+    /// body), and where it would go. Nothing is sent or written.
+    pub(super) fn preview(
+        &self,
+        call: &ToolCall<'_>,
+        to: Address,
+        subject: &str,
+        body: &str,
+    ) -> serde_json::Value {
+        let message_id = format!("<{}@{}>", call.call_id, self.message_id_host);
+        let transport = match &self.transport {
+            Transport::File { outbox, .. } => {
+                format!(
+                    "written as an .eml file into the outbox {}",
+                    outbox.display()
+                )
+            }
+            Transport::Smtp(smtp) => format!("sent through the SMTP server {}", smtp.server),
+        };
+        match self.build_message(&message_id, to.clone(), subject, body) {
+            Ok(message) => serde_json::json!({
+                "description": format!("would send this email to {to}, {transport}"),
+                "transport": transport,
+                "message_id": message_id,
+                "email": String::from_utf8_lossy(&message.formatted()).replace("\r\n", "\n"),
+            }),
+            Err(e) => serde_json::json!({ "description": format!("would fail: {e}") }),
+        }
+    }
+
     fn build_message(
         &self,
         message_id: &str,

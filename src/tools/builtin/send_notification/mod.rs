@@ -144,6 +144,38 @@ impl Tool for SendNotification {
         }
     }
 
+    fn preview(&self, call: ToolCall<'_>) -> Value {
+        let (send, target) = match self.resolve(call.parameters) {
+            Ok(resolved) => resolved,
+            Err(e) => {
+                let e = self.redact(e);
+                return json!({ "description": format!("would fail: {e}") });
+            }
+        };
+        let would = match target {
+            Target::Email(to) => self.email.preview(&call, to, send.subject, send.body),
+            Target::Slack(hook) => json!({
+                "description": format!("would POST this JSON to the Slack webhook `{}`", hook.name),
+                "webhook": hook.name,
+                "url": "[redacted: a configured secret]",
+                "json": slack::payload(send.subject, send.body),
+            }),
+            Target::Discord(hook) => json!({
+                "description": format!("would POST this JSON to the Discord webhook `{}` (?wait=true)", hook.name),
+                "webhook": hook.name,
+                "url": "[redacted: a configured secret]",
+                "json": discord::payload(send.subject, send.body),
+            }),
+        };
+        let text = would.to_string();
+        let clean = self.redactor.redact(&text);
+        if clean == text {
+            would
+        } else {
+            serde_json::from_str(&clean).unwrap_or(Value::String(clean))
+        }
+    }
+
     fn run<'a>(&'a self, call: ToolCall<'a>) -> ToolFuture<'a> {
         Box::pin(async move {
             // The runner admitted this call already; resolving again costs nothing and keeps a

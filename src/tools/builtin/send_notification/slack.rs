@@ -19,7 +19,7 @@ pub(super) async fn post(
     body: &str,
     call: &ToolCall<'_>,
 ) -> Result<String, CallError> {
-    let payload = json!({ "text": text(subject, body) });
+    let payload = payload(subject, body);
     let mut attempt = 1;
     loop {
         let left = time_left(hook, call.deadline)?;
@@ -54,6 +54,11 @@ pub(super) async fn post(
         }
         return Err(status_error(hook, status, &answer));
     }
+}
+
+/// The JSON body of the POST (also what a dry run shows).
+pub(super) fn payload(subject: &str, body: &str) -> serde_json::Value {
+    json!({ "text": text(subject, body) })
 }
 
 /// `*subject*` in bold, then the body. `&`, `<` and `>` are escaped as Slack asks, so note
