@@ -422,12 +422,14 @@ impl Write for RedactingLine {
     }
 }
 
-/// Every tool, MCP tools from the journal's catalog (no server is started).
+/// The built-in, vault and command tools: building them is the one validation every command
+/// shares. Opens no journal (a command refused at start must leave no state behind).
 fn registry_for(config: &Config) -> Result<Registry> {
-    Ok(mcp_registry_for(config)?.0)
+    Ok(Registry::from_config(&config.tools, daemon::http_client()?)?)
 }
 
-/// [`registry_for`], with the MCP source and the journal it read the catalog from.
+/// Every tool, MCP tools from the journal's catalog (no server is started), with the MCP
+/// source and the journal it read the catalog from.
 fn mcp_registry_for(
     config: &Config,
 ) -> Result<(Registry, McpSource, Arc<crate::journal::Journal>)> {
@@ -552,7 +554,8 @@ fn decision_of(registry: &Registry, body: &CallBody) -> (&'static str, Value) {
 
 fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
     use crate::vault::State;
-    let (config, registry) = load_lenient(g)?;
+    let (config, _) = load_lenient(g)?;
+    let (registry, _, _) = mcp_registry_for(&config)?;
     let mut any_invalid = false;
     let mut out = std::io::stdout().lock();
     for arg in notes {
@@ -660,7 +663,8 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
 /// `vaultd check --preview`: the `tool_preview` of every pending call, exactly as a note in
 /// Dry_Run/ gets it, printed instead of written. Exit 1 when a call would be denied.
 fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
-    let (config, registry) = load_lenient(g)?;
+    let (config, _) = load_lenient(g)?;
+    let (registry, _, _) = mcp_registry_for(&config)?;
     let redactor = daemon::redactor_for(&config);
     // What a running daemon records: its open circuits. The note budget needs the note's
     // claim path, which a note outside the vault does not have: not checked here.

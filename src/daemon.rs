@@ -1679,12 +1679,16 @@ impl Daemon {
             State::Failed => {
                 tracing::warn!(note = %rel, state = next.as_str(), "note failed: {reason}")
             }
-            State::PendingApproval => tracing::warn!(
-                note = %rel,
-                state = next.as_str(),
-                "note held: {reason}. {}",
-                self.how_to_decide()
-            ),
+            State::PendingApproval => {
+                // Every refusal says what to do next (§13); a held call's reason already does.
+                let how = self.how_to_decide();
+                let why = if reason.contains(&how) {
+                    reason.to_string()
+                } else {
+                    format!("{reason}. {how}")
+                };
+                tracing::warn!(note = %rel, state = next.as_str(), "note held for approval: {why}")
+            }
             _ => tracing::info!(note = %rel, state = next.as_str(), "note processed: {reason}"),
         }
         self.blocking(move |j| {

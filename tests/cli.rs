@@ -420,7 +420,8 @@ fn a_held_note_counts_its_held_calls_in_tool_held() {
     // The log says how to approve (§13: every refusal says what to do next).
     let log = text(&out.stderr);
     assert!(
-        log.contains("held for approval. To send it, move this note to `Approved/`"),
+        log.contains("note held for approval: ")
+            && log.contains("To send it, move this note to `Approved/`"),
         "{log}"
     );
     let text = h.read("Pending_Approval/held.md");

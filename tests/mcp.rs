@@ -452,8 +452,10 @@ fn oversized_and_binary_results_go_to_tool_results() {
         text.len()
     );
     let r = results_in(&text);
+    // Filed under the note's identity (tool_note, DESIGN §9.2), not its name.
+    let id = property(&text, "tool_note").expect("the claim gave the note an id");
     assert_eq!(r[0]["data"]["truncated"], true);
-    assert_eq!(r[0]["data"]["full"], "[[Tool_Results/r/big-1]]");
+    assert_eq!(r[0]["data"]["full"], format!("[[Tool_Results/{id}/big-1]]"));
     let bytes = r[0]["data"]["bytes"].as_u64().unwrap();
     assert!(bytes > 1024 * 1024, "{bytes}");
     assert!(
@@ -462,7 +464,7 @@ fn oversized_and_binary_results_go_to_tool_results() {
             .unwrap()
             .starts_with("{\"content\"")
     );
-    let saved = std::fs::read_to_string(vault.root.join("Tool_Results/r/big-1.md")).unwrap();
+    let saved = std::fs::read_to_string(vault.root.join(format!("Tool_Results/{id}/big-1.md"))).unwrap();
     let json_text = saved
         .split("```json\n")
         .nth(1)
@@ -478,12 +480,12 @@ fn oversized_and_binary_results_go_to_tool_results() {
 
     assert_eq!(
         r[1]["data"]["content"][0]["attachment"],
-        "[[Tool_Results/r/img-1-1.png]]"
+        format!("[[Tool_Results/{id}/img-1-1.png]]")
     );
-    let png = std::fs::read(vault.root.join("Tool_Results/r/img-1-1.png")).unwrap();
+    let png = std::fs::read(vault.root.join(format!("Tool_Results/{id}/img-1-1.png"))).unwrap();
     assert!(png.starts_with(b"\x89PNG"));
     // Tool_Results is never watched: nothing there is claimed or moved.
-    assert!(vault.exists("Tool_Results", "r/big-1.md"));
+    assert!(vault.exists("Tool_Results", &format!("{id}/big-1.md")));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -511,9 +513,10 @@ async fn the_size_limit_applies_to_built_in_tools_too() {
     assert_eq!(code, Some(0), "{log}");
     let text = vault.read("Done", "s.md");
     let r = &results_in(&text)[0];
+    let id = property(&text, "tool_note").expect("the claim gave the note an id");
     assert_eq!(r["data"]["truncated"], true, "{text}");
-    assert_eq!(r["data"]["full"], "[[Results/s/s1]]");
-    let saved = std::fs::read_to_string(vault.root.join("Results/s/s1.md")).unwrap();
+    assert_eq!(r["data"]["full"], format!("[[Results/{id}/s1]]"));
+    let saved = std::fs::read_to_string(vault.root.join(format!("Results/{id}/s1.md"))).unwrap();
     assert!(saved.contains("many things result 12"), "{saved}");
 }
 
