@@ -88,7 +88,10 @@ pub enum Command {
     /// Process everything pending, then exit.
     #[command(after_help = "Example: vaultd once --vault ~/Notes")]
     Once,
-    /// Show what each call of a note would do (run, held, denied, invalid); exit 1 if invalid.
+    /// Lint notes: what each call would do (run, held, denied), and why
+    ///
+    /// Parses and validates with the daemon's config and tools; runs nothing. Exits 1 when
+    /// any call is invalid or denied.
     #[command(after_help = "Example: vaultd check Needs_Action/a.md --json")]
     Check {
         /// Notes: a path (from here or from the vault root) or a bare note name.
@@ -113,15 +116,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve the held calls of a note in Pending_Approval/ (exactly the parameters its
-    /// questions show) and move it to Approved/, where the daemon runs them.
+    /// Approve the held calls of a note in Pending_Approval/
+    ///
+    /// Approves exactly the parameters its questions show and moves the note to Approved/,
+    /// where the daemon runs them.
     #[command(after_help = "Example: vaultd approve report.md")]
     Approve {
         /// The note: a path (from here or from the vault root) or a bare name of a held note.
         note: PathBuf,
     },
-    /// Reject the held calls of a note: they get REJECTED results and the note moves to
-    /// Rejected/.
+    /// Reject the held calls of a note in Pending_Approval/
+    ///
+    /// The held calls get REJECTED results and the note moves to Rejected/.
     #[command(after_help = "Example: vaultd reject report.md")]
     Reject {
         /// The note: a path (from here or from the vault root) or a bare name of a held note.
