@@ -702,7 +702,7 @@ fn init(dir: &Path) -> Result<i32> {
             println!("created {c}");
         }
         println!(
-            "run it with: vaultd run --vault {}",
+            "next: cd {} && vaultd once   (or `vaultd run` for the daemon; inside the vault no --vault is needed)",
             shell_quote(&dir.display().to_string())
         );
     }
