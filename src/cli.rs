@@ -472,31 +472,30 @@ fn resolve_note(config: &Config, arg: &Path, folders: &[crate::vault::State]) ->
     }
 }
 
-/// What would happen to a call that is still pending (DESIGN §12.1's decision).
-fn decision_of(registry: &Registry, body: &CallBody) -> (&'static str, Value) {
+/// What would happen to a call that is still pending (DESIGN §12.1's decision): its
+/// `check` status, the decision and the error when it is not run.
+fn decision_of(
+    registry: &Registry,
+    body: &CallBody,
+) -> (&'static str, Value, Option<crate::call::CallError>) {
+    use crate::tools::Admission;
+    let not_run = |action: &str, e: crate::call::CallError| {
+        let decision = json!({ "action": action, "reason": e.message });
+        ("invalid", decision, Some(e))
+    };
     match body {
-        CallBody::Broken(e) => (
-            "invalid",
-            json!({ "action": "invalid", "reason": e.message }),
-        ),
+        CallBody::Broken(e) => not_run("invalid", e.clone()),
         CallBody::Call { name, parameters } => match registry.resolve(name, parameters) {
-            Err(e) if e.code == crate::call::ErrorCode::PolicyDenied => (
-                "invalid",
-                json!({ "action": "denied", "reason": e.message }),
-            ),
-            Err(e) => (
-                "invalid",
-                json!({ "action": "invalid", "reason": e.message }),
-            ),
+            Err(e) if e.code == crate::call::ErrorCode::PolicyDenied => not_run("denied", e),
+            Err(e) => not_run("invalid", e),
             Ok(tool) => match tool.admit(parameters) {
-                crate::tools::Admission::Run => ("pending", json!({ "action": "run" })),
-                crate::tools::Admission::Hold { reason } => {
-                    ("pending", json!({ "action": "held", "reason": reason }))
-                }
-                crate::tools::Admission::Deny(e) => (
-                    "invalid",
-                    json!({ "action": "denied", "reason": e.message }),
+                Admission::Run => ("pending", json!({ "action": "run" }), None),
+                Admission::Hold { reason } => (
+                    "pending",
+                    json!({ "action": "held", "reason": reason }),
+                    None,
                 ),
+                Admission::Deny(e) => not_run("denied", e),
             },
         },
     }
@@ -543,18 +542,7 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
             if parsed.has_result(&call.call_id) {
                 entry["status"] = json!("done");
             } else {
-                let (status, decision) = decision_of(&registry, &call.body);
-                let error = match &call.body {
-                    CallBody::Broken(e) => Some(e.clone()),
-                    CallBody::Call { name, parameters } => match registry.resolve(name, parameters)
-                    {
-                        Err(e) => Some(e),
-                        Ok(tool) => match tool.admit(parameters) {
-                            crate::tools::Admission::Deny(e) => Some(e),
-                            _ => None,
-                        },
-                    },
-                };
+                let (status, decision, error) = decision_of(&registry, &call.body);
                 entry["status"] = json!(status);
                 entry["decision"] = decision;
                 if let Some(e) = error {
