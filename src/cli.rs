@@ -89,7 +89,10 @@ pub enum Command {
     /// Process everything pending, then exit.
     #[command(after_help = "Example: vaultd once --vault ~/Notes")]
     Once,
-    /// Show what each call of a note would do (run, held, denied, invalid); exit 1 if invalid.
+    /// Lint notes: what each call would do (run, held, denied), and why
+    ///
+    /// Parses and validates with the daemon's config and tools; runs nothing. Exits 1 when
+    /// any call is invalid or denied.
     #[command(after_help = "Example: vaultd check Needs_Action/a.md --json")]
     Check {
         /// Notes: a path (from here or from the vault root) or a bare note name.
@@ -121,15 +124,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve the held calls of a note in Pending_Approval/ (exactly the parameters its
-    /// questions show) and move it to Approved/, where the daemon runs them.
+    /// Approve the held calls of a note in Pending_Approval/
+    ///
+    /// Approves exactly the parameters its questions show and moves the note to Approved/,
+    /// where the daemon runs them.
     #[command(after_help = "Example: vaultd approve report.md")]
     Approve {
         /// The note: a path (from here or from the vault root) or a bare name of a held note.
         note: PathBuf,
     },
-    /// Reject the held calls of a note: they get REJECTED results and the note moves to
-    /// Rejected/.
+    /// Reject the held calls of a note in Pending_Approval/
+    ///
+    /// The held calls get REJECTED results and the note moves to Rejected/.
     #[command(after_help = "Example: vaultd reject report.md")]
     Reject {
         /// The note: a path (from here or from the vault root) or a bare name of a held note.
@@ -522,31 +528,30 @@ fn resolve_note(config: &Config, arg: &Path, folders: &[crate::vault::State]) ->
     }
 }
 
-/// What would happen to a call that is still pending (DESIGN §12.1's decision).
-fn decision_of(registry: &Registry, body: &CallBody) -> (&'static str, Value) {
+/// What would happen to a call that is still pending (DESIGN §12.1's decision): its
+/// `check` status, the decision and the error when it is not run.
+fn decision_of(
+    registry: &Registry,
+    body: &CallBody,
+) -> (&'static str, Value, Option<crate::call::CallError>) {
+    use crate::tools::Admission;
+    let not_run = |action: &str, e: crate::call::CallError| {
+        let decision = json!({ "action": action, "reason": e.message });
+        ("invalid", decision, Some(e))
+    };
     match body {
-        CallBody::Broken(e) => (
-            "invalid",
-            json!({ "action": "invalid", "reason": e.message }),
-        ),
+        CallBody::Broken(e) => not_run("invalid", e.clone()),
         CallBody::Call { name, parameters } => match registry.resolve(name, parameters) {
-            Err(e) if e.code == crate::call::ErrorCode::PolicyDenied => (
-                "invalid",
-                json!({ "action": "denied", "reason": e.message }),
-            ),
-            Err(e) => (
-                "invalid",
-                json!({ "action": "invalid", "reason": e.message }),
-            ),
+            Err(e) if e.code == crate::call::ErrorCode::PolicyDenied => not_run("denied", e),
+            Err(e) => not_run("invalid", e),
             Ok(tool) => match tool.admit(parameters) {
-                crate::tools::Admission::Run => ("pending", json!({ "action": "run" })),
-                crate::tools::Admission::Hold { reason } => {
-                    ("pending", json!({ "action": "held", "reason": reason }))
-                }
-                crate::tools::Admission::Deny(e) => (
-                    "invalid",
-                    json!({ "action": "denied", "reason": e.message }),
+                Admission::Run => ("pending", json!({ "action": "run" }), None),
+                Admission::Hold { reason } => (
+                    "pending",
+                    json!({ "action": "held", "reason": reason }),
+                    None,
                 ),
+                Admission::Deny(e) => not_run("denied", e),
             },
         },
     }
@@ -594,18 +599,7 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
             if parsed.has_result(&call.call_id) {
                 entry["status"] = json!("done");
             } else {
-                let (status, decision) = decision_of(&registry, &call.body);
-                let error = match &call.body {
-                    CallBody::Broken(e) => Some(e.clone()),
-                    CallBody::Call { name, parameters } => match registry.resolve(name, parameters)
-                    {
-                        Err(e) => Some(e),
-                        Ok(tool) => match tool.admit(parameters) {
-                            crate::tools::Admission::Deny(e) => Some(e),
-                            _ => None,
-                        },
-                    },
-                };
+                let (status, decision, error) = decision_of(&registry, &call.body);
                 entry["status"] = json!(status);
                 entry["decision"] = decision;
                 if let Some(e) = error {
@@ -839,7 +833,7 @@ fn init(dir: &Path) -> Result<i32> {
             println!("created {c}");
         }
         println!(
-            "run it with: vaultd run --vault {}",
+            "next: cd {} && vaultd once   (or `vaultd run` for the daemon; inside the vault no --vault is needed)",
             shell_quote(&dir.display().to_string())
         );
     }

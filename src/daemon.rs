@@ -363,9 +363,10 @@ impl Daemon {
                 _ = async { while tasks.join_next().await.is_some() {} } => {}
                 _ = &mut shutdown => { self.drain(&mut tasks).await; }
             }
-            // The last tick draws the finished bar (it comes within one tick).
+            // The next tick draws the finished bar; bounded, since a note that no task
+            // looked at (it left its folder meanwhile) would keep the count short.
             if let Some(p) = progress {
-                let _ = p.await;
+                let _ = tokio::time::timeout(Duration::from_millis(500), p).await;
             }
             return Ok(());
         }

@@ -570,15 +570,15 @@ fn mv_of_several_notes_into_needs_action_always_succeeds() {
     let staging = h.home.join("staging");
     std::fs::create_dir_all(&staging).unwrap();
     let rounds = 25;
+    const NOTES_PER_MV: usize = 8;
     for round in 0..rounds {
         let mut args = Vec::new();
-        for k in 0..3 {
+        for k in 0..NOTES_PER_MV {
             let p = staging.join(format!("r{round}-{k}.md"));
-            std::fs::write(
+            written_long_ago(
                 &p,
-                format!("```json\n{{\"tool_call\": {{\"name\": \"nope_{round}_{k}\"}}}}\n```\n"),
-            )
-            .unwrap();
+                &format!("```json\n{{\"tool_call\": {{\"name\": \"nope_{round}_{k}\"}}}}\n```\n"),
+            );
             args.push(p);
         }
         let out = Command::new("mv")
@@ -592,10 +592,39 @@ fn mv_of_several_notes_into_needs_action_always_succeeds() {
             text(&out.stderr)
         );
     }
+    // What makes it fail: for every note but the last, GNU mv stats the destination right
+    // after its rename ("cannot stat" when it is gone). The same, as mv does it when the
+    // scheduler pauses it for 25 ms in between (as on a busy machine).
+    for k in 0..20 {
+        let from = staging.join(format!("paused-{k}.md"));
+        written_long_ago(
+            &from,
+            &format!("```json\n{{\"tool_call\": {{\"name\": \"nope_paused_{k}\"}}}}\n```\n"),
+        );
+        let to = h.path(&format!("Needs_Action/paused-{k}.md"));
+        std::fs::rename(&from, &to).unwrap();
+        std::thread::sleep(Duration::from_millis(25));
+        assert!(
+            std::fs::symlink_metadata(&to).is_ok(),
+            "note {k} was claimed before mv could look at it"
+        );
+    }
     wait_until("every note settled", Duration::from_secs(60), || {
-        std::fs::read_dir(h.path("Failed")).unwrap().count() == rounds * 3
+        std::fs::read_dir(h.path("Failed")).unwrap().count() == rounds * NOTES_PER_MV + 20
     });
     drop(daemon);
+}
+
+/// A note as a person moves it: written some time ago (a fresh one is read only once quiet).
+fn written_long_ago(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
