@@ -431,7 +431,10 @@ impl Write for RedactingLine {
 /// The built-in, vault and command tools: building them is the one validation every command
 /// shares. Opens no journal (a command refused at start must leave no state behind).
 fn registry_for(config: &Config) -> Result<Registry> {
-    Ok(Registry::from_config(&config.tools, daemon::http_client()?)?)
+    Ok(Registry::from_config(
+        &config.tools,
+        daemon::http_client()?,
+    )?)
 }
 
 /// Every tool, MCP tools from the journal's catalog (no server is started), with the MCP

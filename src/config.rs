@@ -61,6 +61,8 @@ pub struct RawConfig {
     pub rescan_interval: Option<String>,
     /// DESIGN §9.1: quiet time after a note written in place before it is read.
     pub settle: Option<String>,
+    /// How long a note that arrived by rename waits before it is claimed (`mv` of several).
+    pub moved_in_grace: Option<String>,
     /// DESIGN §9.1: how long a note whose last call block is unfinished is waited for.
     pub settle_max: Option<String>,
     /// DESIGN §9.6: a copy of a claimed note within this is that note.
@@ -188,6 +190,9 @@ pub struct Config {
     /// A note written in place is read after its writer closed it and it stayed unchanged
     /// this long (DESIGN §9.1).
     pub settle: Duration,
+    /// A note that arrived by rename is claimed this long after it landed: GNU `mv` of
+    /// several files `lstat`s each one right after moving it and fails when it is gone.
+    pub moved_in_grace: Duration,
     /// A note whose last call block is unfinished is not judged before its last change is
     /// this old (DESIGN §9.1).
     pub settle_max: Duration,
@@ -688,6 +693,12 @@ pub fn from_raw(
     )?;
 
     let settle = parse_duration(&raw.settle, "settle", Duration::from_secs(2), &path)?;
+    let moved_in_grace = parse_duration(
+        &raw.moved_in_grace,
+        "moved_in_grace",
+        Duration::from_millis(100),
+        &path,
+    )?;
     let settle_max = parse_duration(
         &raw.settle_max,
         "settle_max",
@@ -986,6 +997,7 @@ pub fn from_raw(
         watch,
         rescan_interval,
         settle,
+        moved_in_grace,
         settle_max,
         stale_copy_grace,
         stale_copy_window,

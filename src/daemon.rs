@@ -34,13 +34,6 @@ const PROGRESS_FROM: usize = 500;
 /// On a terminal, a backlog this large gets a progress bar (indicatif) instead.
 const PROGRESS_BAR_FROM: usize = 20;
 
-/// How long a note that arrived by rename stays where it landed before it is claimed. `mv
-/// a.md b.md Needs_Action/` looks at each note it moved right after moving it (GNU mv
-/// `lstat`s the destination) and fails with "cannot stat" when the note is already gone.
-/// Those two system calls follow each other at once; 5 ms covers mv being preempted
-/// between them on a busy machine, at the price of 5 ms on every drop by rename.
-const MOVED_IN_GRACE: Duration = Duration::from_millis(5);
-
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error(transparent)]
@@ -497,10 +490,11 @@ impl Daemon {
             Hint::Rescan => {
                 self.scan_all(tasks);
             }
+            Hint::Ready(path) if self.config.moved_in_grace.is_zero() => self.dispatch(path, tasks),
             Hint::Ready(path) => {
                 let me = self.clone();
                 tasks.spawn(async move {
-                    tokio::time::sleep(MOVED_IN_GRACE).await;
+                    tokio::time::sleep(me.config.moved_in_grace).await;
                     me.spawn_note(path).await;
                 });
             }

@@ -464,7 +464,8 @@ fn oversized_and_binary_results_go_to_tool_results() {
             .unwrap()
             .starts_with("{\"content\"")
     );
-    let saved = std::fs::read_to_string(vault.root.join(format!("Tool_Results/{id}/big-1.md"))).unwrap();
+    let saved =
+        std::fs::read_to_string(vault.root.join(format!("Tool_Results/{id}/big-1.md"))).unwrap();
     let json_text = saved
         .split("```json\n")
         .nth(1)
