@@ -13,7 +13,8 @@
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
 //!   the note's identity (its `tool_note` property, DESIGN §9.2) and `claimed_from` the path it
-//!   was claimed from (the stale-copy rule, §9.6). Version 1 journals get both columns, empty,
+//!   was claimed from (the stale-copy rule, §9.6); `copy_of` the note a stale copy stands for
+//!   (kept, so a copy killed or moved mid-run still never runs that note's calls again). Version 1 journals get both columns, empty,
 //!   in place; a run without a note id is given one when its note is next seen.
 //!   Calls are keyed by (note id, call id) through their run: what a note's call did is known
 //!   whatever path the note has now.
@@ -242,6 +243,8 @@ const MIGRATIONS: &[&str] = &[
     // Version 2: note identity (DESIGN §9.2, §9.6).
     "ALTER TABLE runs ADD COLUMN note_id TEXT;
     ALTER TABLE runs ADD COLUMN claimed_from TEXT;
+    ALTER TABLE runs ADD COLUMN copy_of TEXT;
+    ALTER TABLE runs ADD COLUMN copy_within_grace INTEGER;
     CREATE INDEX runs_by_note_id ON runs (note_id);
     CREATE INDEX runs_by_claimed_from ON runs (claimed_from);",
 ];
@@ -301,16 +304,18 @@ impl Journal {
     /// recorded, as a crash between rename and record leaves it): it is closed as
     /// `superseded`, since one path holds one note.
     pub fn begin_run(&self, note: &str) -> Result<RunId, JournalError> {
-        self.begin_note_run(note, None, None)
+        self.begin_note_run(note, None, None, None)
     }
 
     /// [`begin_run`](Self::begin_run) of the note with identity `note_id`, claimed from the
-    /// vault-relative path `claimed_from` (None for a note found in In_Progress).
+    /// vault-relative path `claimed_from` (None for a note found in In_Progress); `copy_of`
+    /// is the note a stale copy stands for, and whether it came within the grace (§9.6).
     pub fn begin_note_run(
         &self,
         note: &str,
         note_id: Option<&str>,
         claimed_from: Option<&str>,
+        copy_of: Option<(&str, bool)>,
     ) -> Result<RunId, JournalError> {
         self.write(|tx| {
             let now = now_ms();
@@ -325,9 +330,17 @@ impl Journal {
             }
             exec(
                 tx,
-                "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from)
-                 VALUES (?1, ?2, ?3, ?4)",
-                params![note, now, note_id, claimed_from],
+                "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
+                                   copy_within_grace)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    note,
+                    now,
+                    note_id,
+                    claimed_from,
+                    copy_of.map(|c| c.0),
+                    copy_of.map(|c| c.1)
+                ],
             )?;
             let run = tx.last_insert_rowid();
             event(tx, now, "claim", Some(run), note, &EventFields::default())?;
@@ -558,6 +571,21 @@ impl Journal {
                 claimed_at: from_ms(at),
                 note,
             }))
+        })
+    }
+
+    /// The note the note `note_id` is a stale copy of, if it is one (its first claim said so),
+    /// and whether it came within the grace (DESIGN §9.6).
+    pub fn copy_of(&self, note_id: &str) -> Result<Option<(String, bool)>, JournalError> {
+        self.read(|tx| {
+            Ok(query_one(
+                tx,
+                "SELECT copy_of, copy_within_grace FROM runs
+                 WHERE note_id = ?1 AND copy_of IS NOT NULL ORDER BY id LIMIT 1",
+                params![note_id],
+                |r| Ok((r.get(0)?, r.get::<_, Option<bool>>(1)?.unwrap_or(false))),
+            )
+            .optional()?)
         })
     }
 
