@@ -1860,3 +1860,40 @@ fn unfinished_tail(text: &str, parsed: &ParsedNote) -> bool {
             .get(last.span.end..)
             .is_none_or(|rest| rest.trim().is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn note_ids_are_n_and_12_hex_digits_and_do_not_repeat() {
+        let ids: HashSet<String> = (0..1000).map(|_| new_note_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        for id in &ids {
+            assert!(valid_note_id(id), "{id}");
+            assert_eq!(id.len(), 14, "{id}");
+        }
+        assert!(!valid_note_id("x-1"));
+        assert!(!valid_note_id("n-"));
+        assert!(!valid_note_id("n-a b"));
+    }
+
+    #[test]
+    fn only_an_unfinished_last_block_counts_as_unfinished() {
+        let call = "```json\n{\"tool_call\": {\"name\": \"a\"}}\n```\n";
+        let unfinished = |t: &str| unfinished_tail(t, &parse_note(t));
+        assert!(!unfinished(call));
+        assert!(unfinished("```json\n{\"tool_call\": {\"name\""));
+        assert!(unfinished(&format!(
+            "{call}\n```json\n{{\"tool_call\": {{\n```\n\n"
+        )));
+        assert!(
+            !unfinished(&format!("```json\n{{\"tool_call\": {{\n```\n\n{call}")),
+            "a broken block before a good one is finished"
+        );
+        assert!(
+            !unfinished("```json\n{\"tool_call\": {\n```\nmore text after it\n"),
+            "text after it: the writer went on"
+        );
+    }
+}

@@ -1457,6 +1457,130 @@ mod tests {
     }
 
     #[test]
+    fn a_version_1_journal_is_migrated_in_place_keeping_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(dir.path().join("journal.sqlite")).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute(
+                "INSERT INTO runs (id, note, claimed_at_ms) VALUES (7, 'In_Progress/a.md', 1)",
+                [],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO calls (run_id, call_id, tool, effect, started_at_ms)
+                 VALUES (7, 'c-send', 'send_notification', 'external_side_effect', 2)",
+                [],
+            )
+            .unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+        }
+        let journal = Journal::open(dir.path()).unwrap();
+        let version: i64 = journal
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2);
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].note_id, None);
+        assert!(journal.note_calls("n-a").unwrap().is_empty());
+        journal.adopt_run(7, "n-a").unwrap();
+        let calls = journal.note_calls("n-a").unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].effect, Effect::ExternalSideEffect);
+        assert_eq!(calls[0].progress, CallProgress::Started);
+        assert_eq!(journal.calls_started_for_note("n-a").unwrap(), 1);
+    }
+
+    #[test]
+    fn calls_are_found_by_note_id_across_runs_and_paths() {
+        let (_dir, journal) = fresh_journal();
+        let r1 = journal
+            .begin_note_run(
+                "In_Progress/a.md",
+                Some("n-a"),
+                Some("Needs_Action/a.md"),
+                None,
+            )
+            .unwrap();
+        start_send(&journal, r1, "c-send");
+        journal.abandon_run(r1, "moved by hand").unwrap();
+        let mut sent = search_ok("c-send");
+        sent.name = "send_notification".into();
+        journal.call_finished(r1, &sent).unwrap();
+        // Back under another name, another run: the outcome is the note's.
+        let r2 = journal
+            .begin_note_run(
+                "In_Progress/b.md",
+                Some("n-a"),
+                Some("Needs_Action/b.md"),
+                None,
+            )
+            .unwrap();
+        let calls = journal.note_calls("n-a").unwrap();
+        assert_eq!(calls.len(), 1);
+        assert!(matches!(calls[0].progress, CallProgress::Finished(_)));
+        assert_eq!(
+            calls[0].effect,
+            Effect::ExternalSideEffect,
+            "the effect recorded at start"
+        );
+        journal.results_written(r2, &["c-send"]).unwrap();
+        let calls = journal.note_calls("n-a").unwrap();
+        assert_eq!(calls[0].progress, CallProgress::Written);
+        assert!(calls[0].recorded.is_some(), "kept for stale copies");
+        assert_eq!(journal.calls_started_for_note("n-a").unwrap(), 1);
+        assert_eq!(journal.calls_started_for_note("n-b").unwrap(), 0);
+        let claim = journal
+            .last_claim_from("Needs_Action/a.md")
+            .unwrap()
+            .unwrap();
+        assert_eq!(claim.note_id, "n-a");
+        assert_eq!(
+            journal.note_path("n-a").unwrap().as_deref(),
+            Some("In_Progress/b.md")
+        );
+        assert!(
+            journal
+                .last_claim_from("Needs_Action/c.md")
+                .unwrap()
+                .is_none()
+        );
+        journal
+            .begin_note_run(
+                "In_Progress/a.md",
+                Some("n-c"),
+                Some("Needs_Action/a.md"),
+                Some(("n-a", true)),
+            )
+            .unwrap();
+        assert_eq!(
+            journal.copy_of("n-c").unwrap(),
+            Some(("n-a".to_string(), true))
+        );
+        assert_eq!(journal.copy_of("n-a").unwrap(), None);
+    }
+
+    #[test]
+    fn the_journal_is_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, journal) = fresh_journal();
+        start_search(
+            &journal,
+            journal.begin_run("In_Progress/a.md").unwrap(),
+            "c-1",
+        );
+        for name in ["journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"] {
+            let mode = std::fs::metadata(dir.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}");
+        }
+    }
+
+    #[test]
     fn open_creates_missing_state_dir() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("a/b/state");
