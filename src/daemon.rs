@@ -1319,7 +1319,18 @@ impl Daemon {
             let saved = file
                 .parent()
                 .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|_| std::fs::write(&file, format!("```json\n{full}\n```\n")));
+                .and_then(|_| {
+                    use std::io::Write;
+                    use std::os::unix::fs::OpenOptionsExt;
+                    // Never through a symlink planted at the name (§9.7).
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(&file)?
+                        .write_all(format!("```json\n{full}\n```\n").as_bytes())
+                });
             if let Err(e) = saved {
                 tracing::error!(note = %self.vault.relative(path), "cannot save a large result to {rel}: {e}");
                 continue;

@@ -703,3 +703,37 @@ fn a_huge_parameter_is_not_copied_back_into_the_note() {
         after.len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_that_would_overflow_the_note_goes_to_an_attachment() {
+    let search = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&search.base_url(), "max_note_bytes = 8000\n");
+    let query = "w".repeat(450);
+    let call = json!({ "name": "search_web", "parameters": { "query": query, "num_results": 20 } });
+    vault.drop_note("big.md", &note_with_calls("Big", &[call]));
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Done", "big.md");
+    assert!(text.len() <= 8000, "{} bytes", text.len());
+    let r = only_result(&text);
+    assert_eq!(r["data"]["truncated"], true, "{text}");
+    let id = property(&text, "tool_note").unwrap();
+    let call_id = r["call_id"].as_str().unwrap();
+    assert_eq!(
+        r["data"]["full"],
+        format!("[[Tool_Results/{id}/{call_id}]]"),
+        "{text}"
+    );
+    let full = std::fs::read_to_string(vault.root.join(format!("Tool_Results/{id}/{call_id}.md")))
+        .unwrap();
+    assert!(full.matches("\"title\"").count() >= 10, "every result kept");
+    let preview = r["data"]["preview"].as_str().unwrap();
+    assert!(
+        full.contains(preview),
+        "the preview is the start of the whole"
+    );
+    assert_eq!(
+        r["data"]["bytes"].as_u64().unwrap() as usize + 13,
+        full.len()
+    );
+}
