@@ -863,8 +863,15 @@ impl Daemon {
     ) -> Result<(), DaemonError> {
         let note = self.vault.relative(claimed);
         let (id, from) = (ident.note_id.clone(), from.to_string());
+        let copy_of = ident
+            .stale
+            .as_ref()
+            .map(|s| (s.of.note_id.clone(), s.within_grace));
         let run = self
-            .blocking(move |j| j.begin_note_run(&note, Some(&id), Some(&from)))
+            .blocking(move |j| {
+                let copy_of = copy_of.as_ref().map(|(id, grace)| (id.as_str(), *grace));
+                j.begin_note_run(&note, Some(&id), Some(&from), copy_of)
+            })
             .await?;
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
         if !has_id && !self.write_identity(run, claimed, &ident.note_id).await? {
@@ -918,11 +925,11 @@ impl Daemon {
                         .is_ok_and(|t| note::frontmatter_property(&t, "tool_note") == Some(&id))
             });
             if !copy {
-                let q = id.clone();
-                let prior = self.blocking(move |j| j.note_calls(&q)).await?;
+                let (prior, stale) = self.prior_for(&id).await?;
                 return Ok(Identity {
                     note_id: id,
-                    prior: by_call_id(prior),
+                    prior,
+                    stale,
                     ..Identity::default()
                 });
             }
@@ -942,17 +949,29 @@ impl Daemon {
         if age > self.config.stale_copy_window {
             return Ok(ident);
         }
-        let q = claim.note_id.clone();
-        let prior = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+        // A copy of a copy stands for the first note: the chain is followed to it.
+        let (prior, root) = self.prior_for(&claim.note_id).await?;
+        let claim = match root {
+            Some(root) => Claim {
+                note_id: root.of.note_id,
+                claimed_at: claim.claimed_at,
+                note: root.of.note,
+            },
+            None => claim,
+        };
         let parsed = parse_note(text);
-        if !parsed.pending_calls().any(|c| {
+        let within_grace = age <= self.config.stale_copy_grace;
+        let shares_started_call = parsed.pending_calls().any(|c| {
             prior
                 .get(&c.call_id)
                 .is_some_and(|r| r.started_at.is_some() || r.recorded.is_some())
-        }) {
+        });
+        // That note may not have started its calls yet: while it runs here, the copy waits
+        // for it (and is judged again after).
+        let still_running = within_grace && self.is_active(&claim.note_id);
+        if !shares_started_call && !still_running {
             return Ok(ident); // shares no started call with that note: a note of its own
         }
-        let within_grace = age <= self.config.stale_copy_grace;
         tracing::warn!(
             note = %rel,
             copy_of = %claim.note,
@@ -966,6 +985,37 @@ impl Daemon {
             within_grace,
         });
         Ok(ident)
+    }
+
+    /// What the journal holds for the calls of `note_id` (§9.3); for a stale copy (§9.6) the
+    /// calls of the note it stands for too, its own records first.
+    async fn prior_for(
+        &self,
+        note_id: &str,
+    ) -> Result<(HashMap<String, JournalCall>, Option<StaleCopy>), DaemonError> {
+        let q = note_id.to_string();
+        let own = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+        let q = note_id.to_string();
+        let Some((of, within_grace)) = self.blocking(move |j| j.copy_of(&q)).await? else {
+            return Ok((own, None));
+        };
+        let q = of.clone();
+        let mut prior = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+        let q = of.clone();
+        let note = self
+            .blocking(move |j| j.note_path(&q))
+            .await?
+            .unwrap_or_default();
+        prior.extend(own);
+        let stale = StaleCopy {
+            of: Claim {
+                note_id: of,
+                claimed_at: SystemTime::now(),
+                note,
+            },
+            within_grace,
+        };
+        Ok((prior, Some(stale)))
     }
 
     fn is_active(&self, note_id: &str) -> bool {
@@ -1793,8 +1843,7 @@ impl Daemon {
             return Ok(());
         }
         let outcome = async {
-            let q = note_id.clone();
-            let prior = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+            let (prior, stale) = self.prior_for(&note_id).await?;
             let (run, known, this_run) = match open {
                 Some(r) => {
                     if r.note_id.is_none() {
@@ -1813,7 +1862,7 @@ impl Daemon {
                     }
                     let (note, id) = (rel.clone(), note_id.clone());
                     let run = self
-                        .blocking(move |j| j.begin_note_run(&note, Some(&id), None))
+                        .blocking(move |j| j.begin_note_run(&note, Some(&id), None, None))
                         .await?;
                     (run, known, HashSet::new())
                 }
@@ -1833,7 +1882,7 @@ impl Daemon {
                 note_id: note_id.clone(),
                 prior,
                 this_run,
-                stale: None,
+                stale,
             };
             self.execute(run, path, Pass::Recover { known }, ident).await
         }
@@ -2022,4 +2071,41 @@ fn has_pending_call(path: &Path) -> bool {
         let note = crate::note::parse_note(&text);
         note.pending_calls().next().is_some()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn note_ids_are_n_and_12_hex_digits_and_do_not_repeat() {
+        let ids: HashSet<String> = (0..1000).map(|_| new_note_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        for id in &ids {
+            assert!(valid_note_id(id), "{id}");
+            assert_eq!(id.len(), 14, "{id}");
+        }
+        assert!(!valid_note_id("x-1"));
+        assert!(!valid_note_id("n-"));
+        assert!(!valid_note_id("n-a b"));
+    }
+
+    #[test]
+    fn only_an_unfinished_last_block_counts_as_unfinished() {
+        let call = "```json\n{\"tool_call\": {\"name\": \"a\"}}\n```\n";
+        let unfinished = |t: &str| unfinished_tail(t, &parse_note(t));
+        assert!(!unfinished(call));
+        assert!(unfinished("```json\n{\"tool_call\": {\"name\""));
+        assert!(unfinished(&format!(
+            "{call}\n```json\n{{\"tool_call\": {{\n```\n\n"
+        )));
+        assert!(
+            !unfinished(&format!("```json\n{{\"tool_call\": {{\n```\n\n{call}")),
+            "a broken block before a good one is finished"
+        );
+        assert!(
+            !unfinished("```json\n{\"tool_call\": {\n```\nmore text after it\n"),
+            "text after it: the writer went on"
+        );
+    }
 }

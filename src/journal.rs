@@ -13,7 +13,8 @@
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
 //!   the note's identity (its `tool_note` property, DESIGN §9.2) and `claimed_from` the path it
-//!   was claimed from (the stale-copy rule, §9.6). Version 1 journals get both columns, empty,
+//!   was claimed from (the stale-copy rule, §9.6); `copy_of` the note a stale copy stands for
+//!   (kept, so a copy killed or moved mid-run still never runs that note's calls again). Version 1 journals get both columns, empty,
 //!   in place; a run without a note id is given one when its note is next seen.
 //!   Calls are keyed by (note id, call id) through their run: what a note's call did is known
 //!   whatever path the note has now.
@@ -244,6 +245,8 @@ const MIGRATIONS: &[&str] = &[
     // Version 2: note identity (DESIGN §9.2, §9.6).
     "ALTER TABLE runs ADD COLUMN note_id TEXT;
     ALTER TABLE runs ADD COLUMN claimed_from TEXT;
+    ALTER TABLE runs ADD COLUMN copy_of TEXT;
+    ALTER TABLE runs ADD COLUMN copy_within_grace INTEGER;
     CREATE INDEX runs_by_note_id ON runs (note_id);
     CREATE INDEX runs_by_claimed_from ON runs (claimed_from);",
 ];
@@ -305,16 +308,18 @@ impl Journal {
     /// recorded, as a crash between rename and record leaves it): it is closed as
     /// `superseded`, since one path holds one note.
     pub fn begin_run(&self, note: &str) -> Result<RunId, JournalError> {
-        self.begin_note_run(note, None, None)
+        self.begin_note_run(note, None, None, None)
     }
 
     /// [`begin_run`](Self::begin_run) of the note with identity `note_id`, claimed from the
-    /// vault-relative path `claimed_from` (None for a note found in In_Progress).
+    /// vault-relative path `claimed_from` (None for a note found in In_Progress); `copy_of`
+    /// is the note a stale copy stands for, and whether it came within the grace (§9.6).
     pub fn begin_note_run(
         &self,
         note: &str,
         note_id: Option<&str>,
         claimed_from: Option<&str>,
+        copy_of: Option<(&str, bool)>,
     ) -> Result<RunId, JournalError> {
         self.write(|tx| {
             let now = now_ms();
@@ -329,9 +334,17 @@ impl Journal {
             }
             exec(
                 tx,
-                "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from)
-                 VALUES (?1, ?2, ?3, ?4)",
-                params![note, now, note_id, claimed_from],
+                "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
+                                   copy_within_grace)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    note,
+                    now,
+                    note_id,
+                    claimed_from,
+                    copy_of.map(|c| c.0),
+                    copy_of.map(|c| c.1)
+                ],
             )?;
             let run = tx.last_insert_rowid();
             event(tx, now, "claim", Some(run), note, &EventFields::default())?;
@@ -562,6 +575,21 @@ impl Journal {
                 claimed_at: from_ms(at),
                 note,
             }))
+        })
+    }
+
+    /// The note the note `note_id` is a stale copy of, if it is one (its first claim said so),
+    /// and whether it came within the grace (DESIGN §9.6).
+    pub fn copy_of(&self, note_id: &str) -> Result<Option<(String, bool)>, JournalError> {
+        self.read(|tx| {
+            Ok(query_one(
+                tx,
+                "SELECT copy_of, copy_within_grace FROM runs
+                 WHERE note_id = ?1 AND copy_of IS NOT NULL ORDER BY id LIMIT 1",
+                params![note_id],
+                |r| Ok((r.get(0)?, r.get::<_, Option<bool>>(1)?.unwrap_or(false))),
+            )
+            .optional()?)
         })
     }
 
@@ -1430,6 +1458,130 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn a_version_1_journal_is_migrated_in_place_keeping_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(dir.path().join("journal.sqlite")).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute(
+                "INSERT INTO runs (id, note, claimed_at_ms) VALUES (7, 'In_Progress/a.md', 1)",
+                [],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO calls (run_id, call_id, tool, effect, started_at_ms)
+                 VALUES (7, 'c-send', 'send_notification', 'external_side_effect', 2)",
+                [],
+            )
+            .unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+        }
+        let journal = Journal::open(dir.path()).unwrap();
+        let version: i64 = journal
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2);
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].note_id, None);
+        assert!(journal.note_calls("n-a").unwrap().is_empty());
+        journal.adopt_run(7, "n-a").unwrap();
+        let calls = journal.note_calls("n-a").unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].effect, Effect::ExternalSideEffect);
+        assert_eq!(calls[0].progress, CallProgress::Started);
+        assert_eq!(journal.calls_started_for_note("n-a").unwrap(), 1);
+    }
+
+    #[test]
+    fn calls_are_found_by_note_id_across_runs_and_paths() {
+        let (_dir, journal) = fresh_journal();
+        let r1 = journal
+            .begin_note_run(
+                "In_Progress/a.md",
+                Some("n-a"),
+                Some("Needs_Action/a.md"),
+                None,
+            )
+            .unwrap();
+        start_send(&journal, r1, "c-send");
+        journal.abandon_run(r1, "moved by hand").unwrap();
+        let mut sent = search_ok("c-send");
+        sent.name = "send_notification".into();
+        journal.call_finished(r1, &sent).unwrap();
+        // Back under another name, another run: the outcome is the note's.
+        let r2 = journal
+            .begin_note_run(
+                "In_Progress/b.md",
+                Some("n-a"),
+                Some("Needs_Action/b.md"),
+                None,
+            )
+            .unwrap();
+        let calls = journal.note_calls("n-a").unwrap();
+        assert_eq!(calls.len(), 1);
+        assert!(matches!(calls[0].progress, CallProgress::Finished(_)));
+        assert_eq!(
+            calls[0].effect,
+            Effect::ExternalSideEffect,
+            "the effect recorded at start"
+        );
+        journal.results_written(r2, &["c-send"]).unwrap();
+        let calls = journal.note_calls("n-a").unwrap();
+        assert_eq!(calls[0].progress, CallProgress::Written);
+        assert!(calls[0].recorded.is_some(), "kept for stale copies");
+        assert_eq!(journal.calls_started_for_note("n-a").unwrap(), 1);
+        assert_eq!(journal.calls_started_for_note("n-b").unwrap(), 0);
+        let claim = journal
+            .last_claim_from("Needs_Action/a.md")
+            .unwrap()
+            .unwrap();
+        assert_eq!(claim.note_id, "n-a");
+        assert_eq!(
+            journal.note_path("n-a").unwrap().as_deref(),
+            Some("In_Progress/b.md")
+        );
+        assert!(
+            journal
+                .last_claim_from("Needs_Action/c.md")
+                .unwrap()
+                .is_none()
+        );
+        journal
+            .begin_note_run(
+                "In_Progress/a.md",
+                Some("n-c"),
+                Some("Needs_Action/a.md"),
+                Some(("n-a", true)),
+            )
+            .unwrap();
+        assert_eq!(
+            journal.copy_of("n-c").unwrap(),
+            Some(("n-a".to_string(), true))
+        );
+        assert_eq!(journal.copy_of("n-a").unwrap(), None);
+    }
+
+    #[test]
+    fn the_journal_is_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, journal) = fresh_journal();
+        start_search(
+            &journal,
+            journal.begin_run("In_Progress/a.md").unwrap(),
+            "c-1",
+        );
+        for name in ["journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"] {
+            let mode = std::fs::metadata(dir.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}");
+        }
     }
 
     #[test]

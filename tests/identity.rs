@@ -308,14 +308,14 @@ async fn a_writer_pausing_with_the_note_open_gets_every_call_run() {
         + 5;
     let path = vault.path("Needs_Action", "two.md");
     let mut f = std::fs::File::create(&path).unwrap();
-    f.write_all(text[..cut].as_bytes()).unwrap();
+    f.write_all(&text.as_bytes()[..cut]).unwrap();
     f.sync_all().unwrap();
     std::thread::sleep(Duration::from_millis(2500));
     assert!(
         vault.exists("Needs_Action", "two.md"),
         "not claimed while open"
     );
-    f.write_all(text[cut..].as_bytes()).unwrap();
+    f.write_all(&text.as_bytes()[cut..]).unwrap();
     drop(f);
     let done = vault.wait_until_in("Done", "two.md");
     assert_eq!(results_in(&done).len(), 2, "{done}");
@@ -701,5 +701,39 @@ fn a_huge_parameter_is_not_copied_back_into_the_note() {
         "{} bytes became {}",
         text.len(),
         after.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_that_would_overflow_the_note_goes_to_an_attachment() {
+    let search = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&search.base_url(), "max_note_bytes = 8000\n");
+    let query = "w".repeat(450);
+    let call = json!({ "name": "search_web", "parameters": { "query": query, "num_results": 20 } });
+    vault.drop_note("big.md", &note_with_calls("Big", &[call]));
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Done", "big.md");
+    assert!(text.len() <= 8000, "{} bytes", text.len());
+    let r = only_result(&text);
+    assert_eq!(r["data"]["truncated"], true, "{text}");
+    let id = property(&text, "tool_note").unwrap();
+    let call_id = r["call_id"].as_str().unwrap();
+    assert_eq!(
+        r["data"]["full"],
+        format!("[[Tool_Results/{id}/{call_id}]]"),
+        "{text}"
+    );
+    let full = std::fs::read_to_string(vault.root.join(format!("Tool_Results/{id}/{call_id}.md")))
+        .unwrap();
+    assert!(full.matches("\"title\"").count() >= 10, "every result kept");
+    let preview = r["data"]["preview"].as_str().unwrap();
+    assert!(
+        full.contains(preview),
+        "the preview is the start of the whole"
+    );
+    assert_eq!(
+        r["data"]["bytes"].as_u64().unwrap() as usize + 13,
+        full.len()
     );
 }

@@ -344,3 +344,150 @@ fn result_counts_sees_every_block() {
     let counts = result_counts(&text);
     assert_eq!(counts, BTreeMap::from([("a".into(), 2), ("b".into(), 1)]));
 }
+
+/// Torture note `i` for the stress test with people and editors: a search and an email.
+fn people_note(i: usize) -> (String, String) {
+    let name = format!("p{i:02}.md");
+    let text = note_with_calls(
+        &name,
+        &[
+            search_call(&format!("p{i}")),
+            json!({ "name": "send_notification", "parameters": {
+                "recipient": "bob@example.org", "subject": format!("p{i}"), "body": "once" } }),
+        ],
+    );
+    (name, text)
+}
+
+/// Message-IDs of the emails in the outbox, with how often each was sent.
+fn outbox_message_ids(outbox: &std::path::Path) -> BTreeMap<String, usize> {
+    let mut ids = BTreeMap::new();
+    for entry in std::fs::read_dir(outbox).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("message-id:"))
+        {
+            *ids.entry(line[11..].trim().to_string()).or_insert(0) += 1;
+        }
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_nine_with_hand_moves_and_editor_resaves_sends_once_and_loses_nothing() {
+    let server = SearxServer::start(Duration::from_millis(100)).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let outbox = vault.dir.path().join("outbox");
+    vault.write_config(
+        &server.base_url(),
+        &format!(
+            "workers = 4\nsettle = \"200ms\"\n[tools.send_notification]\nallowed_recipients = [\"*@example.org\"]\n[tools.send_notification.email]\ntransport = \"file\"\noutbox = {:?}\n",
+            outbox.display().to_string()
+        ),
+    );
+    const NOTES: usize = 16;
+    let notes: Vec<(String, String)> = (0..NOTES).map(people_note).collect();
+    let mut dropped = 0;
+    while dropped < NOTES / 2 {
+        vault.drop_note(&notes[dropped].0, &notes[dropped].1);
+        dropped += 1;
+    }
+    let seed = std::env::var("VAULTD_TORTURE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5EED_2026_0010);
+    let mut rng = Rng::new(seed);
+    let (mut moves, mut resaves) = (0, 0);
+    for k in 0..10 {
+        server.set_delay(Duration::from_millis(50 + rng.below(151)));
+        let daemon = RunningDaemon::start(
+            vault.cmd(),
+            vault.dir.path().join(format!("people-{k:02}.log")),
+        );
+        if dropped < NOTES {
+            vault.drop_note(&notes[dropped].0, &notes[dropped].1);
+            dropped += 1;
+        }
+        for _ in 0..4 {
+            std::thread::sleep(Duration::from_millis(rng.below(200)));
+            let (name, text) = &notes[rng.below(dropped as u64) as usize];
+            if rng.below(3) > 0 {
+                // A person moves a note being worked on back to the inbox.
+                if vault.exists("In_Progress", name)
+                    && !vault.exists("Needs_Action", name)
+                    && std::fs::rename(
+                        vault.path("In_Progress", name),
+                        vault.path("Needs_Action", name),
+                    )
+                    .is_ok()
+                {
+                    moves += 1;
+                }
+            } else if !vault.exists("Needs_Action", name) {
+                // An editor saves its old buffer back where the note was (temp + rename).
+                vault.drop_note(name, text);
+                resaves += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(300)));
+        daemon.kill9();
+        // A person moves what the dead daemon left in In_Progress back to the inbox.
+        for name in vault.notes_in("In_Progress") {
+            let rel = name.trim_start_matches("In_Progress/");
+            if rng.below(2) == 0
+                && !vault.exists("Needs_Action", rel)
+                && std::fs::rename(
+                    vault.path("In_Progress", rel),
+                    vault.path("Needs_Action", rel),
+                )
+                .is_ok()
+            {
+                moves += 1;
+            }
+        }
+    }
+    while dropped < NOTES {
+        vault.drop_note(&notes[dropped].0, &notes[dropped].1);
+        dropped += 1;
+    }
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+
+    let all = vault.all_notes();
+    assert!(vault.notes_in("In_Progress").is_empty(), "{all:#?}");
+    // 0 lost: every note is in Done or Failed (copies beside it, numbered) — or back in the
+    // inbox with every call answered (checked below): a person moved it there after its
+    // results were written, before its move, and a note with no pending call stays (§1).
+    for (name, _) in &notes {
+        let stem = name.trim_end_matches(".md");
+        assert!(
+            all.iter().any(|n| {
+                (n.starts_with("Done/")
+                    || n.starts_with("Failed/")
+                    || n.starts_with("Needs_Action/"))
+                    && n.split('/')
+                        .nth(1)
+                        .is_some_and(|f| f == name.as_str() || f.starts_with(&format!("{stem} (")))
+            }),
+            "{name} lost: {all:#?}"
+        );
+    }
+    // 0 duplicate results: no call has two result blocks in one note.
+    for n in &all {
+        let text = std::fs::read_to_string(vault.root.join(n)).unwrap();
+        let counts = result_counts(&text);
+        assert!(counts.values().all(|&c| c == 1), "{n}: {counts:?}\n{text}");
+        assert_eq!(counts.len(), 2, "{n}: both calls answered\n{text}");
+    }
+    // 0 duplicate deliveries: every Message-ID at most once in the outbox.
+    let sent = outbox_message_ids(&outbox);
+    assert!(sent.values().all(|&c| c == 1), "sent twice: {sent:#?}");
+    assert!(sent.len() <= NOTES, "{sent:#?}");
+    assert_journal_closed(&vault);
+    eprintln!(
+        "people torture: 10 kills, {moves} hand moves, {resaves} editor re-saves, {} notes, {} emails",
+        all.len(),
+        sent.len()
+    );
+}

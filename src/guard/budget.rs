@@ -42,6 +42,7 @@ mod tests {
                     &format!("In_Progress/loop-{round}.md"),
                     Some("n-00000000loop"),
                     None,
+                    None,
                 )
                 .unwrap();
             j.call_started(
@@ -61,7 +62,7 @@ mod tests {
             j.note_moved(run, "Done/loop.md", true).unwrap();
         }
         let other = j
-            .begin_note_run("In_Progress/other.md", Some("n-0000000other"), None)
+            .begin_note_run("In_Progress/other.md", Some("n-0000000other"), None, None)
             .unwrap();
         j.call_started(
             other,

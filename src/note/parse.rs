@@ -934,6 +934,48 @@ mod tests {
     }
 
     #[test]
+    fn derived_suffixes_skip_ids_used_explicitly_before_or_after() {
+        let call = |id: &str| {
+            fenced(&format!(
+                r#"{{"tool_call": {{"name": "a", "id": "{id}"}}}}"#
+            ))
+        };
+        let ids = |parts: &[&str]| -> Vec<String> {
+            let text = parts
+                .iter()
+                .map(|id| call(id))
+                .collect::<Vec<_>>()
+                .join("\n");
+            parse_note(&text)
+                .calls
+                .into_iter()
+                .map(|c| c.call_id)
+                .collect()
+        };
+        assert_eq!(ids(&["x", "x-2", "x"]), ["x", "x-2", "x-3"]);
+        assert_eq!(ids(&["x", "x", "x-2"]), ["x", "x-3", "x-2"]);
+        assert_eq!(ids(&["x", "x", "x", "x-3"]), ["x", "x-2", "x-4", "x-3"]);
+    }
+
+    #[test]
+    fn frontmatter_property_reads_one_line_values() {
+        let text = "---\ntitle: x\ntool_note: n-0123456789ab\n---\n# body\ntool_note: no\n";
+        assert_eq!(
+            frontmatter_property(text, "tool_note"),
+            Some("n-0123456789ab")
+        );
+        assert_eq!(frontmatter_property(text, "tool"), None, "whole keys only");
+        assert_eq!(
+            frontmatter_property("# no frontmatter\ntool_note: n-1\n", "tool_note"),
+            None
+        );
+        assert_eq!(
+            frontmatter_property("\u{FEFF}---\r\ntool_note: \"n-1\"\r\n---\r\n", "tool_note"),
+            Some("n-1")
+        );
+    }
+
+    #[test]
     fn crlf_note() {
         let text = "intro\r\n\r\n```json\r\n{\"tool_call\": {\"name\": \"ping\"}}\r\n```\r\n";
         let note = parse_note(text);

@@ -832,6 +832,25 @@ tool_status: this is body text
     }
 
     #[test]
+    fn note_id_is_added_once_and_nothing_else_changes() {
+        let text = "# A\r\nbody\r\n";
+        let with = set_note_id(text, "n-0123456789ab");
+        assert_eq!(
+            with,
+            "---\r\ntool_note: n-0123456789ab\r\n---\r\n# A\r\nbody\r\n"
+        );
+        assert_eq!(set_note_id(&with, "n-0123456789ab"), with, "idempotent");
+        let fm = "---\ntitle: t\n---\nx";
+        assert_eq!(
+            set_note_id(fm, "n-1"),
+            "---\ntitle: t\ntool_note: n-1\n---\nx"
+        );
+        // Later writes keep it.
+        let later = append_blocks(&with, &[], "done", now());
+        assert!(later.contains("tool_note: n-0123456789ab\r\n"), "{later}");
+    }
+
+    #[test]
     fn no_blocks_only_sets_properties() {
         assert_eq!(
             append_blocks("x", &[], "done", now()),
