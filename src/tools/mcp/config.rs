@@ -317,7 +317,7 @@ mod tests {
 
     fn parse(text: &str) -> Result<Vec<McpServerConfig>, McpConfigError> {
         let raw: BTreeMap<String, RawServer> = toml::from_str(text).expect("toml");
-        from_raw(raw, Path::new("test.toml"), PathBuf::from)
+        from_raw(raw, Path::new("test.toml"), |p: &str| PathBuf::from(p))
     }
 
     #[test]
