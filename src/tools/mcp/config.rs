@@ -209,6 +209,13 @@ pub fn from_raw(
                 for (var, reference) in &server.env {
                     env.push((var.clone(), secret(key(&format!("env.{var}")), reference)?));
                 }
+                // `./server` or `bin/server`: relative to the config file, like every path
+                // in it; a bare name is looked up in PATH.
+                let program = if program.contains('/') && Path::new(&program).is_relative() {
+                    resolve_path(&program).display().to_string()
+                } else {
+                    program
+                };
                 Transport::Stdio {
                     program,
                     args: parts.collect(),
