@@ -288,7 +288,9 @@ fn registry_for(config: &Config) -> Result<(Registry, McpSource, Arc<crate::jour
 fn accept_tool(g: &GlobalArgs, name: &str) -> Result<i32> {
     let config = load_lenient(g)?;
     let Some((server, tool)) = crate::tools::mcp::split_name(name) else {
-        anyhow::bail!("`{name}` is not an MCP tool name (mcp__SERVER__TOOL); only MCP tool definitions are pinned");
+        anyhow::bail!(
+            "`{name}` is not an MCP tool name (mcp__SERVER__TOOL); only MCP tool definitions are pinned"
+        );
     };
     if !config.mcp.iter().any(|s| s.name == server) {
         anyhow::bail!("no MCP server `{server}` in the config (add [mcp.{server}])");

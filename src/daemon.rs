@@ -8,9 +8,9 @@ use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
 use crate::config::{ApprovalVia, Config};
 use crate::journal::{CallProgress, Decision, Journal, JournalError, RunId};
 use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
+use crate::results::ResultStore;
 use crate::runner::Runner;
 use crate::secret::Redactor;
-use crate::results::ResultStore;
 use crate::tools::mcp::McpSource;
 use crate::tools::{Admission, Registry};
 use crate::vault::{State, Vault, VaultError};
@@ -227,8 +227,13 @@ pub async fn run(
     .await;
     let mut registry = Registry::from_config(&config.tools, http)?;
     mcp.register(&mut registry)?;
-    let runner = Runner::new(Arc::new(registry), journal.clone(), redactor, config.workers)
-        .with_results(results);
+    let runner = Runner::new(
+        Arc::new(registry),
+        journal.clone(),
+        redactor,
+        config.workers,
+    )
+    .with_results(results);
     let daemon = Arc::new(Daemon {
         note_slots: Semaphore::new(config.workers * 4),
         config,

@@ -68,7 +68,12 @@ impl ResultStore {
         if compact.len() <= self.max_result_bytes {
             return Ok(data);
         }
-        let rel = format!("{}/{}/{}.md", self.folder, note_id_for(note), safe_name(call_id));
+        let rel = format!(
+            "{}/{}/{}.md",
+            self.folder,
+            note_id_for(note),
+            safe_name(call_id)
+        );
         let pretty = serde_json::to_string_pretty(&data).unwrap_or_else(|_| compact.clone());
         let fence = fence_for(&pretty);
         let text = format!(
@@ -114,7 +119,11 @@ impl ResultStore {
         };
         let dir = path.parent().expect("a saved result has a folder");
         std::fs::create_dir_all(dir).map_err(err)?;
-        if std::fs::symlink_metadata(dir).map_err(err)?.file_type().is_symlink() {
+        if std::fs::symlink_metadata(dir)
+            .map_err(err)?
+            .file_type()
+            .is_symlink()
+        {
             return Err(err(std::io::Error::other("folder is a symlink")));
         }
         let mut tmp = tempfile::Builder::new()
@@ -175,10 +184,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ResultStore::new(dir.path().to_path_buf(), "Tool_Results".into(), 100);
         let small = json!({ "a": 1 });
-        assert_eq!(store.limit("Needs_Action/n.md", "c-1", small.clone()).unwrap(), small);
+        assert_eq!(
+            store
+                .limit("Needs_Action/n.md", "c-1", small.clone())
+                .unwrap(),
+            small
+        );
 
         let big = json!({ "text": "x```y".repeat(100) });
-        let out = store.limit("In_Progress/sub/n.md", "c-2", big.clone()).unwrap();
+        let out = store
+            .limit("In_Progress/sub/n.md", "c-2", big.clone())
+            .unwrap();
         assert_eq!(out["truncated"], true);
         assert_eq!(out["bytes"], big.to_string().len());
         assert_eq!(out["full"], "[[Tool_Results/n/c-2]]");

@@ -46,7 +46,11 @@ fn call(name: &str, parameters: Value) -> Value {
 
 fn tools_json(vault: &TestVault) -> Vec<Value> {
     let out = vault.cmd().args(["tools", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice::<Value>(&out.stdout)
         .unwrap()
         .as_array()
@@ -83,11 +87,19 @@ fn allowed_tools_run_unlisted_ones_are_denied_and_the_servers_schema_validates()
     assert_eq!(r[0]["data"]["structuredContent"]["echoed"], "hello mcp");
 
     assert_eq!(r[1]["error"]["code"], "POLICY_DENIED");
-    assert!(r[1]["error"]["message"].as_str().unwrap().contains("mcp.t.allow"));
+    assert!(
+        r[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("mcp.t.allow")
+    );
 
     // The server's inputSchema (maxLength 100) is the tool's schema.
     assert_eq!(r[2]["error"]["code"], "INVALID_PARAMS");
-    assert_eq!(r[2]["error"]["details"]["violations"][0]["pointer"], "/text");
+    assert_eq!(
+        r[2]["error"]["details"]["violations"][0]["pointer"],
+        "/text"
+    );
 
     assert_eq!(r[3]["error"]["code"], "EXECUTION_ERROR");
     assert_eq!(
@@ -95,7 +107,12 @@ fn allowed_tools_run_unlisted_ones_are_denied_and_the_servers_schema_validates()
         "the disk is full (reported by the tool)"
     );
     assert_eq!(r[4]["error"]["code"], "EXECUTION_ERROR");
-    assert!(r[4]["error"]["message"].as_str().unwrap().contains("the fail tool always fails"));
+    assert!(
+        r[4]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the fail tool always fails")
+    );
 
     // `vaultd tools` lists the allowed tools from the catalog, without starting the server,
     // with their policy and the server's annotations; an unlisted tool is absent.
@@ -108,9 +125,17 @@ fn allowed_tools_run_unlisted_ones_are_denied_and_the_servers_schema_validates()
     assert_eq!(echo["approval"], "never");
     assert_eq!(echo["mcp"]["annotations"]["readOnlyHint"], true);
     assert_eq!(echo["mcp"]["pin"], "accepted");
-    assert!(echo["mcp"]["catalog_refreshed_at"].as_str().unwrap().ends_with('Z'));
+    assert!(
+        echo["mcp"]["catalog_refreshed_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
     assert_eq!(echo["parameters"]["properties"]["text"]["maxLength"], 100);
-    let is_error = tools.iter().find(|t| t["name"] == "mcp__t__is_error").unwrap();
+    let is_error = tools
+        .iter()
+        .find(|t| t["name"] == "mcp__t__is_error")
+        .unwrap();
     assert_eq!(is_error["effect"], "external_side_effect");
 
     // `vaultd check` validates against the catalog's schema too.
@@ -118,7 +143,12 @@ fn allowed_tools_run_unlisted_ones_are_denied_and_the_servers_schema_validates()
         "b.md",
         &note_with_calls("b", &[call("mcp__t__echo", json!({ "txt": 1 }))]),
     );
-    let out = vault.cmd().args(["check", "--json"]).arg(&bad).output().unwrap();
+    let out = vault
+        .cmd()
+        .args(["check", "--json"])
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let line: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(line["calls"][0]["error"]["code"], "INVALID_PARAMS");
@@ -160,7 +190,10 @@ fn a_changed_definition_is_denied_until_accepted_and_tools_shows_the_diff() {
     let r = &results_in(&text)[0];
     assert_eq!(r["error"]["code"], "POLICY_DENIED");
     assert!(
-        r["error"]["message"].as_str().unwrap().contains("definition changed since accepted"),
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("definition changed since accepted"),
         "{r}"
     );
 
@@ -179,7 +212,11 @@ fn a_changed_definition_is_denied_until_accepted_and_tools_shows_the_diff() {
         .args(["tools", "accept", "mcp__t__drifting"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     vault.drop_note("d3.md", &drifting());
     let text = vault.wait_until_in("Done", "d3.md");
     assert_eq!(results_in(&text)[0]["ok"], true);
@@ -200,7 +237,11 @@ fn a_changed_definition_is_denied_until_accepted_and_tools_shows_the_diff() {
         .args(["tools", "accept", "mcp__t__late"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     vault.drop_note(
         "l2.md",
         &note_with_calls("l2", &[call("mcp__t__late", json!({}))]),
@@ -294,7 +335,9 @@ fn no_server_outlives_vaultd_after_sigterm_or_kill_9() {
     assert!(!process_gone(pid));
     let status = daemon.terminate();
     assert!(status.success());
-    wait_until("the server stops with vaultd", DEADLINE, || process_gone(pid));
+    wait_until("the server stops with vaultd", DEADLINE, || {
+        process_gone(pid)
+    });
 
     let daemon = vault.start_logged("second.log");
     let pid = server_pid(&daemon);
@@ -341,7 +384,16 @@ fn server_env_holds_only_its_secrets_which_never_reach_a_log_or_note() {
     assert!(!names.contains(&"VAULTD_TEST_MCP_TOKEN"), "{names:?}");
     for n in &names {
         assert!(
-            ["MCP_TOKEN", "PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"].contains(n),
+            [
+                "MCP_TOKEN",
+                "PATH",
+                "HOME",
+                "LANG",
+                "LC_ALL",
+                "TZ",
+                "TMPDIR"
+            ]
+            .contains(n),
             "unexpected variable {n} in the server's environment"
         );
     }
@@ -394,17 +446,35 @@ fn oversized_and_binary_results_go_to_tool_results() {
     let (code, log) = vault.once();
     assert_eq!(code, 0, "{log}");
     let text = vault.read("Done", "r.md");
-    assert!(text.len() < 20_000, "the note holds only a preview: {} bytes", text.len());
+    assert!(
+        text.len() < 20_000,
+        "the note holds only a preview: {} bytes",
+        text.len()
+    );
     let r = results_in(&text);
     assert_eq!(r[0]["data"]["truncated"], true);
     assert_eq!(r[0]["data"]["full"], "[[Tool_Results/r/big-1]]");
     let bytes = r[0]["data"]["bytes"].as_u64().unwrap();
     assert!(bytes > 1024 * 1024, "{bytes}");
-    assert!(r[0]["data"]["preview"].as_str().unwrap().starts_with("{\"content\""));
+    assert!(
+        r[0]["data"]["preview"]
+            .as_str()
+            .unwrap()
+            .starts_with("{\"content\"")
+    );
     let saved = std::fs::read_to_string(vault.root.join("Tool_Results/r/big-1.md")).unwrap();
-    let json_text = saved.split("```json\n").nth(1).unwrap().rsplit_once("\n```").unwrap().0;
+    let json_text = saved
+        .split("```json\n")
+        .nth(1)
+        .unwrap()
+        .rsplit_once("\n```")
+        .unwrap()
+        .0;
     let whole: Value = serde_json::from_str(json_text).unwrap();
-    assert_eq!(whole["content"][0]["text"].as_str().unwrap().len(), 1024 * 1024);
+    assert_eq!(
+        whole["content"][0]["text"].as_str().unwrap().len(),
+        1024 * 1024
+    );
 
     assert_eq!(
         r[1]["data"]["content"][0]["attachment"],
@@ -430,7 +500,10 @@ async fn the_size_limit_applies_to_built_in_tools_too() {
         move || {
             let mut cmd = cmd;
             let out = cmd.arg("once").output().unwrap();
-            (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
         }
     })
     .await
@@ -465,7 +538,10 @@ fn the_reference_server_everything_works_as_a_tool_source() {
         &note_with_calls(
             "everything",
             &[
-                call("mcp__everything__echo", json!({ "message": "hello reference" })),
+                call(
+                    "mcp__everything__echo",
+                    json!({ "message": "hello reference" }),
+                ),
                 call("mcp__everything__get-sum", json!({ "a": 2, "b": 40 })),
                 call("mcp__everything__get-env", json!({})),
             ],
@@ -475,9 +551,15 @@ fn the_reference_server_everything_works_as_a_tool_source() {
     assert_eq!(code, 0, "{log}");
     let text = vault.read("Failed", "e.md");
     let r = results_in(&text);
-    assert_eq!(r[0]["data"]["content"][0]["text"], "Echo: hello reference", "{text}");
+    assert_eq!(
+        r[0]["data"]["content"][0]["text"], "Echo: hello reference",
+        "{text}"
+    );
     assert!(
-        r[1]["data"]["content"][0]["text"].as_str().unwrap().contains("42"),
+        r[1]["data"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("42"),
         "{text}"
     );
     assert_eq!(r[2]["error"]["code"], "POLICY_DENIED");
@@ -546,7 +628,10 @@ fn a_url_server_is_reached_over_streamable_http_with_secret_headers() {
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
-    assert!(!log.contains("http-secret-4f0a9e"), "secret header in the log");
+    assert!(
+        !log.contains("http-secret-4f0a9e"),
+        "secret header in the log"
+    );
     let text = vault.read("Done", "h.md");
     assert_eq!(
         results_in(&text)[0]["data"]["content"][0]["text"],

@@ -29,8 +29,10 @@ struct TestServer {
 }
 
 fn tool(name: &str, description: &str, schema: Value) -> Tool {
-    serde_json::from_value(json!({ "name": name, "description": description, "inputSchema": schema }))
-        .expect("a valid tool")
+    serde_json::from_value(
+        json!({ "name": name, "description": description, "inputSchema": schema }),
+    )
+    .expect("a valid tool")
 }
 
 fn no_params() -> Value {
@@ -62,7 +64,11 @@ impl TestServer {
                 json!({ "type": "object", "properties": { "ms": { "type": "integer", "minimum": 0 } }, "required": ["ms"], "additionalProperties": false }),
             ),
             tool("fail", "Always answers with a JSON-RPC error", no_params()),
-            tool("is_error", "Always reports a tool error (isError)", no_params()),
+            tool(
+                "is_error",
+                "Always reports a tool error (isError)",
+                no_params(),
+            ),
             tool("big", "Returns about 1 MB of text", no_params()),
             tool("image", "Returns a small PNG image", no_params()),
             tool(
@@ -70,17 +76,29 @@ impl TestServer {
                 "Say hello",
                 json!({ "type": "object", "properties": { "name": { "type": "string", "description": drift_description } }, "additionalProperties": false }),
             ),
-            tool("crash", "Exits the server in the middle of the call", no_params()),
+            tool(
+                "crash",
+                "Exits the server in the middle of the call",
+                no_params(),
+            ),
             tool(
                 "flaky",
                 "Exits the server the first time it is called, answers afterwards",
                 no_params(),
             ),
-            tool("show_env", "Prints its environment to stderr; returns the variable names", no_params()),
+            tool(
+                "show_env",
+                "Prints its environment to stderr; returns the variable names",
+                no_params(),
+            ),
             tool("secret_tool", "Never allowed in the tests", no_params()),
         ];
         if self.drifted() {
-            tools.push(tool("late", "Appeared after the first listing", no_params()));
+            tools.push(tool(
+                "late",
+                "Appeared after the first listing",
+                no_params(),
+            ));
         }
         tools
     }
@@ -147,7 +165,12 @@ impl ServerHandler for TestServer {
                 let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
                 self.slow(ms, &context).await
             }
-            "fail" => return Err(ErrorData::internal_error("the fail tool always fails", None)),
+            "fail" => {
+                return Err(ErrorData::internal_error(
+                    "the fail tool always fails",
+                    None,
+                ));
+            }
             "is_error" => CallToolResult::error(vec![ContentBlock::text(
                 "the disk is full (reported by the tool)",
             )]),

@@ -127,7 +127,11 @@ impl Journal {
 
     /// The pin state of one definition, read at call time (a `vaultd tools accept` made while
     /// the daemon runs counts at once).
-    pub fn mcp_pin_state(&self, server: &str, listed: &ListedTool) -> Result<PinState, JournalError> {
+    pub fn mcp_pin_state(
+        &self,
+        server: &str,
+        listed: &ListedTool,
+    ) -> Result<PinState, JournalError> {
         self.read(|tx| pin_state(tx, server, listed))
     }
 

@@ -199,7 +199,10 @@ pub fn from_raw(
             }
             (Some(command), None) => {
                 if !server.headers.is_empty() {
-                    return Err(invalid("headers", "only a `url` server takes headers".into()));
+                    return Err(invalid(
+                        "headers",
+                        "only a `url` server takes headers".into(),
+                    ));
                 }
                 let mut parts = command.into_iter();
                 let Some(program) = parts.next().filter(|p| !p.is_empty()) else {
@@ -373,13 +376,18 @@ mod tests {
         let err = parse("[x]\nurl = \"http://example.com/mcp\"\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("mcp.x.url") && err.contains("loopback"), "{err}");
+        assert!(
+            err.contains("mcp.x.url") && err.contains("loopback"),
+            "{err}"
+        );
         assert!(parse("[x]\nurl = \"http://127.0.0.1:9/mcp\"\n").is_ok());
         let err = parse("[x]\ncommand = [\"srv\"]\n[x.tools.t]\neffect = \"read_only\"\n")
             .unwrap_err()
             .to_string();
         assert!(err.contains("mcp.x.tools.t"), "{err}");
-        let err = parse("[a__b]\ncommand = [\"srv\"]\n").unwrap_err().to_string();
+        let err = parse("[a__b]\ncommand = [\"srv\"]\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("mcp.a__b"), "{err}");
         let err = parse("[x]\ncommand = [\"srv\"]\nenv = { T = \"plain\" }\n")
             .unwrap_err()

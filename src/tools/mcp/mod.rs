@@ -11,7 +11,9 @@ use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::journal::Journal;
 use crate::journal::catalog::PinState;
 use crate::results::ResultStore;
-use crate::tools::{Admission, Policy, Registry, RegistryError, Source, Tool, ToolCall, ToolFuture, ToolSpec};
+use crate::tools::{
+    Admission, Policy, Registry, RegistryError, Source, Tool, ToolCall, ToolFuture, ToolSpec,
+};
 use base64::Engine;
 use config::McpServerConfig;
 use serde_json::{Map, Value, json};
@@ -288,7 +290,10 @@ impl McpTool {
         let validator = jsonschema::options().build(&schema).map_err(|e| {
             CallError::new(
                 ErrorCode::PolicyDenied,
-                format!("{}: the server's inputSchema does not compile: {e}", self.spec.name),
+                format!(
+                    "{}: the server's inputSchema does not compile: {e}",
+                    self.spec.name
+                ),
             )
         })?;
         let instance = Value::Object(parameters.clone());
@@ -447,7 +452,10 @@ mod tests {
     #[test]
     fn names_round_trip() {
         assert_eq!(tool_name("files", "read_file"), "mcp__files__read_file");
-        assert_eq!(split_name("mcp__files__read__file"), Some(("files", "read__file")));
+        assert_eq!(
+            split_name("mcp__files__read__file"),
+            Some(("files", "read__file"))
+        );
         assert_eq!(split_name("search_web"), None);
     }
 

@@ -268,14 +268,15 @@ impl McpServer {
                     let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
                         .map_err(|e| format!("header name `{name}`: {e}"))?;
                     let mut value = reqwest::header::HeaderValue::from_str(secret.expose())
-                        .map_err(|_| format!("header `{name}`: the secret is not a valid header value"))?;
+                        .map_err(|_| {
+                            format!("header `{name}`: the secret is not a valid header value")
+                        })?;
                     value.set_sensitive(true);
                     map.insert(name, value);
                 }
                 let transport = StreamableHttpClientTransport::with_client(
                     self.http.clone(),
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                        .custom_headers(map),
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
                 );
                 let service = handler
                     .serve(transport)
@@ -318,10 +319,11 @@ impl McpServer {
         let journal = self.journal.clone();
         let name = self.name().to_string();
         let to_record = listed.clone();
-        let states = tokio::task::spawn_blocking(move || journal.record_mcp_listing(&name, &to_record))
-            .await
-            .map_err(|e| format!("journal task failed: {e}"))?
-            .map_err(|e| format!("cannot record the tool listing: {e}"))?;
+        let states =
+            tokio::task::spawn_blocking(move || journal.record_mcp_listing(&name, &to_record))
+                .await
+                .map_err(|e| format!("journal task failed: {e}"))?
+                .map_err(|e| format!("cannot record the tool listing: {e}"))?;
         for (l, state) in listed.iter().zip(&states) {
             let full = super::tool_name(self.name(), &l.tool);
             match state {
@@ -336,7 +338,11 @@ impl McpServer {
                 ),
             }
         }
-        tracing::debug!(server = self.name(), tools = listed.len(), "listed MCP tools");
+        tracing::debug!(
+            server = self.name(),
+            tools = listed.len(),
+            "listed MCP tools"
+        );
         *self.tools.lock().expect("tools lock") = defs;
         Ok(())
     }
@@ -398,7 +404,8 @@ impl McpServer {
         let mut wait_past = None;
         loop {
             let (peer, generation) = self.peer(deadline, wait_past).await?;
-            let params = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.clone());
+            let params =
+                CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.clone());
             // Dropped at the runner's timeout: rmcp then sends notifications/cancelled.
             match peer.call_tool_once(params).await {
                 Ok(CallToolResponse::Complete(result)) => return Ok(result),
@@ -436,7 +443,10 @@ impl McpServer {
                     if safe_to_repeat {
                         return Err(CallError::new(
                             ErrorCode::ExecutionError,
-                            format!("MCP server `{}` went away during the call: {e}", self.name()),
+                            format!(
+                                "MCP server `{}` went away during the call: {e}",
+                                self.name()
+                            ),
                         )
                         .retryable(true));
                     }
@@ -480,10 +490,15 @@ impl Connection {
 /// process group, SIGKILL it after [`TERM_GRACE`].
 async fn stop_child(server: &str, mut child: tokio::process::Child) {
     drop(child.stdin.take());
-    if tokio::time::timeout(EXIT_ON_EOF, child.wait()).await.is_ok() {
+    if tokio::time::timeout(EXIT_ON_EOF, child.wait())
+        .await
+        .is_ok()
+    {
         return;
     }
-    let group = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32));
+    let group = child
+        .id()
+        .and_then(|id| rustix::process::Pid::from_raw(id as i32));
     if let Some(pg) = group {
         let _ = rustix::process::kill_process_group(pg, rustix::process::Signal::TERM);
     }
@@ -531,9 +546,7 @@ fn spawn_child(
     unsafe {
         cmd.pre_exec(move || {
             rustix::process::setpgid(None, None)?;
-            rustix::process::set_parent_process_death_signal(Some(
-                rustix::process::Signal::KILL,
-            ))?;
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
             // vaultd died between fork and prctl: the signal would never come.
             if rustix::process::getppid() != Some(parent) {
                 libc::_exit(1);
@@ -556,7 +569,10 @@ impl ClientHandler for VaultdClient {
         let Some(server) = self.server.upgrade() else {
             return;
         };
-        tracing::info!(server = server.name(), "MCP server says its tools changed; listing again");
+        tracing::info!(
+            server = server.name(),
+            "MCP server says its tools changed; listing again"
+        );
         let peer = context.peer.clone();
         // Not awaited here: the listing's responses arrive through this same session.
         tokio::spawn(async move {
