@@ -37,6 +37,14 @@ pub struct McpSource {
 }
 
 impl McpSource {
+    /// No servers.
+    pub fn none() -> McpSource {
+        McpSource {
+            servers: Vec::new(),
+            store: None,
+        }
+    }
+
     /// The servers with their tools as the journal's catalog last saw them; nothing is
     /// started (`vaultd tools`, `vaultd check`).
     pub fn offline(configs: &[McpServerConfig], journal: Arc<Journal>) -> McpSource {
