@@ -639,3 +639,23 @@ fn a_url_server_is_reached_over_streamable_http_with_secret_headers() {
         "{text}"
     );
 }
+
+#[test]
+fn a_server_that_never_answers_does_not_delay_start_up_past_start_timeout() {
+    let vault = TestVault::new(NO_SEARCH, "");
+    vault.write_config(
+        NO_SEARCH,
+        "[mcp.mute]\ncommand = [\"sleep\", \"600\"]\nallow = [\"*\"]\nstart_timeout = \"1s\"\n",
+    );
+    let daemon = vault.start();
+    daemon.wait_for_log("not up within its start_timeout of 1s");
+    vault.drop_note(
+        "m.md",
+        &note_with_calls("m", &[call("mcp__mute__anything", json!({}))]),
+    );
+    let text = vault.wait_until_in("Failed", "m.md");
+    let r = &results_in(&text)[0];
+    assert_eq!(r["error"]["code"], "EXECUTION_ERROR", "{r}");
+    assert_eq!(r["error"]["retryable"], true);
+    daemon.wait_for_log("within its start_timeout of 1s");
+}

@@ -155,7 +155,16 @@ impl McpServer {
                 break;
             }
             let started = Instant::now();
-            match self.connect().await {
+            // A server that never answers must not hold its supervisor forever.
+            let connected = tokio::time::timeout(self.config.start_timeout, self.connect())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "no answer to initialize and tools/list within its start_timeout of {}",
+                        humantime::format_duration(self.config.start_timeout)
+                    ))
+                });
+            match connected {
                 Ok(conn) => {
                     let Connection { service, child } = conn;
                     let up = service.peer().clone();
