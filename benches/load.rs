@@ -22,6 +22,9 @@
 //! - `idle`: a running daemon on an empty vault; VmRSS and utime+stime over the idle period.
 //! - `queued`: notes dropped into a running daemon whose server answers slowly, so they queue;
 //!   peak VmHWM while they sit there.
+//! - `mcp`: as `latency`, alternating one call to the in-tree MCP test server's `echo` tool
+//!   (stdio, `read_only`) with one `search_web` call to the loopback SearXNG fake, in one daemon:
+//!   drop-to-Done p50/p99 of each, and what MCP adds at p50.
 //!
 //! Everything is bounded: every wait has a deadline, every daemon is killed on the way out.
 
@@ -129,12 +132,13 @@ fn main() {
         .expect("tokio runtime");
 
     type Scenario = fn(&Path, &tokio::runtime::Runtime, Sizes) -> Vec<Metric>;
-    let scenarios: [(&str, Scenario); 5] = [
+    let scenarios: [(&str, Scenario); 6] = [
         ("latency", latency),
         ("throughput", throughput),
         ("cap", cap_efficiency),
         ("idle", idle),
         ("queued", queued),
+        ("mcp", mcp_latency),
     ];
     // name -> (samples, unit, target), in first-seen order.
     let mut order: Vec<String> = Vec::new();
@@ -425,6 +429,80 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The in-tree MCP test server, built with the benchmark (or `VAULTD_MCP_TEST_SERVER`).
+fn mcp_test_server() -> PathBuf {
+    if let Some(p) = std::env::var_os("VAULTD_MCP_TEST_SERVER") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_BIN_EXE_vaultd-mcp-test-server"))
+}
+
+/// One call to the MCP echo tool.
+fn mcp_note_text(tag: &str, i: usize) -> String {
+    format!(
+        "# Note {i}\n\n```json\n{{\"tool_call\": {{\"name\": \"mcp__bench__echo\", \"parameters\": {{\"text\": \"{tag} {i}\"}}}}}}\n```\n"
+    )
+}
+
+fn mcp_latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
+    let server = rt.block_on(searx::SearxServer::start(Duration::ZERO));
+    let bench = Bench::new(&server.base_url());
+    let extra = format!(
+        "[mcp.bench]\ncommand = [{:?}, \"--dir\", {:?}]\nallow = [\"echo\"]\n[mcp.bench.tools.echo]\neffect = \"read_only\"\nrate_limit = {{ per_hour = 100000000 }}\n",
+        mcp_test_server().display().to_string(),
+        bench.dir.path().join("mcp-server").display().to_string(),
+    );
+    let mut config = std::fs::read_to_string(&bench.config).expect("read config");
+    config.push_str(&extra);
+    std::fs::write(&bench.config, config).expect("write config");
+    let done = bench.folder("Done");
+    let inbox = bench.folder("Needs_Action");
+    let watch = FolderWatch::new(&done);
+    let daemon = Daemon::start(&bench, bin);
+
+    // One drop by rename, timed until the note's name appears in Done.
+    let drop_one = |tag: &str, i: usize, text: String| -> f64 {
+        let name = note_name(tag, i);
+        let staged = bench.staging.join(&name);
+        std::fs::write(&staged, text).expect("stage note");
+        let target = done.join(&name);
+        let t0 = Instant::now();
+        std::fs::rename(&staged, inbox.join(&name)).expect("drop");
+        let at = watch
+            .wait_for(&target)
+            .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
+        at.duration_since(t0).as_secs_f64() * 1e3
+    };
+    for i in 0..5 {
+        drop_one("warm-mcp", i, mcp_note_text("warm", i));
+        drop_one("warm-web", i, note_text("warm", i));
+    }
+    let (mut mcp, mut web) = (Vec::new(), Vec::new());
+    for i in 0..sizes.latency_notes {
+        mcp.push(drop_one("mcp", i, mcp_note_text("mcp", i)));
+        web.push(drop_one("web", i, note_text("web", i)));
+    }
+    daemon.stop();
+    mcp.sort_by(f64::total_cmp);
+    web.sort_by(f64::total_cmp);
+    let added = percentile(&mcp, 0.5) - percentile(&web, 0.5);
+    vec![
+        metric("mcp echo latency p50", percentile(&mcp, 0.5), "ms"),
+        metric("mcp echo latency p99", percentile(&mcp, 0.99), "ms"),
+        metric(
+            "search_web (loopback) latency p50",
+            percentile(&web, 0.5),
+            "ms",
+        ),
+        metric(
+            "search_web (loopback) latency p99",
+            percentile(&web, 0.99),
+            "ms",
+        ),
+        metric("mcp adds at p50", added, "ms").target("<= 1", |v| v <= 1.0),
+    ]
 }
 
 fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {

@@ -437,16 +437,19 @@ fn registry_for(config: &Config) -> Result<Registry> {
     )?)
 }
 
-/// Every tool, MCP tools from the journal's catalog (no server is started), with the MCP
-/// source and the journal it read the catalog from.
+/// Every tool, MCP tools from the journal's catalog (no server is started). The journal is
+/// opened only when MCP servers are configured.
 fn mcp_registry_for(
     config: &Config,
-) -> Result<(Registry, McpSource, Arc<crate::journal::Journal>)> {
+) -> Result<(Registry, McpSource, Option<Arc<crate::journal::Journal>>)> {
     let mut registry = Registry::from_config(&config.tools, daemon::http_client()?)?;
+    if config.mcp.is_empty() {
+        return Ok((registry, McpSource::none(), None));
+    }
     let journal = Arc::new(open_journal(config)?);
     let mcp = McpSource::offline(&config.mcp, journal.clone());
     mcp.register(&mut registry)?;
-    Ok((registry, mcp, journal))
+    Ok((registry, mcp, Some(journal)))
 }
 
 /// `vaultd tools accept NAME`.
@@ -563,8 +566,10 @@ fn decision_of(
 fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
     use crate::vault::State;
     let (config, _) = load_lenient(g)?;
-    let (registry, _, _) = mcp_registry_for(&config)?;
+    let (registry, _mcp, journal) = mcp_registry_for(&config)?;
     let mut any_invalid = false;
+    // MCP servers whose tools the checked calls use: their catalog's age is shown at the end.
+    let mut mcp_servers = std::collections::BTreeSet::new();
     let mut out = std::io::stdout().lock();
     for arg in notes {
         let path = match resolve_note(&config, arg, &State::ALL) {
@@ -592,6 +597,13 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
             }
         };
         let parsed = parse_note(&text);
+        for call in &parsed.calls {
+            if let Some((server, _)) = call.name.as_deref().and_then(crate::tools::mcp::split_name)
+                && config.mcp.iter().any(|s| s.name == server)
+            {
+                mcp_servers.insert(server.to_string());
+            }
+        }
         let mut calls = Vec::new();
         for call in &parsed.calls {
             let mut entry = json!({
@@ -651,6 +663,21 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
                     None => {}
                 }
                 writeln!(out)?;
+            }
+        }
+    }
+    if let (false, Some(journal)) = (as_json, &journal) {
+        for server in &mcp_servers {
+            match journal.mcp_catalog(server)? {
+                Some(c) => writeln!(
+                    out,
+                    "MCP server `{server}`: tools as it listed them at {}",
+                    c.listed_at
+                )?,
+                None => writeln!(
+                    out,
+                    "MCP server `{server}`: never listed yet (start the daemon once to know its tools)"
+                )?,
             }
         }
     }
@@ -735,7 +762,7 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
     if let Some(list) = described.as_array_mut() {
         for t in list.iter_mut() {
             let name = t["name"].as_str().unwrap_or("").to_string();
-            if let Some(extra) = mcp.describe(&journal, &name) {
+            if let Some(extra) = journal.as_ref().and_then(|j| mcp.describe(j, &name)) {
                 t["mcp"] = extra;
             }
         }
@@ -927,6 +954,10 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
             }
         }
     });
+    let mut effective = effective;
+    effective["max_result_bytes"] = json!(c.max_result_bytes);
+    effective["folders"]["tool_results"] = json!(c.tool_results);
+    effective["mcp"] = crate::tools::mcp::config::describe(&c.mcp);
     let redactor = daemon::redactor_for(&c);
     let text = serde_json::to_string_pretty(&effective)?;
     println!("{}", redactor.redact(&text));

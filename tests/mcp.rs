@@ -568,3 +568,98 @@ fn the_reference_server_everything_works_as_a_tool_source() {
     );
     assert_eq!(r[2]["error"]["code"], "POLICY_DENIED");
 }
+
+/// The reference server in streamable HTTP mode, on a free loopback port; killed on drop.
+struct HttpEverything {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpEverything {
+    fn start() -> HttpEverything {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(everything_server())
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start server-everything (scripts/test installs it)");
+        wait_until("server-everything listens", DEADLINE, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        HttpEverything { child, port }
+    }
+}
+
+impl Drop for HttpEverything {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_url_server_is_reached_over_streamable_http_with_secret_headers() {
+    let server = HttpEverything::start();
+    let vault = TestVault::new(NO_SEARCH, "");
+    vault.write_config(
+        NO_SEARCH,
+        &format!(
+            "[mcp.web]\nurl = \"http://127.0.0.1:{}/mcp\"\nheaders = {{ Authorization = \"env:VAULTD_TEST_MCP_AUTH\" }}\nallow = [\"echo\"]\n[mcp.web.tools.echo]\neffect = \"read_only\"\n",
+            server.port
+        ),
+    );
+    let secret = "Bearer http-secret-4f0a9e";
+    vault.drop_note(
+        "h.md",
+        &note_with_calls(
+            "http",
+            &[call("mcp__web__echo", json!({ "message": "over http" }))],
+        ),
+    );
+    let out = vault
+        .cmd()
+        .env("VAULTD_TEST_MCP_AUTH", secret)
+        .env("RUST_LOG", "trace")
+        .arg("once")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        !log.contains("http-secret-4f0a9e"),
+        "secret header in the log"
+    );
+    let text = vault.read("Done", "h.md");
+    assert_eq!(
+        results_in(&text)[0]["data"]["content"][0]["text"],
+        "Echo: over http",
+        "{text}"
+    );
+}
+
+#[test]
+fn a_server_that_never_answers_does_not_delay_start_up_past_start_timeout() {
+    let vault = TestVault::new(NO_SEARCH, "");
+    vault.write_config(
+        NO_SEARCH,
+        "[mcp.mute]\ncommand = [\"sleep\", \"600\"]\nallow = [\"*\"]\nstart_timeout = \"1s\"\n",
+    );
+    let daemon = vault.start();
+    daemon.wait_for_log("not up within its start_timeout of 1s");
+    vault.drop_note(
+        "m.md",
+        &note_with_calls("m", &[call("mcp__mute__anything", json!({}))]),
+    );
+    let text = vault.wait_until_in("Failed", "m.md");
+    let r = &results_in(&text)[0];
+    assert_eq!(r["error"]["code"], "EXECUTION_ERROR", "{r}");
+    assert_eq!(r["error"]["retryable"], true);
+    daemon.wait_for_log("within its start_timeout of 1s");
+}

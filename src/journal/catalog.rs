@@ -63,12 +63,15 @@ pub struct ServerCatalog {
 }
 
 impl Journal {
-    /// Records a server's complete listing of its allowed tools: the catalog is replaced, and
-    /// at the server's first listing every tool is pinned as seen. Returns each tool's state.
+    /// Records a server's complete listing: the catalog is replaced by its allowed `tools`,
+    /// and at the server's first listing every tool it offers (`tools` and the not allowed
+    /// `others`, which a later `allow` may name) is pinned as seen. Returns the state of each
+    /// of `tools`.
     pub fn record_mcp_listing(
         &self,
         server: &str,
         tools: &[ListedTool],
+        others: &[ListedTool],
     ) -> Result<Vec<PinState>, JournalError> {
         self.write(|tx| {
             let now = now_ms();
@@ -86,6 +89,11 @@ impl Journal {
                 params![server, now],
             )?;
             tx.execute("DELETE FROM mcp_catalog WHERE server = ?1", params![server])?;
+            if first {
+                for t in others {
+                    pin(tx, server, t, now)?;
+                }
+            }
             let mut states = Vec::with_capacity(tools.len());
             for t in tools {
                 tx.execute(
@@ -216,12 +224,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path()).unwrap();
         assert!(j.mcp_catalog("s").unwrap().is_none());
-        let states = j.record_mcp_listing("s", &[listed("a", "{1}")]).unwrap();
+        let states = j
+            .record_mcp_listing("s", &[listed("a", "{1}")], &[listed("c", "{1}")])
+            .unwrap();
         assert_eq!(states, vec![PinState::Accepted]);
 
         // Changed definition, and a name that was not there at the first listing.
         let states = j
-            .record_mcp_listing("s", &[listed("a", "{2}"), listed("b", "{1}")])
+            .record_mcp_listing("s", &[listed("a", "{2}"), listed("b", "{1}")], &[])
             .unwrap();
         assert_eq!(
             states,
@@ -238,6 +248,11 @@ mod tests {
         assert!(j.accept_mcp_tool("s", "a").unwrap());
         assert!(j.accept_mcp_tool("s", "b").unwrap());
         assert!(!j.accept_mcp_tool("s", "zzz").unwrap());
+        // Not allowed at the first listing, allowed later with the definition seen then.
+        assert_eq!(
+            j.mcp_pin_state("s", &listed("c", "{1}")).unwrap(),
+            PinState::Accepted
+        );
         assert_eq!(
             j.mcp_pin_state("s", &listed("a", "{2}")).unwrap(),
             PinState::Accepted

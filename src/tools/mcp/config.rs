@@ -212,6 +212,13 @@ pub fn from_raw(
                 for (var, reference) in &server.env {
                     env.push((var.clone(), secret(key(&format!("env.{var}")), reference)?));
                 }
+                // `./server` or `bin/server`: relative to the config file, like every path
+                // in it; a bare name is looked up in PATH.
+                let program = if program.contains('/') && Path::new(&program).is_relative() {
+                    resolve_path(&program).display().to_string()
+                } else {
+                    program
+                };
                 Transport::Stdio {
                     program,
                     args: parts.collect(),
@@ -282,6 +289,59 @@ pub fn from_raw(
     Ok(out)
 }
 
+/// `vaultd config`'s view of the servers: every secret shown as its reference only.
+pub fn describe(servers: &[McpServerConfig]) -> serde_json::Value {
+    use serde_json::json;
+    let secrets = |pairs: &[(String, Secret)]| {
+        serde_json::Value::Object(
+            pairs
+                .iter()
+                .map(|(k, s)| (k.clone(), json!(format!("{} [redacted]", s.reference()))))
+                .collect(),
+        )
+    };
+    let mut out = serde_json::Map::new();
+    for s in servers {
+        let mut v = match &s.transport {
+            Transport::Stdio {
+                program,
+                args,
+                env,
+                cwd,
+            } => json!({
+                "command": std::iter::once(program.clone()).chain(args.iter().cloned()).collect::<Vec<_>>(),
+                "env": secrets(env),
+                "cwd": cwd.as_ref().map(|c| c.display().to_string()),
+            }),
+            Transport::Http { url, headers } => json!({ "url": url, "headers": secrets(headers) }),
+        };
+        v["allow"] = match &s.allow {
+            Allow::All => json!(["*"]),
+            Allow::Only(names) => json!(names),
+        };
+        v["timeout"] = json!(humantime::format_duration(s.timeout).to_string());
+        v["start_timeout"] = json!(humantime::format_duration(s.start_timeout).to_string());
+        v["tools"] = serde_json::Value::Object(
+            s.tools
+                .iter()
+                .map(|(t, p)| {
+                    (
+                        t.clone(),
+                        json!({
+                            "effect": p.effect.as_str(),
+                            "approval": p.approval.as_str(),
+                            "rate_limit": { "per_hour": p.rate_limit.per_hour, "per_day": p.rate_limit.per_day },
+                            "timeout": humantime::format_duration(p.timeout).to_string(),
+                        }),
+                    )
+                })
+                .collect(),
+        );
+        out.insert(s.name.clone(), v);
+    }
+    serde_json::Value::Object(out)
+}
+
 fn valid_server_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 32
@@ -320,7 +380,7 @@ mod tests {
 
     fn parse(text: &str) -> Result<Vec<McpServerConfig>, McpConfigError> {
         let raw: BTreeMap<String, RawServer> = toml::from_str(text).expect("toml");
-        from_raw(raw, Path::new("test.toml"), |s: &str| PathBuf::from(s))
+        from_raw(raw, Path::new("test.toml"), |p: &str| PathBuf::from(p))
     }
 
     #[test]

@@ -37,6 +37,14 @@ pub struct McpSource {
 }
 
 impl McpSource {
+    /// No servers.
+    pub fn none() -> McpSource {
+        McpSource {
+            servers: Vec::new(),
+            store: None,
+        }
+    }
+
     /// The servers with their tools as the journal's catalog last saw them; nothing is
     /// started (`vaultd tools`, `vaultd check`).
     pub fn offline(configs: &[McpServerConfig], journal: Arc<Journal>) -> McpSource {
@@ -109,16 +117,42 @@ impl McpSource {
     pub fn register(&self, registry: &mut Registry) -> Result<(), RegistryError> {
         for server in &self.servers {
             let s = server.clone();
+            let registered: std::collections::HashSet<String> =
+                server.tools().into_keys().collect();
             registry.add_denial(Box::new(move |name| {
                 let (srv, tool) = split_name(name)?;
-                (srv == s.name() && !s.config.allow.allows(tool)).then(|| {
-                    CallError::new(
+                if srv != s.name() {
+                    return None;
+                }
+                if !s.config.allow.allows(tool) {
+                    return Some(CallError::new(
                         ErrorCode::PolicyDenied,
                         format!(
                             "`{tool}` of MCP server `{srv}` is not allowed; add it to `mcp.{srv}.allow` to use it"
                         ),
-                    )
-                })
+                    ));
+                }
+                if s.tool(tool).is_some() && !registered.contains(tool) {
+                    // Listed after start-up: the registry is built once, at start.
+                    return Some(CallError::new(
+                        ErrorCode::PolicyDenied,
+                        format!(
+                            "definition changed since accepted: MCP server `{srv}` started offering `{tool}` after vaultd started; accept it with `vaultd tools accept {name}` and restart vaultd"
+                        ),
+                    ));
+                }
+                if registered.is_empty() && !s.is_up() {
+                    return Some(
+                        CallError::new(
+                            ErrorCode::ExecutionError,
+                            format!(
+                                "MCP server `{srv}` is not running and has never listed its tools, so `{tool}` is not known yet; vaultd keeps starting it, try again later"
+                            ),
+                        )
+                        .retryable(true),
+                    );
+                }
+                None
             }));
             let mut tools: Vec<_> = server.tools().into_iter().collect();
             tools.sort_by(|a, b| a.0.cmp(&b.0));

@@ -155,7 +155,16 @@ impl McpServer {
                 break;
             }
             let started = Instant::now();
-            match self.connect().await {
+            // A server that never answers must not hold its supervisor forever.
+            let connected = tokio::time::timeout(self.config.start_timeout, self.connect())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!(
+                        "no answer to initialize and tools/list within its start_timeout of {}",
+                        humantime::format_duration(self.config.start_timeout)
+                    ))
+                });
+            match connected {
                 Ok(conn) => {
                     let Connection { service, child } = conn;
                     let up = service.peer().clone();
@@ -300,13 +309,15 @@ impl McpServer {
             .await
             .map_err(|e| format!("tools/list failed: {e}"))?;
         let mut listed = Vec::new();
+        let mut others = Vec::new();
         let mut defs = HashMap::new();
         for tool in all {
-            if !self.config.allow.allows(&tool.name) {
-                continue;
-            }
             let definition = serde_json::to_value(&tool).unwrap_or(Value::Null);
             let l = pin::listed(&tool.name, &definition);
+            if !self.config.allow.allows(&tool.name) {
+                others.push(l);
+                continue;
+            }
             defs.insert(
                 tool.name.to_string(),
                 Listed {
@@ -319,11 +330,12 @@ impl McpServer {
         let journal = self.journal.clone();
         let name = self.name().to_string();
         let to_record = listed.clone();
-        let states =
-            tokio::task::spawn_blocking(move || journal.record_mcp_listing(&name, &to_record))
-                .await
-                .map_err(|e| format!("journal task failed: {e}"))?
-                .map_err(|e| format!("cannot record the tool listing: {e}"))?;
+        let states = tokio::task::spawn_blocking(move || {
+            journal.record_mcp_listing(&name, &to_record, &others)
+        })
+        .await
+        .map_err(|e| format!("journal task failed: {e}"))?
+        .map_err(|e| format!("cannot record the tool listing: {e}"))?;
         for (l, state) in listed.iter().zip(&states) {
             let full = super::tool_name(self.name(), &l.tool);
             match state {
