@@ -22,6 +22,13 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
+    #[error("bad config {path}, line {line}: key `{key}`: {message}")]
+    InvalidAt {
+        path: PathBuf,
+        line: usize,
+        key: String,
+        message: String,
+    },
     #[error("bad config {path}: key `{key}`: {source}")]
     Secret {
         path: PathBuf,
@@ -75,6 +82,9 @@ pub struct RawTools {
     pub search_web: RawSearchWeb,
     #[serde(default)]
     pub send_notification: RawSendNotification,
+    /// `[tools.command.NAME]`, read and checked by the command tool source.
+    #[serde(default)]
+    pub command: BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
 }
 
 #[derive(Debug, Default, Deserialize, Clone, Copy)]
@@ -200,6 +210,7 @@ pub struct RateLimit {
 pub struct ToolsConfig {
     pub search_web: SearchWebConfig,
     pub send_notification: SendNotificationConfig,
+    pub command: crate::tools::command::config::CommandTools,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -753,6 +764,13 @@ pub fn from_raw(
         discord,
     };
 
+    let command = crate::tools::command::config::validate(
+        raw.tools.command,
+        &path,
+        &base,
+        &vault,
+        &state_dir,
+    )?;
     Ok(Config {
         source,
         vault,
@@ -767,6 +785,7 @@ pub fn from_raw(
         tools: ToolsConfig {
             search_web,
             send_notification,
+            command,
         },
     })
 }

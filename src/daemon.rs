@@ -190,6 +190,7 @@ pub fn redactor_for(config: &Config) -> Redactor {
     }
     secrets.extend(t.send_notification.slack.values());
     secrets.extend(t.send_notification.discord.values());
+    secrets.extend(t.command.secrets());
     Redactor::new(secrets, &usernames)
 }
 
