@@ -383,12 +383,19 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
         None => {
             for t in &list {
                 println!(
-                    "{} ({})\n  {}\n  parameters: {}\n",
+                    "{} ({})\n  {}\n  parameters: {}",
                     t["name"].as_str().unwrap_or(""),
                     t["effect"].as_str().unwrap_or(""),
                     t["description"].as_str().unwrap_or(""),
                     serde_json::to_string_pretty(&t["parameters"])?.replace('\n', "\n  ")
                 );
+                if let Some(status) = t["details"]["sandbox_status"].as_str() {
+                    println!("  sandbox: {status} (sandbox = {})", t["details"]["sandbox"]);
+                }
+                if let Some(why) = t["details"]["unusable"].as_str() {
+                    println!("  UNUSABLE: {why}");
+                }
+                println!();
             }
             return Ok(0);
         }

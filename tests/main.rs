@@ -5,6 +5,7 @@ mod util;
 
 mod approval;
 mod cmark;
+mod command;
 mod hostile;
 mod limits;
 mod pipeline;
