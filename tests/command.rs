@@ -330,7 +330,10 @@ rate_limit = { per_hour = 1 }
     );
     once_ok(&vault);
     let text = vault.read("Pending_Approval", "ask.md");
-    assert!(text.contains("approval = \\\"always\\\"") || text.contains("needs approval"), "{text}");
+    assert!(
+        text.contains("approval = \\\"always\\\"") || text.contains("needs approval"),
+        "{text}"
+    );
     assert!(!sent.exists(), "nothing ran before approval");
     vault.move_note("Pending_Approval", "Approved", "ask.md");
     once_ok(&vault);
@@ -421,7 +424,10 @@ env = { TOKEN = "env:VAULTD_TEST_COMMAND_TOKEN", MODE = "plain" }
         .as_str()
         .unwrap()
         .to_string();
-    assert!(stdout.starts_with("token=") && stdout.ends_with(" mode=plain\n"), "{stdout}");
+    assert!(
+        stdout.starts_with("token=") && stdout.ends_with(" mode=plain\n"),
+        "{stdout}"
+    );
     assert_ne!(stdout, "token= mode=plain\n", "the program got the secret");
 }
 

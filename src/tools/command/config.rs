@@ -219,7 +219,13 @@ pub fn validate(
                 "a tool name is letters, digits, `_` and `-` (at most 64), not starting with `mcp__`".into(),
             ));
         }
-        tools.push(validate_one(name.clone(), table.into_inner(), &at, base, vault)?);
+        tools.push(validate_one(
+            name.clone(),
+            table.into_inner(),
+            &at,
+            base,
+            vault,
+        )?);
     }
     Ok(CommandTools {
         tools,
@@ -257,17 +263,15 @@ fn validate_one(
             raw.argv.span(),
         ),
     };
-    let schema = normalise_schema(schema)
-        .map_err(|m| at.err("parameters", schema_span.clone(), m))?;
-    jsonschema::options()
-        .build(&schema)
-        .map_err(|e| {
-            at.err(
-                "parameters",
-                schema_span.clone(),
-                format!("the JSON Schema does not compile: {e}"),
-            )
-        })?;
+    let schema =
+        normalise_schema(schema).map_err(|m| at.err("parameters", schema_span.clone(), m))?;
+    jsonschema::options().build(&schema).map_err(|e| {
+        at.err(
+            "parameters",
+            schema_span.clone(),
+            format!("the JSON Schema does not compile: {e}"),
+        )
+    })?;
 
     // argv: a program and templates, each placeholder a scalar parameter.
     let argv_span = raw.argv.span();
@@ -297,8 +301,7 @@ fn validate_one(
         let pieces = parse_template(arg).map_err(|m| at.err("argv", argv_span.clone(), m))?;
         for piece in &pieces {
             if let Piece::Param(p) = piece {
-                check_scalar_param(&schema, p)
-                    .map_err(|m| at.err("argv", argv_span.clone(), m))?;
+                check_scalar_param(&schema, p).map_err(|m| at.err("argv", argv_span.clone(), m))?;
             }
         }
         args.push(pieces);
@@ -326,7 +329,10 @@ fn validate_one(
                 return Err(at.err(
                     "writable",
                     span,
-                    format!("`{folder}` is not a folder in the vault ({})", abs.display()),
+                    format!(
+                        "`{folder}` is not a folder in the vault ({})",
+                        abs.display()
+                    ),
                 ));
             }
             writable.push(abs);
@@ -353,13 +359,13 @@ fn validate_one(
                 .iter()
                 .any(|p| value.starts_with(p));
             let v = if is_reference {
-                EnvValue::Secret(Secret::resolve(&value).map_err(|source| {
-                    ConfigError::Secret {
+                EnvValue::Secret(
+                    Secret::resolve(&value).map_err(|source| ConfigError::Secret {
                         path: at.path.to_path_buf(),
                         key: format!("tools.command.{name}.env.{key}"),
                         source,
-                    }
-                })?)
+                    })?,
+                )
             } else {
                 EnvValue::Plain(value)
             };
@@ -447,7 +453,10 @@ fn check_scalar_param(schema: &Value, name: &str) -> Result<(), String> {
         _ => prop
             .get("enum")
             .and_then(Value::as_array)
-            .is_some_and(|vs| vs.iter().all(|v| !v.is_object() && !v.is_array() && !v.is_null())),
+            .is_some_and(|vs| {
+                vs.iter()
+                    .all(|v| !v.is_object() && !v.is_array() && !v.is_null())
+            }),
     };
     if ok {
         Ok(())

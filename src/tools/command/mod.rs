@@ -143,7 +143,10 @@ impl CommandTool {
                 "PATH",
                 std::env::var_os("PATH").unwrap_or_else(|| config::DEFAULT_PATH.into()),
             )
-            .env("LANG", std::env::var_os("LANG").unwrap_or_else(|| "C.UTF-8".into()))
+            .env(
+                "LANG",
+                std::env::var_os("LANG").unwrap_or_else(|| "C.UTF-8".into()),
+            )
             .env("HOME", &scratch.path)
             .env("VAULTD_NOTE_ID", note_id(&call))
             .env("VAULTD_CALL_ID", call.call_id)
@@ -210,11 +213,21 @@ impl CommandTool {
         };
         drop(scratch);
         let status = status.map_err(|e| {
-            CallError::new(ErrorCode::ExecutionError, format!("waiting for {}: {e}", c.argv0))
+            CallError::new(
+                ErrorCode::ExecutionError,
+                format!("waiting for {}: {e}", c.argv0),
+            )
         })?;
         let (stdout, stdout_truncated) = out.map_err(read_error)?;
         let (stderr, stderr_truncated) = err.map_err(read_error)?;
-        finish(c, status, stdout, stdout_truncated, stderr, stderr_truncated)
+        finish(
+            c,
+            status,
+            stdout,
+            stdout_truncated,
+            stderr,
+            stderr_truncated,
+        )
     }
 }
 
@@ -262,13 +275,18 @@ fn finish(
         } else {
             format!("{} {how}: {tail}", c.argv0)
         };
-        return Err(CallError::new(ErrorCode::ExecutionError, message).with_details(Value::Object(data)));
+        return Err(
+            CallError::new(ErrorCode::ExecutionError, message).with_details(Value::Object(data))
+        );
     }
     let stdout_value = match c.output {
         Output::Text => Value::String(stdout_text),
         Output::Json => {
             let parsed = if stdout_truncated {
-                Err(format!("stdout is over max_output_bytes ({})", c.max_output_bytes))
+                Err(format!(
+                    "stdout is over max_output_bytes ({})",
+                    c.max_output_bytes
+                ))
             } else {
                 serde_json::from_slice::<Value>(&stdout).map_err(|e| e.to_string())
             };
@@ -344,7 +362,11 @@ async fn read_capped(
 
 /// argv[1..] with each `{param}` replaced by the validated value, inside its one argument.
 /// An argument naming an absent optional parameter (without a schema `default`) is left out.
-fn render_args(args: &[Vec<Piece>], parameters: &Map<String, Value>, schema: &Value) -> Vec<String> {
+fn render_args(
+    args: &[Vec<Piece>],
+    parameters: &Map<String, Value>,
+    schema: &Value,
+) -> Vec<String> {
     let mut out = Vec::with_capacity(args.len());
     'args: for pieces in args {
         let mut arg = String::new();
@@ -416,7 +438,13 @@ impl ScratchDir {
         std::fs::create_dir_all(root)?;
         let safe: String = call_id
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .take(64)
             .collect();
         let path = root.join(format!("{safe}-{}", std::process::id()));

@@ -147,7 +147,11 @@ fn base_ruleset(network: bool, level: CompatLevel) -> Result<landlock::Ruleset, 
 }
 
 /// The Landlock ruleset of one call, ready for `restrict_self` in the child.
-pub fn ruleset(tool: &CommandToolConfig, vault: &Path, scratch: &Path) -> Result<RulesetCreated, RulesetError> {
+pub fn ruleset(
+    tool: &CommandToolConfig,
+    vault: &Path,
+    scratch: &Path,
+) -> Result<RulesetCreated, RulesetError> {
     let read = AccessFs::from_read(FS_ABI);
     let all = AccessFs::from_all(FS_ABI);
     let mut readable: Vec<PathBuf> = SYSTEM_DIRS.iter().map(PathBuf::from).collect();
@@ -259,7 +263,10 @@ pub fn enter(
     rustix::thread::set_no_new_privs(true)?;
     match ruleset.take() {
         Some(r) => match r.restrict_self() {
-            Ok(status) if status.ruleset == RulesetStatus::NotEnforced && mode == SandboxMode::Required => {
+            Ok(status)
+                if status.ruleset == RulesetStatus::NotEnforced
+                    && mode == SandboxMode::Required =>
+            {
                 Err(rustix::io::Errno::PERM.into())
             }
             Ok(_) => Ok(()),
