@@ -350,8 +350,13 @@ rate_limit = { per_hour = 1 }
     );
     once_ok(&vault);
     let r = results_in(&vault.read("Failed", "twice.md"));
-    assert_eq!(r[0]["ok"], true, "{}", r[0]);
-    assert_eq!(r[1]["error"]["code"], "RATE_LIMITED", "{}", r[1]);
+    // Calls of one note run in parallel: either may take the one slot.
+    let ok = r.iter().filter(|x| x["ok"] == true).count();
+    let limited = r
+        .iter()
+        .filter(|x| x["error"]["code"] == "RATE_LIMITED")
+        .count();
+    assert_eq!((ok, limited), (1, 1), "{r:?}");
 }
 
 #[test]
