@@ -25,6 +25,9 @@
 //! - `mcp`: as `latency`, alternating one call to the in-tree MCP test server's `echo` tool
 //!   (stdio, `read_only`) with one `search_web` call to the loopback SearXNG fake, in one daemon:
 //!   drop-to-Done p50/p99 of each, and what MCP adds at p50.
+//! - `command`: like `latency`, with notes alternating between one call of a command tool
+//!   running `true` (spawn + sandbox + journal) and one search call (0 ms server), in one
+//!   daemon; and `true` spawned directly by the bench, unsandboxed: the program's own time.
 //!
 //! Everything is bounded: every wait has a deadline, every daemon is killed on the way out.
 
@@ -132,13 +135,14 @@ fn main() {
         .expect("tokio runtime");
 
     type Scenario = fn(&Path, &tokio::runtime::Runtime, Sizes) -> Vec<Metric>;
-    let scenarios: [(&str, Scenario); 6] = [
+    let scenarios: [(&str, Scenario); 7] = [
         ("latency", latency),
         ("throughput", throughput),
         ("cap", cap_efficiency),
         ("idle", idle),
         ("queued", queued),
         ("mcp", mcp_latency),
+        ("command", command_tool),
     ];
     // name -> (samples, unit, target), in first-seen order.
     let mut order: Vec<String> = Vec::new();
@@ -556,6 +560,99 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
             .target("<= 20", |v| v <= 20.0),
         metric("latency max", ms[ms.len() - 1], "ms"),
         metric("latency probe overhead p50", percentile(&probe, 0.5), "ms"),
+    ]
+}
+
+/// A note with one call of the `noop` command tool (`true`).
+fn command_note_text(i: usize) -> String {
+    format!(
+        "# Command {i}\n\n```json\n{{\"tool_call\": {{\"name\": \"noop\", \"parameters\": {{}}}}}}\n```\n"
+    )
+}
+
+fn command_tool(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
+    use std::io::Write;
+    let server = rt.block_on(searx::SearxServer::start(Duration::ZERO));
+    let bench = Bench::new(&server.base_url());
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&bench.config)
+        .and_then(|mut f| {
+            f.write_all(
+                b"[tools.command.noop]\ndescription = \"Do nothing\"\nargv = [\"true\"]\neffect = \"read_only\"\n",
+            )
+        })
+        .expect("add the command tool");
+    let done = bench.folder("Done");
+    let inbox = bench.folder("Needs_Action");
+    let watch = FolderWatch::new(&done);
+    let daemon = Daemon::start(&bench, bin);
+    let n = sizes.latency_notes;
+    let (mut command_ms, mut search_ms) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    // Five warm-up rounds, then alternate so both kinds see the same machine load.
+    for i in 0..n + 5 {
+        for kind in ["cmd", "srch"] {
+            let name = note_name(kind, i);
+            let staged = bench.staging.join(&name);
+            let text = if kind == "cmd" {
+                command_note_text(i)
+            } else {
+                note_text(kind, i)
+            };
+            std::fs::write(&staged, text).expect("stage note");
+            let target = done.join(&name);
+            let t0 = Instant::now();
+            std::fs::rename(&staged, inbox.join(&name)).expect("drop");
+            let at = watch
+                .wait_for(&target)
+                .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
+            if i >= 5 {
+                let ms = at.duration_since(t0).as_secs_f64() * 1e3;
+                if kind == "cmd" {
+                    command_ms.push(ms);
+                } else {
+                    search_ms.push(ms);
+                }
+            }
+        }
+    }
+    daemon.stop();
+    let mut alone = Vec::with_capacity(n);
+    for _ in 0..n.max(20) {
+        let t0 = Instant::now();
+        let status = Command::new("true").status().expect("run true");
+        assert!(status.success());
+        alone.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    for v in [&mut command_ms, &mut search_ms, &mut alone] {
+        v.sort_by(f64::total_cmp);
+    }
+    let (c50, s50, a50) = (
+        percentile(&command_ms, 0.5),
+        percentile(&search_ms, 0.5),
+        percentile(&alone, 0.5),
+    );
+    vec![
+        metric("command note latency p50 (`true`)", c50, "ms"),
+        metric(
+            "command note latency p99 (`true`)",
+            percentile(&command_ms, 0.99),
+            "ms",
+        ),
+        metric("search note latency p50 (0 ms, same daemon)", s50, "ms"),
+        metric("`true` spawned directly p50 (own run time)", a50, "ms"),
+        metric(
+            "command call overhead p50 (vs search note)",
+            c50 - s50,
+            "ms",
+        ),
+        metric("whole command note over `true` alone p50", c50 - a50, "ms")
+            .target("<= 3", |v| v <= 3.0),
+        metric(
+            "whole command note over `true` alone p99",
+            percentile(&command_ms, 0.99) - a50,
+            "ms",
+        ),
     ]
 }
 

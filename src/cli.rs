@@ -812,6 +812,12 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
                     "  parameters: {}\n",
                     serde_json::to_string_pretty(&t["parameters"])?.replace('\n', "\n  ")
                 )?;
+                if let Some(status) = t["details"]["sandbox_status"].as_str() {
+                    writeln!(out, "  sandbox: {status} (sandbox = {})\n", t["details"]["sandbox"])?;
+                }
+                if let Some(why) = t["details"]["unusable"].as_str() {
+                    writeln!(out, "  UNUSABLE: {why}\n")?;
+                }
             }
             return Ok(0);
         }

@@ -27,6 +27,13 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
+    #[error("bad config {path}, line {line}: key `{key}`: {message}")]
+    InvalidAt {
+        path: PathBuf,
+        line: usize,
+        key: String,
+        message: String,
+    },
     #[error("bad config {path}: key `{key}`: {reason}")]
     Secret {
         path: PathBuf,
@@ -108,6 +115,9 @@ pub struct RawTools {
     pub search_web: RawSearchWeb,
     #[serde(default)]
     pub send_notification: RawSendNotification,
+    /// `[tools.command.NAME]`, read and checked by the command tool source.
+    #[serde(default)]
+    pub command: BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
 }
 
 #[derive(Debug, Default, Deserialize, Clone, Copy)]
@@ -258,6 +268,7 @@ pub struct RateLimit {
 pub struct ToolsConfig {
     pub search_web: SearchWebConfig,
     pub send_notification: SendNotificationConfig,
+    pub command: crate::tools::command::config::CommandTools,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -986,6 +997,13 @@ pub fn from_raw(
     }
     let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &path, config_path)?;
 
+    let command = crate::tools::command::config::validate(
+        raw.tools.command,
+        &path,
+        &base,
+        &vault,
+        &state_dir,
+    )?;
     Ok(Config {
         source,
         vault,
@@ -1005,6 +1023,7 @@ pub fn from_raw(
         tools: ToolsConfig {
             search_web,
             send_notification,
+            command,
         },
         max_result_bytes,
         tool_results,

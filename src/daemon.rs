@@ -252,6 +252,7 @@ pub fn redactor_for(config: &Config) -> Redactor {
     for server in &config.mcp {
         secrets.extend(server.secrets());
     }
+    secrets.extend(t.command.secrets());
     Redactor::new(secrets, &usernames)
 }
 

@@ -6,6 +6,7 @@ mod util;
 mod approval;
 mod cli;
 mod cmark;
+mod command;
 mod guard;
 mod hostile;
 mod identity;

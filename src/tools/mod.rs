@@ -8,6 +8,7 @@
 //! a tool to a source is one module plus one line in that source's `register`.
 
 pub mod builtin;
+pub mod command;
 pub mod mcp;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
@@ -137,6 +138,11 @@ pub trait Tool: Send + Sync {
     /// Policy checks on validated parameters (approval, allowlists, configured names).
     fn admit(&self, _parameters: &Map<String, Value>) -> Admission {
         Admission::Run
+    }
+
+    /// What `vaultd tools` shows beyond name, effect and schema (a command tool's sandbox).
+    fn details(&self) -> Option<Value> {
+        None
     }
 
     /// Runs the call. The runner enforces the deadline too; tools use it to bound retries.
@@ -322,6 +328,7 @@ impl Registry {
     ) -> Result<Registry, RegistryError> {
         let mut registry = Registry::empty();
         builtin::register(config, http, &mut registry)?;
+        command::register(&config.command, &mut registry)?;
         Ok(registry)
     }
 
@@ -397,14 +404,18 @@ impl Registry {
                 .iter()
                 .map(|t| {
                     let s = t.spec();
-                    json!({
+                    let mut d = json!({
                         "name": s.name,
                         "description": s.description,
                         "source": s.source.to_string(),
                         "effect": s.effect.as_str(),
                         "approval": t.policy.approval.map_or("by tool rules", ApprovalRule::as_str),
                         "parameters": s.schema,
-                    })
+                    });
+                    if let Some(details) = t.tool.details() {
+                        d["details"] = details;
+                    }
+                    d
                 })
                 .collect(),
         )

@@ -1,0 +1,335 @@
+//! The sandbox a command tool's program runs in (DESIGN §10.5): its own session and process
+//! group, no capabilities, `no_new_privs`, rlimits, and a Landlock ruleset (read-only vault
+//! and system dirs, read-write scratch dir and `writable`, no TCP unless `network = true`).
+//! Rulesets are built in the parent; the child only makes async-signal-safe system calls.
+
+use super::config::{CommandToolConfig, SandboxMode};
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, RulesetAttr,
+    RulesetCreated, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope, path_beneath_rules,
+};
+use rustix::process::{Resource, Rlimit};
+use std::path::{Path, PathBuf};
+
+/// The Landlock rights vaultd asks for (and has tested): file system rights of ABI 5, TCP
+/// of ABI 4, signal and abstract-socket scoping of ABI 6. Older kernels enforce a subset.
+const FS_ABI: ABI = ABI::V5;
+const NET_ABI: ABI = ABI::V4;
+const SCOPE_ABI: ABI = ABI::V6;
+
+/// The lowest kernel ABI that enforces what DESIGN §10.5 asks for: file rights including
+/// truncate (ABI 3) and, without `network`, TCP (ABI 4). `sandbox = "required"` refuses less.
+fn required_abi(network: bool) -> i32 {
+    if network { 3 } else { 4 }
+}
+
+/// System folders every program may read and execute: its libraries, locale, certificates.
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/dev",
+    "/proc", "/sys",
+];
+/// Device files a program may also write (`> /dev/null`).
+const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
+
+/// What this kernel's Landlock does, found once at start with a throwaway thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Support {
+    /// The kernel's Landlock ABI (0: none, or disabled at boot).
+    pub abi: i32,
+    /// Whether every right vaultd asks for was enforced in the probe.
+    pub fully_enforced: bool,
+    /// Why Landlock is missing, when it is.
+    pub problem: Option<String>,
+}
+
+impl Support {
+    /// Restricts a throwaway thread with the full ruleset (allowing everything under `/`)
+    /// and reads what the kernel did. Landlock restricts only the calling thread, which ends.
+    pub fn probe() -> Support {
+        let probe = std::thread::spawn(|| -> Result<landlock::RestrictionStatus, RulesetError> {
+            base_ruleset(false, CompatLevel::BestEffort)?
+                .create()?
+                .add_rules(path_beneath_rules(["/"], AccessFs::from_all(FS_ABI)))?
+                .restrict_self()
+        })
+        .join();
+        match probe {
+            Ok(Ok(status)) => {
+                let (abi, problem) = match status.landlock {
+                    LandlockStatus::Available {
+                        effective_abi,
+                        kernel_abi,
+                    } => (kernel_abi.unwrap_or_else(|| abi_number(effective_abi)), None),
+                    LandlockStatus::NotEnabled => {
+                        (0, Some("Landlock is built in but not enabled at boot (add `landlock` to the lsm= kernel parameter)".to_string()))
+                    }
+                    LandlockStatus::NotImplemented => {
+                        (0, Some("this kernel has no Landlock (Linux 5.13 or newer, built with CONFIG_SECURITY_LANDLOCK)".to_string()))
+                    }
+                };
+                Support {
+                    abi,
+                    fully_enforced: status.ruleset == RulesetStatus::FullyEnforced,
+                    problem,
+                }
+            }
+            Ok(Err(e)) => Support {
+                abi: 0,
+                fully_enforced: false,
+                problem: Some(format!("Landlock could not be set up: {e}")),
+            },
+            Err(_) => Support {
+                abi: 0,
+                fully_enforced: false,
+                problem: Some("the Landlock probe thread panicked".to_string()),
+            },
+        }
+    }
+
+    /// Whether a tool with this `sandbox` and `network` may run here; the error says why not.
+    pub fn allows(&self, mode: SandboxMode, network: bool) -> Result<(), String> {
+        if mode == SandboxMode::BestEffort || self.abi >= required_abi(network) {
+            return Ok(());
+        }
+        Err(match &self.problem {
+            Some(p) => format!(
+                "sandbox = \"required\" but {p}; the tool is not run unsandboxed (set sandbox = \"best_effort\" to run it without Landlock)"
+            ),
+            None => format!(
+                "sandbox = \"required\" needs Landlock ABI {} or newer{}; this kernel has ABI {} (set sandbox = \"best_effort\" to run it with what the kernel enforces)",
+                required_abi(network),
+                if network { "" } else { " (TCP rules)" },
+                self.abi
+            ),
+        })
+    }
+
+    /// One line for the log and `vaultd tools`.
+    pub fn describe(&self) -> String {
+        match (&self.problem, self.fully_enforced) {
+            (Some(p), _) => format!("no Landlock: {p}"),
+            (None, true) => format!("Landlock ABI {}, fully enforced", self.abi),
+            (None, false) => format!(
+                "Landlock ABI {}, partially enforced (vaultd asks for ABI {}'s rights)",
+                self.abi,
+                abi_number(SCOPE_ABI)
+            ),
+        }
+    }
+}
+
+fn abi_number(abi: ABI) -> i32 {
+    match abi {
+        ABI::Unsupported => 0,
+        ABI::V1 => 1,
+        ABI::V2 => 2,
+        ABI::V3 => 3,
+        ABI::V4 => 4,
+        ABI::V5 => 5,
+        ABI::V6 => 6,
+        ABI::V7 => 7,
+        ABI::V8 => 8,
+        ABI::V9 => 9,
+        _ => 10,
+    }
+}
+
+fn base_ruleset(network: bool, level: CompatLevel) -> Result<landlock::Ruleset, RulesetError> {
+    let mut ruleset = landlock::Ruleset::default()
+        .set_compatibility(level)
+        .handle_access(AccessFs::from_all(FS_ABI))?
+        .scope(Scope::from_all(SCOPE_ABI))?;
+    if !network {
+        // Handled with no rule: every TCP bind and connect is denied.
+        ruleset = ruleset.handle_access(AccessNet::from_all(NET_ABI))?;
+    }
+    Ok(ruleset)
+}
+
+/// The Landlock ruleset of one call, ready for `restrict_self` in the child.
+pub fn ruleset(
+    tool: &CommandToolConfig,
+    vault: &Path,
+    scratch: &Path,
+) -> Result<RulesetCreated, RulesetError> {
+    let read = AccessFs::from_read(FS_ABI);
+    let all = AccessFs::from_all(FS_ABI);
+    let mut readable: Vec<PathBuf> = SYSTEM_DIRS.iter().map(PathBuf::from).collect();
+    readable.push(vault.to_path_buf());
+    // A program outside the system dirs (a script in ~/bin) may still be executed and read.
+    readable.push(tool.program.clone());
+    let writable = tool
+        .writable
+        .iter()
+        .cloned()
+        .chain([scratch.to_path_buf()])
+        .chain(WRITABLE_DEVICES.iter().map(PathBuf::from));
+    base_ruleset(tool.network, CompatLevel::BestEffort)?
+        .create()?
+        .add_rules(path_beneath_rules(readable, read))?
+        .add_rules(path_beneath_rules(writable, all))
+}
+
+/// The rlimits of one call, computed in the parent.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub cpu_seconds: u64,
+    pub address_space: u64,
+    pub file_size: u64,
+    /// `None` when vaultd runs as root: the kernel never applies RLIMIT_NPROC to uid 0.
+    pub processes: Option<u64>,
+}
+
+/// The largest file a program may write (RLIMIT_FSIZE): past it, SIGXFSZ.
+pub const MAX_FILE_SIZE: u64 = 1024 * 1024 * 1024;
+
+impl Limits {
+    pub fn for_tool(tool: &CommandToolConfig) -> Limits {
+        Limits {
+            // CPU seconds can only run past the wall-clock timeout with many processes;
+            // the limit is a second backstop for a runaway loop.
+            cpu_seconds: tool.timeout.as_secs() + 1,
+            address_space: tool.max_memory,
+            file_size: MAX_FILE_SIZE,
+            processes: process_limit(tool.max_processes),
+        }
+    }
+}
+
+/// RLIMIT_NPROC counts every task of the real user, vaultd's own threads included, so the
+/// limit is the user's current count plus `max_processes`.
+fn process_limit(extra: u64) -> Option<u64> {
+    let uid = rustix::process::getuid();
+    if uid.is_root() {
+        return None;
+    }
+    Some(tasks_of_user(uid.as_raw()) + extra)
+}
+
+/// The number of tasks (threads) whose owner is `uid`, from /proc.
+fn tasks_of_user(uid: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut n = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if !name.as_encoded_bytes().iter().all(u8::is_ascii_digit) {
+            continue;
+        }
+        if entry.metadata().map(|m| m.uid()).ok() != Some(uid) {
+            continue;
+        }
+        let threads = std::fs::read_to_string(entry.path().join("status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Threads:"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .unwrap_or(1);
+        n += threads;
+    }
+    n
+}
+
+/// Runs in the child between fork and exec: only system calls, no allocation on success.
+/// `ruleset` is taken (restrict_self consumes it); a `required` sandbox that the kernel did
+/// not enforce fails the spawn with EPERM instead of running unsandboxed.
+pub fn enter(
+    ruleset: &mut Option<RulesetCreated>,
+    limits: Limits,
+    mode: SandboxMode,
+) -> std::io::Result<()> {
+    rustix::process::setsid()?;
+    let limit = |r: Resource, v: u64| {
+        rustix::process::setrlimit(
+            r,
+            Rlimit {
+                current: Some(v),
+                maximum: Some(v),
+            },
+        )
+    };
+    limit(Resource::Cpu, limits.cpu_seconds)?;
+    limit(Resource::As, limits.address_space)?;
+    limit(Resource::Fsize, limits.file_size)?;
+    limit(Resource::Core, 0)?;
+    if let Some(n) = limits.processes {
+        limit(Resource::Nproc, n)?;
+    }
+    drop_capabilities()?;
+    rustix::thread::set_no_new_privs(true)?;
+    match ruleset.take() {
+        Some(r) => match r.restrict_self() {
+            Ok(status)
+                if status.ruleset == RulesetStatus::NotEnforced
+                    && mode == SandboxMode::Required =>
+            {
+                Err(rustix::io::Errno::PERM.into())
+            }
+            Ok(_) => Ok(()),
+            Err(_) if mode == SandboxMode::BestEffort => Ok(()),
+            Err(_) => Err(rustix::io::Errno::PERM.into()),
+        },
+        None if mode == SandboxMode::BestEffort => Ok(()),
+        None => Err(rustix::io::Errno::PERM.into()),
+    }
+}
+
+/// A program started by root keeps no capability, now or after exec: the bounding set is
+/// emptied first (while CAP_SETPCAP is still held), then the thread's own sets.
+fn drop_capabilities() -> std::io::Result<()> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    let current = rustix::thread::capabilities(None)?;
+    if current.permitted.is_empty() && current.effective.is_empty() {
+        return Ok(());
+    }
+    for cap in CapabilitySet::all().iter() {
+        // EINVAL for capabilities this kernel does not know; nothing to drop then.
+        let _ = rustix::thread::remove_capability_from_bounding_set(cap);
+    }
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: CapabilitySet::empty(),
+            permitted: CapabilitySet::empty(),
+            inheritable: CapabilitySet::empty(),
+        },
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn required_refuses_a_kernel_without_landlock_and_best_effort_runs() {
+        let none = Support {
+            abi: 0,
+            fully_enforced: false,
+            problem: Some("this kernel has no Landlock".into()),
+        };
+        let err = none.allows(SandboxMode::Required, false).unwrap_err();
+        assert!(err.contains("not run unsandboxed"), "{err}");
+        assert!(none.allows(SandboxMode::BestEffort, false).is_ok());
+        let old = Support {
+            abi: 3,
+            fully_enforced: false,
+            problem: None,
+        };
+        assert!(old.allows(SandboxMode::Required, true).is_ok());
+        let err = old.allows(SandboxMode::Required, false).unwrap_err();
+        assert!(err.contains("ABI 4"), "{err}");
+    }
+
+    #[test]
+    fn the_probe_reports_this_kernel() {
+        let s = Support::probe();
+        // Whatever the kernel, the probe answers and says so in one line.
+        assert!(!s.describe().is_empty());
+        assert_eq!(s.problem.is_none(), s.abi > 0, "{s:?}");
+    }
+}

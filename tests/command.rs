@@ -1,0 +1,547 @@
+//! Command tools end to end (DESIGN §10.5): real programs under the real `vaultd` binary, in
+//! the real Landlock sandbox of this kernel. Each escape attempt ends as the contract says,
+//! parameters reach the program as one argument each, and journal, approval, rate limits
+//! and recovery behave as for built-in tools.
+
+use crate::util::*;
+use serde_json::{Value, json};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+
+/// No search server is used here; the config still names one.
+const NO_SEARCH: &str = "http://127.0.0.1:9";
+
+/// A vault with the command tools of `tools` (TOML) and an `out/` folder tools may write.
+fn command_vault(tools: &str) -> TestVault {
+    let vault = TestVault::new(NO_SEARCH, tools);
+    std::fs::create_dir_all(vault.root.join("out")).unwrap();
+    std::fs::create_dir_all(vault.root.join("notes")).unwrap();
+    vault
+}
+
+fn call(name: &str, parameters: Value) -> Value {
+    json!({ "name": name, "parameters": parameters })
+}
+
+fn once_ok(vault: &TestVault) {
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+}
+
+/// A tool that runs one `sh` script given by the note; read_only so it runs at once.
+const SH_TOOL: &str = r#"
+[tools.command.sh]
+description = "Run a shell script (test only)"
+argv = ["sh", "-c", "{script}"]
+parameters = { type = "object", properties = { script = { type = "string" } }, required = ["script"] }
+effect = "read_only"
+writable = ["out"]
+max_output_bytes = 4096
+"#;
+
+#[test]
+fn the_sandbox_denies_writes_and_reads_outside_and_caps_output() {
+    let vault = command_vault(SH_TOOL);
+    let outside = vault.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "the-outside-secret").unwrap();
+    std::fs::write(vault.root.join("notes/a.md"), "three small words").unwrap();
+    let o = outside.display();
+    let scripts = [
+        // 0: the vault is read-only (outside `writable`)...
+        "echo x > notes/new.txt".to_string(),
+        // 1: ...and so is everything outside it.
+        format!("echo x > {o}/evil.txt"),
+        // 2: a file outside the vault and system dirs cannot be read.
+        format!("cat {o}/secret.txt"),
+        // 3: `writable` folders and the scratch HOME can be written; the vault read.
+        "echo ok > out/ok.txt && echo home > \"$HOME/h\" && cat \"$HOME/h\" && wc -w < notes/a.md"
+            .to_string(),
+        // 4: 50 MB on stdout: the first max_output_bytes kept, the rest drained.
+        "yes | head -c 52428800; echo done >&2".to_string(),
+        // 5: the environment is only the DESIGN list.
+        "env | cut -d= -f1 | sort | tr '\\n' ' '".to_string(),
+    ];
+    let calls: Vec<Value> = scripts
+        .iter()
+        .map(|s| call("sh", json!({ "script": s })))
+        .collect();
+    vault.drop_note("escape.md", &note_with_calls("Escape", &calls));
+    once_ok(&vault);
+    let text = vault.read("Failed", "escape.md");
+    let r = results_in(&text);
+    assert_eq!(r.len(), 6, "{text}");
+
+    assert_eq!(r[0]["error"]["code"], "EXECUTION_ERROR", "{}", r[0]);
+    assert!(
+        r[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Permission denied"),
+        "{}",
+        r[0]
+    );
+    assert!(!vault.root.join("notes/new.txt").exists());
+
+    assert_eq!(r[1]["error"]["code"], "EXECUTION_ERROR", "{}", r[1]);
+    assert!(!outside.join("evil.txt").exists());
+
+    assert_eq!(r[2]["error"]["code"], "EXECUTION_ERROR", "{}", r[2]);
+    assert_eq!(r[2]["error"]["details"]["exit_code"], 1);
+    assert!(
+        r[2]["error"]["details"]["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Permission denied"),
+        "{}",
+        r[2]
+    );
+    assert!(!text.contains("the-outside-secret"));
+
+    assert_eq!(r[3]["ok"], true, "{}", r[3]);
+    assert_eq!(r[3]["data"]["stdout"], "home\n3\n");
+    assert_eq!(r[3]["data"]["exit_code"], 0);
+    assert_eq!(
+        std::fs::read_to_string(vault.root.join("out/ok.txt")).unwrap(),
+        "ok\n"
+    );
+
+    assert_eq!(r[4]["ok"], true, "{}", r[4]);
+    assert_eq!(r[4]["data"]["stdout"].as_str().unwrap().len(), 4096);
+    assert_eq!(r[4]["data"]["stdout_truncated"], true);
+    assert_eq!(
+        r[4]["data"]["stderr"], "done\n",
+        "the program ran to its end"
+    );
+
+    assert_eq!(
+        r[5]["data"]["stdout"], "HOME LANG PATH PWD VAULTD_CALL_ID VAULTD_NOTE_ID ",
+        "PWD is the shell's own"
+    );
+    // Each call's scratch dir is gone afterwards.
+    let scratch = vault.state.join("scratch");
+    let left: Vec<_> = std::fs::read_dir(&scratch)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn tcp_is_denied_without_network_and_allowed_with_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tool = |name: &str, network: bool| {
+        format!(
+            "[tools.command.{name}]\ndescription = \"connect\"\nargv = [\"bash\", \"-c\", 'exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected']\neffect = \"read_only\"\nnetwork = {network}\n"
+        )
+    };
+    let vault = command_vault(&format!(
+        "{}{}",
+        tool("offline", false),
+        tool("online", true)
+    ));
+    vault.drop_note(
+        "net.md",
+        &note_with_calls("Net", &[call("offline", json!({}))]),
+    );
+    once_ok(&vault);
+    let r = &results_in(&vault.read("Failed", "net.md"))[0];
+    assert_eq!(r["error"]["code"], "EXECUTION_ERROR", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Permission denied"),
+        "{r}"
+    );
+    assert!(listener.accept().is_err(), "no connection arrived");
+
+    vault.drop_note(
+        "net2.md",
+        &note_with_calls("Net", &[call("online", json!({}))]),
+    );
+    once_ok(&vault);
+    let r = &results_in(&vault.read("Done", "net2.md"))[0];
+    assert_eq!(r["data"]["stdout"], "connected\n", "{r}");
+    assert!(listener.accept().is_ok(), "the connection arrived");
+}
+
+#[test]
+fn hostile_parameter_values_reach_the_program_as_one_unexpanded_argument() {
+    let vault = command_vault(
+        r#"
+[tools.command.echo_args]
+description = "Print the argument count and each argument"
+argv = ["sh", "-c", 'printf "%s|" "$#" "$@"', "sh", "{text}", "--fixed={n}"]
+parameters = { type = "object", properties = { text = { type = "string" }, n = { type = "integer" } }, required = ["text"] }
+effect = "read_only"
+"#,
+    );
+    let values = [
+        "two words",
+        "it's \"quoted\"",
+        "$(touch pwned) `id`",
+        "; rm -rf / ; echo",
+        "line one\nline two",
+        "-n",
+        "--help",
+        "*",
+    ];
+    let calls: Vec<Value> = values
+        .iter()
+        .map(|v| call("echo_args", json!({ "text": v, "n": 7 })))
+        .collect();
+    vault.drop_note("args.md", &note_with_calls("Args", &calls));
+    once_ok(&vault);
+    let r = results_in(&vault.read("Done", "args.md"));
+    assert_eq!(r.len(), values.len());
+    for (v, r) in values.iter().zip(&r) {
+        assert_eq!(r["data"]["stdout"], format!("2|{v}|--fixed=7|"), "{r}");
+    }
+    assert!(!vault.root.join("pwned").exists());
+}
+
+#[test]
+fn a_timeout_kills_the_whole_process_group_and_leaves_no_orphan() {
+    let vault = command_vault(
+        r#"
+[tools.command.slow]
+description = "Start a grandchild and wait"
+argv = ["sh", "-c", 'sleep 300 & echo $! > out/grandchild.pid; wait']
+effect = "read_only"
+timeout = "2s"
+writable = ["out"]
+
+[tools.command.quick]
+description = "Answer"
+argv = ["echo", "still here"]
+effect = "read_only"
+"#,
+    );
+    vault.drop_note(
+        "slow.md",
+        &note_with_calls("Slow", &[call("slow", json!({}))]),
+    );
+    once_ok(&vault);
+    let r = &results_in(&vault.read("Failed", "slow.md"))[0];
+    assert_eq!(r["error"]["code"], "TIMEOUT", "{r}");
+    assert_eq!(r["error"]["retryable"], true);
+    let pid: i32 = std::fs::read_to_string(vault.root.join("out/grandchild.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_until("the grandchild is gone", DEADLINE, || !alive(pid));
+
+    // The daemon is healthy: the next call runs.
+    vault.drop_note(
+        "quick.md",
+        &note_with_calls("Quick", &[call("quick", json!({}))]),
+    );
+    once_ok(&vault);
+    let r = &results_in(&vault.read("Done", "quick.md"))[0];
+    assert_eq!(r["data"]["stdout"], "still here\n");
+}
+
+/// Whether `pid` is a live process (a zombie is dead).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        }
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_fork_bomb_hits_the_process_limit() {
+    let vault = command_vault(
+        r#"
+[tools.command.forker]
+description = "Fork 100 sleeping children"
+argv = ["perl", "-e", 'my $n = 0; for (1..100) { my $p = fork(); if (!defined $p) { print "forked $n then failed\n"; exit 3 } if ($p == 0) { sleep 60; exit 0 } $n++ } print "forked $n\n"']
+effect = "read_only"
+max_processes = 20
+timeout = "20s"
+"#,
+    );
+    vault.drop_note(
+        "fork.md",
+        &note_with_calls("Fork", &[call("forker", json!({}))]),
+    );
+    // The kernel never applies RLIMIT_NPROC to root, so a root test runs vaultd as nobody.
+    let mut cmd = vault.cmd();
+    if unsafe { libc::getuid() } == 0 {
+        chown_all(vault.dir.path(), 65534);
+        use std::os::unix::process::CommandExt;
+        cmd.uid(65534).gid(65534);
+    }
+    let out = cmd.arg("once").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = &results_in(&vault.read("Failed", "fork.md"))[0];
+    assert_eq!(r["error"]["code"], "EXECUTION_ERROR", "{r}");
+    assert_eq!(r["error"]["details"]["exit_code"], 3, "{r}");
+    let stdout = r["error"]["details"]["stdout"].as_str().unwrap();
+    let forked: u32 = stdout
+        .strip_prefix("forked ")
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    eprintln!("fork bomb: {stdout}");
+    assert!(forked <= 20, "{stdout}");
+}
+
+fn chown_all(path: &Path, id: u32) {
+    std::os::unix::fs::lchown(path, Some(id), Some(id)).unwrap();
+    if path.is_dir() && !path.is_symlink() {
+        for e in std::fs::read_dir(path).unwrap().flatten() {
+            chown_all(&e.path(), id);
+        }
+    }
+}
+
+#[test]
+fn external_side_effects_wait_for_approval_and_rate_limits_count() {
+    let vault = command_vault(
+        r#"
+[tools.command.notify]
+description = "Append a line to out/sent.txt"
+argv = ["sh", "-c", 'echo "$1" >> out/sent.txt', "sh", "{message}"]
+parameters = { type = "object", properties = { message = { type = "string" } }, required = ["message"] }
+writable = ["out"]
+
+[tools.command.limited]
+description = "Do nothing, at most once an hour"
+argv = ["true"]
+effect = "read_only"
+rate_limit = { per_hour = 1 }
+"#,
+    );
+    let sent = vault.root.join("out/sent.txt");
+    vault.drop_note(
+        "ask.md",
+        &note_with_calls("Ask", &[call("notify", json!({ "message": "hello" }))]),
+    );
+    once_ok(&vault);
+    let text = vault.read("Pending_Approval", "ask.md");
+    assert!(
+        text.contains("approval = \\\"always\\\"") || text.contains("needs approval"),
+        "{text}"
+    );
+    assert!(!sent.exists(), "nothing ran before approval");
+    vault.move_note("Pending_Approval", "Approved", "ask.md");
+    once_ok(&vault);
+    let r = &results_in(&vault.read("Done", "ask.md"))[0];
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(std::fs::read_to_string(&sent).unwrap(), "hello\n");
+
+    vault.drop_note(
+        "twice.md",
+        &note_with_calls(
+            "Twice",
+            &[call("limited", json!({})), call("limited", json!({}))],
+        ),
+    );
+    once_ok(&vault);
+    let r = results_in(&vault.read("Failed", "twice.md"));
+    // Calls of one note run in parallel: either may take the one slot.
+    let ok = r.iter().filter(|x| x["ok"] == true).count();
+    let limited = r
+        .iter()
+        .filter(|x| x["error"]["code"] == "RATE_LIMITED")
+        .count();
+    assert_eq!((ok, limited), (1, 1), "{r:?}");
+}
+
+#[test]
+fn a_started_command_killed_with_the_daemon_is_unknown_outcome_never_run_twice() {
+    let vault = command_vault(
+        r#"
+[tools.command.deploy]
+description = "Record a run, then take long"
+argv = ["sh", "-c", 'echo run >> out/runs.txt; echo $$ > out/pgid; sleep 60']
+approval = "never"
+timeout = "90s"
+writable = ["out"]
+"#,
+    );
+    let daemon = vault.start();
+    vault.drop_note(
+        "deploy.md",
+        &note_with_calls("Deploy", &[call("deploy", json!({}))]),
+    );
+    let pgid_file = vault.root.join("out/pgid");
+    wait_until("the command runs", DEADLINE, || {
+        std::fs::read_to_string(&pgid_file).is_ok_and(|s| s.ends_with('\n'))
+    });
+    daemon.kill9();
+    // The program outlived the killed daemon (its own session); end it as a person would.
+    let pgid: i32 = std::fs::read_to_string(&pgid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+
+    once_ok(&vault);
+    let text = vault.read("Failed", "deploy.md");
+    let r = results_in(&text);
+    assert_eq!(r.len(), 1, "{text}");
+    assert_eq!(r[0]["error"]["code"], "UNKNOWN_OUTCOME", "{text}");
+    assert_eq!(
+        std::fs::read_to_string(vault.root.join("out/runs.txt")).unwrap(),
+        "run\n",
+        "never a second run"
+    );
+}
+
+#[test]
+fn env_secrets_reach_the_program_and_are_redacted_from_the_note() {
+    let vault = command_vault(
+        r#"
+[tools.command.leaky]
+description = "Print its token"
+argv = ["sh", "-c", 'echo "token=$TOKEN mode=$MODE"']
+effect = "read_only"
+env = { TOKEN = "env:VAULTD_TEST_COMMAND_TOKEN", MODE = "plain" }
+"#,
+    );
+    vault.drop_note(
+        "leak.md",
+        &note_with_calls("Leak", &[call("leaky", json!({}))]),
+    );
+    let out = vault
+        .cmd()
+        .env("VAULTD_TEST_COMMAND_TOKEN", "s3cr3t-command-token")
+        .arg("once")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = vault.read("Done", "leak.md");
+    assert!(!text.contains("s3cr3t-command-token"), "{text}");
+    let stdout = results_in(&text)[0]["data"]["stdout"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        stdout.starts_with("token=") && stdout.ends_with(" mode=plain\n"),
+        "{stdout}"
+    );
+    assert_ne!(stdout, "token= mode=plain\n", "the program got the secret");
+}
+
+#[test]
+fn tools_lists_command_tools_with_their_sandbox_for_openai_too() {
+    let vault = command_vault(SH_TOOL);
+    let out = vault.cmd().args(["tools", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sh = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "sh")
+        .unwrap();
+    assert_eq!(sh["source"], "command");
+    assert_eq!(sh["details"]["sandbox"], "required");
+    assert!(sh["details"]["landlock_abi"].as_i64().unwrap() >= 4, "{sh}");
+    assert_eq!(sh["details"]["fully_enforced"], true, "{sh}");
+
+    let out = vault
+        .cmd()
+        .args(["tools", "--format", "openai"])
+        .output()
+        .unwrap();
+    let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "sh")
+        .expect("the command tool is offered to OpenAI");
+    assert_eq!(f["function"]["parameters"]["required"], json!(["script"]));
+
+    let out = vault.cmd().arg("tools").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("sandbox: Landlock ABI"), "{text}");
+}
+
+#[test]
+fn config_mistakes_stop_the_daemon_with_file_line_and_key() {
+    let cases: [(&str, &str, &str); 5] = [
+        (
+            "argv = [\"echo\", \"{missing}\"]\nparameters = { properties = { x = { type = \"string\" } } }",
+            "argv",
+            "`{missing}` names no parameter",
+        ),
+        (
+            "argv = [\"echo\", \"{list}\"]\nparameters = { properties = { list = { type = \"array\" } } }",
+            "argv",
+            "must have a scalar type",
+        ),
+        (
+            "argv = [\"no-such-program-vaultd\"]",
+            "argv",
+            "program `no-such-program-vaultd` not found",
+        ),
+        (
+            "argv = [\"echo\"]\nparameters = { properties = { x = { type = \"no-such-type\" } } }",
+            "parameters",
+            "does not compile",
+        ),
+        (
+            "argv = [\"echo\"]\nwritable = [\"../outside\"]",
+            "writable",
+            "without `..`",
+        ),
+    ];
+    for (table, key, says) in cases {
+        let vault = command_vault(&format!(
+            "[tools.command.bad]\ndescription = \"bad\"\n{table}\n"
+        ));
+        let config = std::fs::read_to_string(&vault.config).unwrap();
+        let line = 1 + config
+            .lines()
+            .position(|l| l.starts_with(&format!("{key} =")))
+            .unwrap();
+        let (code, log) = vault.once();
+        assert_ne!(code, 0, "{log}");
+        let path: PathBuf = vault.config.clone();
+        assert!(
+            log.contains(&format!(
+                "bad config {}, line {line}: key `tools.command.bad.{key}`",
+                path.display()
+            )),
+            "{log}"
+        );
+        assert!(log.contains(says), "{log}");
+    }
+}
+
+#[test]
+fn the_example_vaults_command_tool_works_on_a_fresh_machine() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/vault");
+    let vault = TestVault::new(NO_SEARCH, "");
+    // Only the command tool's note: the example's other notes would reach the internet.
+    for rel in ["Reference/Ideas.md", "Needs_Action/Count words.md"] {
+        let to = vault.root.join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(example.join(rel), to).unwrap();
+    }
+    let mut config = std::fs::read_to_string(example.join(".vaultd.toml")).unwrap();
+    config = config.replace(
+        "state_dir = \".vaultd-state\"",
+        &format!("state_dir = {:?}", vault.state.display().to_string()),
+    );
+    let config = format!("vault = {:?}\n{config}", vault.root.display().to_string());
+    std::fs::write(&vault.config, config).unwrap();
+    once_ok(&vault);
+    let r = &results_in(&vault.read("Done", "Count words.md"))[0];
+    assert_eq!(r["data"]["stdout"], "11 Reference/Ideas.md\n", "{r}");
+}
