@@ -264,6 +264,7 @@ fn registry_for(config: &Config) -> Result<Registry> {
     Ok(Registry::from_config(
         &config.tools,
         daemon::http_client()?,
+        None,
     )?)
 }
 

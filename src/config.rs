@@ -75,6 +75,31 @@ pub struct RawTools {
     pub search_web: RawSearchWeb,
     #[serde(default)]
     pub send_notification: RawSendNotification,
+    /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
+    #[serde(default)]
+    pub vault: crate::tools::vault::RawVault,
+    #[serde(default)]
+    pub vault_search: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_read: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_list: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_tasks: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_create: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_append: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_set_properties: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_complete_task: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_move: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_delete: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_undo: crate::tools::vault::RawVaultTool,
 }
 
 #[derive(Debug, Default, Deserialize, Clone, Copy)]
@@ -200,6 +225,7 @@ pub struct RateLimit {
 pub struct ToolsConfig {
     pub search_web: SearchWebConfig,
     pub send_notification: SendNotificationConfig,
+    pub vault: crate::tools::vault::VaultToolsConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -554,8 +580,29 @@ pub fn from_raw(
         }
     }
 
+    let t = raw.tools;
+    let vault_tools = crate::tools::vault::VaultToolsConfig::from_raw(
+        t.vault,
+        vec![
+            ("vault_search", t.vault_search),
+            ("vault_read", t.vault_read),
+            ("vault_list", t.vault_list),
+            ("vault_tasks", t.vault_tasks),
+            ("vault_create", t.vault_create),
+            ("vault_append", t.vault_append),
+            ("vault_set_properties", t.vault_set_properties),
+            ("vault_complete_task", t.vault_complete_task),
+            ("vault_move", t.vault_move),
+            ("vault_delete", t.vault_delete),
+            ("vault_undo", t.vault_undo),
+        ],
+        &vault,
+        &folders,
+        &path,
+    )?;
+
     // search_web
-    let s = raw.tools.search_web;
+    let s = t.search_web;
     let provider = match s.provider.as_deref() {
         None | Some("duckduckgo") => SearchProvider::DuckDuckGo,
         Some("searxng") => SearchProvider::Searxng,
@@ -601,7 +648,7 @@ pub fn from_raw(
     };
 
     // send_notification
-    let n = raw.tools.send_notification;
+    let n = t.send_notification;
     let approval = match n.approval.as_deref() {
         None | Some("unlisted") => Approval::Unlisted,
         Some("never") => Approval::Never,
@@ -767,6 +814,7 @@ pub fn from_raw(
         tools: ToolsConfig {
             search_web,
             send_notification,
+            vault: vault_tools,
         },
     })
 }

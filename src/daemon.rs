@@ -205,7 +205,11 @@ pub async fn run(
     vault.prepare()?;
     let _lock = lock_vault(vault.root())?;
     let journal = Arc::new(Journal::open(&config.state_dir)?);
-    let registry = Arc::new(Registry::from_config(&config.tools, http_client()?)?);
+    let registry = Arc::new(Registry::from_config(
+        &config.tools,
+        http_client()?,
+        Some(journal.clone()),
+    )?);
     let runner = Runner::new(registry, journal.clone(), redactor, config.workers);
     let daemon = Arc::new(Daemon {
         note_slots: Semaphore::new(config.workers * 4),

@@ -8,6 +8,7 @@
 //! a tool to a source is one module plus one line in that source's `register`.
 
 pub mod builtin;
+pub mod vault;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::config::{RateLimit, ToolsConfig};
@@ -271,13 +272,16 @@ impl Registry {
     }
 
     /// Builds every tool of every source from the config. The one HTTP client is shared so
-    /// connections are reused across calls.
+    /// connections are reused across calls. The journal holds the vault tools' undo data;
+    /// without one (listing tools, checking notes) their state changes refuse to run.
     pub fn from_config(
         config: &ToolsConfig,
         http: reqwest::Client,
+        journal: Option<std::sync::Arc<crate::journal::Journal>>,
     ) -> Result<Registry, RegistryError> {
         let mut registry = Registry::empty();
         builtin::register(config, http, &mut registry)?;
+        vault::register(&config.vault, journal, &mut registry)?;
         Ok(registry)
     }
 

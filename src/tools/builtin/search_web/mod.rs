@@ -196,6 +196,7 @@ fn output(hits: Vec<SearchHit>) -> ToolOutput {
     ToolOutput {
         data: json!({ "results": hits }),
         summary,
+        undo: None,
     }
 }
 
