@@ -117,6 +117,23 @@ pub enum Command {
         /// The note: a path, or relative to the vault or to Pending_Approval/.
         note: PathBuf,
     },
+    /// Undo the vault changes of a call (or of every call of a note, newest first): each file
+    /// is put back if it still is as the call left it.
+    Undo {
+        /// The call id (as in its result block); an undo prints its own id, so it can be
+        /// undone too.
+        #[arg(required_unless_present = "note")]
+        call_id: Option<String>,
+        /// Every change made by this note's calls (a path, or relative to the vault).
+        #[arg(long)]
+        note: Option<PathBuf>,
+        /// Print the diff of what would be restored; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Restore even files edited since the call changed them (their edits are lost).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// Parses the command line, runs it, returns the process exit code.
@@ -158,6 +175,12 @@ fn dispatch(cli: Cli) -> Result<i32> {
         } => log(&g, since, tool, note, limit, json),
         Command::Approve { note } => decide(&g, &note, Decision::Approved),
         Command::Reject { note } => decide(&g, &note, Decision::Rejected),
+        Command::Undo {
+            call_id,
+            note,
+            dry_run,
+            force,
+        } => undo(&g, call_id, note, dry_run, force),
     }
 }
 
@@ -719,4 +742,45 @@ fn log(
         }
     }
     Ok(0)
+}
+
+/// `vaultd undo`: the same undo code `vault_undo` runs (tools::vault::undo).
+fn undo(
+    g: &GlobalArgs,
+    call_id: Option<String>,
+    note: Option<PathBuf>,
+    dry_run: bool,
+    force: bool,
+) -> Result<i32> {
+    use crate::tools::vault::undo::{Target, note_key_of_arg, undo_from_cli};
+    let config = load(g)?;
+    let journal = open_journal(&config)?;
+    let note_key = note.map(|n| note_key_of_arg(&config, &n));
+    let target = match (call_id, note_key) {
+        (Some(call_id), note_key) => Target::Call { call_id, note_key },
+        (None, Some(note_key)) => Target::Note { note_key },
+        (None, None) => anyhow::bail!("give a CALL_ID or --note NOTE"),
+    };
+    let mut out = std::io::stdout().lock();
+    match undo_from_cli(&journal, &config.vault, &target, force, dry_run) {
+        Ok(done) => {
+            out.write_all(done.diff.as_bytes())?;
+            match done.call_id {
+                Some(id) => writeln!(
+                    out,
+                    "restored {}\nundo id {id} (vaultd undo {id} puts it back)",
+                    done.restored.join(", ")
+                )?,
+                None => writeln!(out, "dry run: nothing changed")?,
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            if let Some(diff) = e.details.as_ref().and_then(|d| d["diff"].as_str()) {
+                out.write_all(diff.as_bytes())?;
+            }
+            eprintln!("vaultd: {}: {}", e.code, e.message);
+            Ok(1)
+        }
+    }
 }

@@ -18,6 +18,9 @@ pub mod set_properties;
 pub mod tasks;
 pub mod undo;
 
+#[cfg(test)]
+mod tests;
+
 use crate::call::{CallError, ErrorCode, ToolOutput, UndoRecord, VaultChange};
 use crate::config::{ConfigError, Folders, RateLimit, RawRateLimit};
 use crate::journal::Journal;

@@ -483,3 +483,33 @@ pub fn undo_from_cli(
         diff,
     })
 }
+
+/// `vaultd undo`'s NOTE argument -> the note key its changes are recorded under: a path
+/// (from the current folder or the vault root) or a bare vault-relative name; the leading
+/// state folder is dropped (the key survives the note's moves between state folders).
+pub fn note_key_of_arg(config: &crate::config::Config, note: &Path) -> String {
+    let root = &config.vault;
+    let candidates = [note.to_path_buf(), root.join(note)];
+    let rel = candidates
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .find_map(|p| p.strip_prefix(root).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| note.to_path_buf());
+    let rel = rel.to_string_lossy().replace('\\', "/");
+    let f = &config.folders;
+    let states = [
+        &f.needs_action,
+        &f.in_progress,
+        &f.pending_approval,
+        &f.approved,
+        &f.rejected,
+        &f.done,
+        &f.failed,
+    ];
+    for s in states {
+        if let Some(rest) = rel.strip_prefix(&format!("{s}/")) {
+            return rest.to_string();
+        }
+    }
+    rel
+}
