@@ -236,6 +236,8 @@ fn kill_nine_during_vault_writes_applies_each_change_at_most_once_and_undoably()
     std::fs::create_dir_all(vault.root.join("Agent")).unwrap();
     let mut rng = Rng::new(0x7A17_2026);
     const CALLS: usize = 8;
+    // (applied with a result, applied with UNKNOWN_OUTCOME, not applied)
+    let mut seen = (0, 0, 0);
     for round in 0..4 {
         let calls: Vec<serde_json::Value> = (0..CALLS)
             .map(|i| {
@@ -273,6 +275,11 @@ fn kill_nine_during_vault_writes_applies_each_change_at_most_once_and_undoably()
                 Some("UNKNOWN_OUTCOME") => {}
                 Some(other) => panic!("unexpected {other}: {r}"),
             }
+            match (code, now.contains(&line)) {
+                (None, _) => seen.0 += 1,
+                (Some(_), true) => seen.1 += 1,
+                (Some(_), false) => seen.2 += 1,
+            }
             let id = r["call_id"].as_str().unwrap();
             let (undo_code, _, err) = undo(&vault, &[id]);
             if now.contains(&line) {
@@ -284,4 +291,5 @@ fn kill_nine_during_vault_writes_applies_each_change_at_most_once_and_undoably()
             }
         }
     }
+    eprintln!("vault kills: {seen:?} (ok, applied but outcome lost, not applied)");
 }
