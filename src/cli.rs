@@ -536,7 +536,8 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
                 "email": email,
                 "slack": { "webhooks": hooks(&t.send_notification.slack) },
                 "discord": { "webhooks": hooks(&t.send_notification.discord) },
-            }
+            },
+            "vault": t.vault.describe(),
         }
     });
     let redactor = daemon::redactor_for(&c);

@@ -179,6 +179,25 @@ impl VaultToolsConfig {
         })
     }
 
+    /// The effective `[tools.vault]` and per-tool settings, for `vaultd config`.
+    pub fn describe(&self) -> Value {
+        let mut out = serde_json::json!({
+            "enabled": self.enabled,
+            "read": self.read,
+            "write": self.write,
+            "undo_keep": humantime::format_duration(self.undo_keep).to_string(),
+        });
+        for (name, p) in &self.tools {
+            out[name.as_str()] = serde_json::json!({
+                "enabled": p.enabled,
+                "approval": p.approval.map(ApprovalRule::as_str),
+                "timeout": humantime::format_duration(p.timeout).to_string(),
+                "rate_limit": { "per_hour": p.rate_limit.per_hour, "per_day": p.rate_limit.per_day },
+            });
+        }
+        out
+    }
+
     pub fn path_policy(&self) -> PathPolicy {
         let names: Vec<&str> = self.reserved.iter().map(String::as_str).collect();
         PathPolicy::new(self.root.clone(), &names, &self.read, &self.write)

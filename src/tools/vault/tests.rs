@@ -600,3 +600,62 @@ async fn old_undo_data_is_pruned() {
         ErrorCode::NotFound
     );
 }
+
+#[tokio::test]
+async fn undo_of_a_whole_note_plans_each_change_on_the_state_the_newer_ones_leave() {
+    let f = fixture();
+    f.write("Agent/a.md", "0\n");
+    f.ok(
+        "a1",
+        "vault_append",
+        json!({ "path": "Agent/a.md", "text": "1" }),
+    )
+    .await;
+    f.ok(
+        "a2",
+        "vault_append",
+        json!({ "path": "Agent/a.md", "text": "2" }),
+    )
+    .await;
+    f.ok(
+        "m1",
+        "vault_move",
+        json!({ "from": "Agent/a.md", "to": "Agent/b.md" }),
+    )
+    .await;
+    f.ok(
+        "c1",
+        "vault_create",
+        json!({ "path": "Agent/a.md", "content": "new\n" }),
+    )
+    .await;
+    let target = Target::Note {
+        note_key: "agent.md".into(),
+    };
+    let dry = undo_from_cli(&f.journal, &f.root, &target, false, true).unwrap();
+    assert!(dry.call_id.is_none());
+    assert!(
+        dry.diff.contains("rename Agent/b.md -> Agent/a.md"),
+        "{}",
+        dry.diff
+    );
+    assert_eq!(
+        f.read("Agent/b.md"),
+        "0\n1\n2\n",
+        "a dry run changes nothing"
+    );
+    let done = undo_from_cli(&f.journal, &f.root, &target, false, false).unwrap();
+    assert_eq!(f.read("Agent/a.md"), "0\n");
+    assert!(!f.exists("Agent/b.md"));
+    assert_eq!(f.read(".trash/Agent/a.md"), "new\n");
+    assert_eq!(
+        undo_from_cli(&f.journal, &f.root, &target, false, false)
+            .unwrap_err()
+            .code,
+        ErrorCode::NothingToUndo
+    );
+    // Undoing that undo replays all four changes.
+    f.cli_undo(done.call_id.as_deref().unwrap(), false).unwrap();
+    assert_eq!(f.read("Agent/a.md"), "new\n");
+    assert_eq!(f.read("Agent/b.md"), "0\n1\n2\n");
+}

@@ -9,13 +9,14 @@
 
 use super::{
     ToolDef, VaultCall, VaultContext, conflict, create_file, current_bytes, execution, journal,
-    move_file, param, sha256_hex, trash_slot,
+    move_file, param, sha256_hex,
 };
 use crate::call::{CallError, ErrorCode, ToolOutput, UndoRecord, VaultChange};
 use crate::journal::Journal;
 use crate::journal::undo::{UndoEntry, note_key};
 use crate::tools::Effect;
 use serde_json::json;
+use std::collections::HashMap;
 use std::path::Path;
 
 pub fn tool() -> ToolDef {
@@ -52,6 +53,8 @@ pub struct Plan {
     pub entry_id: i64,
     pub call_id: String,
     steps: Vec<Step>,
+    /// What the steps change (the undo's own undo data), from the state they start from.
+    changes: Vec<VaultChange>,
     /// Paths edited since the change (their current content is not the post-image).
     pub edited: Vec<String>,
     /// The unified diff from the current files to what the undo restores.
@@ -61,15 +64,7 @@ pub struct Plan {
 impl Plan {
     /// The vault-relative paths the undo writes, renames or trashes.
     pub fn paths(&self) -> Vec<&str> {
-        let mut v = Vec::new();
-        for s in &self.steps {
-            match s {
-                Step::Rename { from, to } => v.extend([from.as_str(), to.as_str()]),
-                Step::Write { path, .. } => v.push(path),
-                Step::Trash { path, slot } => v.extend([path.as_str(), slot.as_str()]),
-            }
-        }
-        v
+        self.changes.iter().map(|c| c.path.as_str()).collect()
     }
 
     /// The restored paths (for `{ restored: [...] }`).
@@ -84,16 +79,58 @@ impl Plan {
     }
 }
 
-fn read(root: &Path, rel: &str) -> Result<Option<Vec<u8>>, CallError> {
-    current_bytes(&root.join(rel))
+/// The vault as it will be after the plans made so far: several entries (a note's calls,
+/// newest first) are planned against the state the previous ones leave, before any runs.
+pub struct Overlay<'a> {
+    root: &'a Path,
+    files: HashMap<String, Option<Vec<u8>>>,
 }
 
-/// Plans the undo of `entry` against the files as they are now.
-pub fn plan(root: &Path, entry: &UndoEntry) -> Result<Plan, CallError> {
+impl<'a> Overlay<'a> {
+    pub fn new(root: &'a Path) -> Overlay<'a> {
+        Overlay {
+            root,
+            files: HashMap::new(),
+        }
+    }
+
+    fn get(&self, rel: &str) -> Result<Option<Vec<u8>>, CallError> {
+        match self.files.get(rel) {
+            Some(v) => Ok(v.clone()),
+            None => current_bytes(&self.root.join(rel)),
+        }
+    }
+
+    fn set(&mut self, rel: &str, v: Option<Vec<u8>>) {
+        self.files.insert(rel.to_string(), v);
+    }
+
+    /// A free trash name for `rel`, on disk and in the plans so far.
+    fn trash_slot(&self, rel: &str) -> String {
+        let stem = rel.strip_suffix(".md").unwrap_or(rel);
+        (1..)
+            .map(|n| {
+                if n == 1 {
+                    format!("{}/{stem}.md", super::paths::TRASH)
+                } else {
+                    format!("{}/{stem} ({n}).md", super::paths::TRASH)
+                }
+            })
+            .find(|c| match self.files.get(c) {
+                Some(v) => v.is_none(),
+                None => std::fs::symlink_metadata(self.root.join(c)).is_err(),
+            })
+            .expect("some numbered name is free")
+    }
+}
+
+/// Plans the undo of `entry` against the vault as `overlay` says it will be, and updates the
+/// overlay with the plan's effect.
+pub fn plan(overlay: &mut Overlay<'_>, entry: &UndoEntry) -> Result<Plan, CallError> {
     let mut edited = Vec::new();
     let mut now = Vec::new();
     for c in &entry.changes {
-        let current = read(root, &c.path)?;
+        let current = overlay.get(&c.path)?;
         let matches = match (&c.after_sha256, &current) {
             (None, None) => true,
             (Some(h), Some(b)) => sha256_hex(b) == *h,
@@ -106,6 +143,7 @@ pub fn plan(root: &Path, entry: &UndoEntry) -> Result<Plan, CallError> {
     }
     let mut used = vec![false; entry.changes.len()];
     let mut steps = Vec::new();
+    let mut changes = Vec::new();
     let mut diff = String::new();
     for (i, c) in entry.changes.iter().enumerate() {
         let Some(before) = &c.before else { continue };
@@ -119,9 +157,22 @@ pub fn plan(root: &Path, entry: &UndoEntry) -> Result<Plan, CallError> {
             });
             if let Some(j) = source {
                 used[j] = true;
-                diff.push_str(&format!("rename {} -> {}\n", entry.changes[j].path, c.path));
+                let from = entry.changes[j].path.clone();
+                diff.push_str(&format!("rename {from} -> {}\n", c.path));
+                changes.push(VaultChange {
+                    path: from.clone(),
+                    before: now[j].clone(),
+                    after_sha256: None,
+                });
+                changes.push(VaultChange {
+                    path: c.path.clone(),
+                    before: None,
+                    after_sha256: Some(sha256_hex(before)),
+                });
+                overlay.set(&c.path, now[j].clone());
+                overlay.set(&from, None);
                 steps.push(Step::Rename {
-                    from: entry.changes[j].path.clone(),
+                    from,
                     to: c.path.clone(),
                 });
                 continue;
@@ -134,6 +185,12 @@ pub fn plan(root: &Path, entry: &UndoEntry) -> Result<Plan, CallError> {
             now[i].is_none(),
             false,
         ));
+        changes.push(VaultChange {
+            path: c.path.clone(),
+            before: now[i].clone(),
+            after_sha256: Some(sha256_hex(before)),
+        });
+        overlay.set(&c.path, Some(before.clone()));
         steps.push(Step::Write {
             path: c.path.clone(),
             bytes: before.clone(),
@@ -148,9 +205,21 @@ pub fn plan(root: &Path, entry: &UndoEntry) -> Result<Plan, CallError> {
         if c.path.starts_with(&format!("{}/", super::paths::TRASH)) {
             continue;
         }
-        let slot = trash_slot(root, &c.path);
+        let slot = overlay.trash_slot(&c.path);
         diff.push_str(&unified(&c.path, current, b"", false, true));
         diff.push_str(&format!("(moved to {slot})\n"));
+        changes.push(VaultChange {
+            path: c.path.clone(),
+            before: Some(current.clone()),
+            after_sha256: None,
+        });
+        changes.push(VaultChange {
+            path: slot.clone(),
+            before: None,
+            after_sha256: Some(sha256_hex(current)),
+        });
+        overlay.set(&slot, Some(current.clone()));
+        overlay.set(&c.path, None);
         steps.push(Step::Trash {
             path: c.path.clone(),
             slot,
@@ -160,6 +229,7 @@ pub fn plan(root: &Path, entry: &UndoEntry) -> Result<Plan, CallError> {
         entry_id: entry.id,
         call_id: entry.call_id.clone(),
         steps,
+        changes,
         edited,
         diff,
     })
@@ -184,52 +254,8 @@ fn unified(path: &str, old: &[u8], new: &[u8], created: bool, removed: bool) -> 
         .to_string()
 }
 
-/// The changes the plan will make, for the write-ahead record.
-fn planned_changes(root: &Path, plan: &Plan) -> Result<Vec<VaultChange>, CallError> {
-    let mut out = Vec::new();
-    for s in &plan.steps {
-        match s {
-            Step::Rename { from, to } => {
-                let bytes = read(root, from)?;
-                let hash = bytes.as_deref().map(sha256_hex);
-                out.push(VaultChange {
-                    path: from.clone(),
-                    before: bytes,
-                    after_sha256: None,
-                });
-                out.push(VaultChange {
-                    path: to.clone(),
-                    before: None,
-                    after_sha256: hash,
-                });
-            }
-            Step::Write { path, bytes } => out.push(VaultChange {
-                path: path.clone(),
-                before: read(root, path)?,
-                after_sha256: Some(sha256_hex(bytes)),
-            }),
-            Step::Trash { path, slot } => {
-                let bytes = read(root, path)?;
-                let hash = bytes.as_deref().map(sha256_hex);
-                out.push(VaultChange {
-                    path: path.clone(),
-                    before: bytes,
-                    after_sha256: None,
-                });
-                out.push(VaultChange {
-                    path: slot.clone(),
-                    before: None,
-                    after_sha256: hash,
-                });
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Carries the plan out; returns what was really changed (the undo's own undo data).
+/// Carries the plan out; returns what was changed (the undo's own undo data).
 fn apply(root: &Path, plan: &Plan) -> Result<Vec<VaultChange>, CallError> {
-    let changes = planned_changes(root, plan)?;
     for s in &plan.steps {
         let io = |what: &str, e: std::io::Error| execution(format!("undo: cannot {what}: {e}"));
         match s {
@@ -251,15 +277,16 @@ fn apply(root: &Path, plan: &Plan) -> Result<Vec<VaultChange>, CallError> {
             }
         }
     }
-    Ok(changes)
+    Ok(plan.changes.clone())
 }
 
 /// Plans every entry, newest first; refuses (CANNOT_UNDO, with the diff) when a file was
 /// edited since, unless `force`.
 pub fn plan_all(root: &Path, entries: &[UndoEntry], force: bool) -> Result<Vec<Plan>, CallError> {
+    let mut overlay = Overlay::new(root);
     let plans: Vec<Plan> = entries
         .iter()
-        .map(|e| plan(root, e))
+        .map(|e| plan(&mut overlay, e))
         .collect::<Result<_, _>>()?;
     let edited: Vec<&Plan> = plans.iter().filter(|p| !p.edited.is_empty()).collect();
     if !force && !edited.is_empty() {
@@ -290,19 +317,31 @@ pub fn execute(
     note: &str,
     plans: &[Plan],
 ) -> Result<UndoRecord, CallError> {
-    let mut planned = Vec::new();
-    for p in plans {
-        planned.extend(planned_changes(root, p)?);
-    }
+    let planned = collapse(plans.iter().flat_map(|p| p.changes.iter().cloned()));
     journal
         .undo_prepare(call_id, note, "vault_undo", &planned)
         .map_err(|e| execution(format!("the journal could not record the undo data: {e}")))?;
     let mut record = UndoRecord::default();
+    let mut changes = Vec::new();
     for p in plans {
-        record.changes.extend(apply(root, p)?);
+        changes.extend(apply(root, p)?);
         record.undoes.push(p.entry_id);
     }
+    record.changes = collapse(changes.into_iter());
     Ok(record)
+}
+
+/// One change per path across several plans: the state before the first, the hash after the
+/// last (an undo of a whole note touches one file once per call).
+fn collapse(changes: impl Iterator<Item = VaultChange>) -> Vec<VaultChange> {
+    let mut out: Vec<VaultChange> = Vec::new();
+    for c in changes {
+        match out.iter_mut().find(|o| o.path == c.path) {
+            Some(o) => o.after_sha256 = c.after_sha256,
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 /// The entries `vault_undo` / `vaultd undo CALL_ID` would undo: the call's records not undone
