@@ -293,3 +293,35 @@ fn kill_nine_during_vault_writes_applies_each_change_at_most_once_and_undoably()
     }
     eprintln!("vault kills: {seen:?} (ok, applied but outcome lost, not applied)");
 }
+
+#[test]
+fn init_lets_agents_write_under_agent_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let vault = dir.path().join("notes");
+    let run = |args: &[&str]| {
+        std::process::Command::new(bin())
+            .args(args)
+            .env_remove("VAULTD_CONFIG")
+            .env("STATE_DIRECTORY", dir.path().join("state"))
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["init", vault.to_str().unwrap()]).status.success());
+    let out = run(&["config", "--vault", vault.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(config["tools"]["vault"]["write"], json!(["Agent/**"]));
+    assert_eq!(config["tools"]["vault"]["read"], json!(["**"]));
+    assert_eq!(
+        config["tools"]["vault"]["vault_delete"]["approval"],
+        "always"
+    );
+    assert_eq!(
+        config["tools"]["vault"]["vault_append"]["approval"],
+        "never"
+    );
+}
