@@ -37,7 +37,7 @@ impl Rng {
 /// `notes` notes of ~5 KB in 100 folders; every 997th note mentions the rare pair
 /// "zephyr quarterly" (so a search for it scans everything and finds ~10 notes).
 fn generate(root: &Path, notes: usize) -> u64 {
-    let mut rng = Rng(0x5EA2_C4);
+    let mut rng = Rng(0x005E_A2C4);
     let mut bytes = 0;
     for i in 0..notes {
         let dir = root.join(format!("Area {:02}", i % 100));
@@ -49,11 +49,11 @@ fn generate(root: &Path, notes: usize) -> u64 {
                 text.push(' ');
             }
             text.push('\n');
-            if rng.next() % 9 == 0 {
+            if rng.next().is_multiple_of(9) {
                 text.push_str("- [ ] follow up on the plan\n");
             }
         }
-        if i % 997 == 0 {
+        if i.is_multiple_of(997) {
             text.push_str("The zephyr numbers for the quarterly report.\n");
         }
         bytes += text.len() as u64;
