@@ -53,6 +53,7 @@ fn search_result(call_id: &str, i: usize) -> CallResult {
         outcome: Ok(ToolOutput {
             data: json!({ "results": results }),
             summary: "5 results".to_string(),
+            undo: None,
         }),
         started_at: t,
         ended_at: t + Duration::from_millis(412),
@@ -112,7 +113,7 @@ fn params(v: Value) -> Map<String, Value> {
 }
 
 fn schema_validation(c: &mut Criterion) {
-    let registry = Registry::from_config(&ToolsConfig::defaults(), reqwest::Client::new())
+    let registry = Registry::from_config(&ToolsConfig::defaults(), reqwest::Client::new(), None)
         .expect("default registry");
     let valid = params(json!({ "query": "latest developments in AI agents", "num_results": 3 }));
     let invalid = params(json!({ "query": "", "num_results": 99, "nmu_results": 3 }));

@@ -269,7 +269,8 @@ impl Bench {
         let text = format!(
             "vault = {root:?}\nstate_dir = {state:?}\nworkers = {WORKERS}\nshutdown_grace = \"1s\"\n\
              [tools.search_web]\nprovider = \"searxng\"\nbase_url = {search_url:?}\ntimeout = \"60s\"\n\
-             rate_limit = {{ per_hour = 100000000, per_day = 100000000 }}\n",
+             rate_limit = {{ per_hour = 100000000, per_day = 100000000 }}\n\
+             [tools.vault]\nwrite = [\"Agent/**\"]\n",
             root = root.display().to_string(),
             state = dir.path().join("state").display().to_string(),
         );
@@ -540,6 +541,9 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
     }
 
     let mut ms = Vec::with_capacity(sizes.latency_notes);
+    // vault_append notes, alternated with the search notes so both see the same machine.
+    let mut append_ms = Vec::with_capacity(sizes.latency_notes);
+    std::fs::create_dir_all(bench.root.join("Agent")).expect("Agent folder");
     for i in 0..sizes.latency_notes {
         let staged = bench.stage("lat", i);
         let target = done.join(note_name("lat", i));
@@ -550,9 +554,30 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
             .wait_for(&target)
             .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
         ms.push(at.duration_since(t0).as_secs_f64() * 1e3);
+
+        let name = note_name("app", i);
+        std::fs::write(bench.root.join(format!("Agent/target-{i}.md")), "# Log\n")
+            .expect("append target");
+        let staged = bench.staging.join(&name);
+        std::fs::write(
+            &staged,
+            format!(
+                "# Append {i}\n\n```json\n{{\"tool_call\": {{\"name\": \"vault_append\", \"parameters\": {{\"path\": \"Agent/target-{i}.md\", \"text\": \"- entry {i}\"}}}}}}\n```\n"
+            ),
+        )
+        .expect("stage append note");
+        let target = done.join(&name);
+        let t0 = Instant::now();
+        std::fs::rename(&staged, inbox.join(&name)).expect("drop");
+        let at = watch
+            .wait_for(&target)
+            .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
+        append_ms.push(at.duration_since(t0).as_secs_f64() * 1e3);
     }
     daemon.stop();
     ms.sort_by(f64::total_cmp);
+    append_ms.sort_by(f64::total_cmp);
+    let append_delta = percentile(&append_ms, 0.5) - percentile(&ms, 0.5);
     vec![
         metric("latency p50 (0 ms server)", percentile(&ms, 0.5), "ms")
             .target("<= 5", |v| v <= 5.0),
@@ -560,6 +585,18 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
             .target("<= 20", |v| v <= 20.0),
         metric("latency max", ms[ms.len() - 1], "ms"),
         metric("latency probe overhead p50", percentile(&probe, 0.5), "ms"),
+        metric(
+            "vault_append latency p50",
+            percentile(&append_ms, 0.5),
+            "ms",
+        ),
+        metric(
+            "vault_append latency p99",
+            percentile(&append_ms, 0.99),
+            "ms",
+        ),
+        metric("vault_append p50 minus search_web p50", append_delta, "ms")
+            .target("<= 1", |v| v <= 1.0),
     ]
 }
 

@@ -103,10 +103,35 @@ impl std::error::Error for CallError {}
 
 /// What a tool returns on success: the `data` object and a short human summary for the
 /// callout title ("3 results", "sent to ops").
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ToolOutput {
     pub data: Value,
     pub summary: String,
+    /// What a `state_change` tool did to the vault (DESIGN §11.3): the journal stores it in
+    /// the same transaction as the call's outcome, so every recorded change is undoable.
+    /// Never written into the note.
+    pub undo: Option<UndoRecord>,
+}
+
+/// The vault changes of one call, enough to put every file back (DESIGN §11.3).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UndoRecord {
+    /// In the order they were made.
+    pub changes: Vec<VaultChange>,
+    /// Journal ids of the undo records this call undid (`vault_undo`): marked undone in the
+    /// same transaction.
+    pub undoes: Vec<i64>,
+}
+
+/// One file's before and after.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VaultChange {
+    /// Vault-relative, `/`-separated.
+    pub path: String,
+    /// The whole file before the change; `None`: it did not exist.
+    pub before: Option<Vec<u8>>,
+    /// SHA-256 (hex) of the file after the change; `None`: it no longer exists.
+    pub after_sha256: Option<String>,
 }
 
 /// One finished call, ready to be rendered into the note and recorded in the journal.

@@ -171,6 +171,23 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Undo the vault changes of a call (or of every call of a note, newest first): each file
+    /// is put back if it still is as the call left it.
+    Undo {
+        /// The call id (as in its result block); an undo prints its own id, so it can be
+        /// undone too.
+        #[arg(required_unless_present = "note")]
+        call_id: Option<String>,
+        /// Every change made by this note's calls (a path, or relative to the vault).
+        #[arg(long)]
+        note: Option<PathBuf>,
+        /// Print the diff of what would be restored; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Restore even files edited since the call changed them (their edits are lost).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -270,6 +287,12 @@ fn dispatch(cli: Cli) -> Result<i32> {
         } => log(&g, since, tool, note, limit, json),
         Command::Config => print_config(&g),
         Command::Completions { shell } => completions(shell),
+        Command::Undo {
+            call_id,
+            note,
+            dry_run,
+            force,
+        } => undo(&g, call_id, note, dry_run, force),
     }
 }
 
@@ -434,6 +457,7 @@ fn registry_for(config: &Config) -> Result<Registry> {
     Ok(Registry::from_config(
         &config.tools,
         daemon::http_client()?,
+        None,
     )?)
 }
 
@@ -442,7 +466,7 @@ fn registry_for(config: &Config) -> Result<Registry> {
 fn mcp_registry_for(
     config: &Config,
 ) -> Result<(Registry, McpSource, Option<Arc<crate::journal::Journal>>)> {
-    let mut registry = Registry::from_config(&config.tools, daemon::http_client()?)?;
+    let mut registry = Registry::from_config(&config.tools, daemon::http_client()?, None)?;
     if config.mcp.is_empty() {
         return Ok((registry, McpSource::none(), None));
     }
@@ -957,7 +981,8 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
                 "email": email,
                 "slack": { "webhooks": hooks(&t.send_notification.slack) },
                 "discord": { "webhooks": hooks(&t.send_notification.discord) },
-            }
+            },
+            "vault": t.vault.describe(),
         }
     });
     let mut effective = effective;
@@ -1205,4 +1230,45 @@ fn log(
         }
     }
     Ok(0)
+}
+
+/// `vaultd undo`: the same undo code `vault_undo` runs (tools::vault::undo).
+fn undo(
+    g: &GlobalArgs,
+    call_id: Option<String>,
+    note: Option<PathBuf>,
+    dry_run: bool,
+    force: bool,
+) -> Result<i32> {
+    use crate::tools::vault::undo::{Target, note_key_of_arg, undo_from_cli};
+    let (config, _) = load(g)?;
+    let journal = open_journal(&config)?;
+    let note_key = note.map(|n| note_key_of_arg(&config, &n));
+    let target = match (call_id, note_key) {
+        (Some(call_id), note_key) => Target::Call { call_id, note_key },
+        (None, Some(note_key)) => Target::Note { note_key },
+        (None, None) => anyhow::bail!("give a CALL_ID or --note NOTE"),
+    };
+    let mut out = std::io::stdout().lock();
+    match undo_from_cli(&journal, &config.vault, &target, force, dry_run) {
+        Ok(done) => {
+            out.write_all(done.diff.as_bytes())?;
+            match done.call_id {
+                Some(id) => writeln!(
+                    out,
+                    "restored {}\nundo id {id} (vaultd undo {id} puts it back)",
+                    done.restored.join(", ")
+                )?,
+                None => writeln!(out, "dry run: nothing changed")?,
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            if let Some(diff) = e.details.as_ref().and_then(|d| d["diff"].as_str()) {
+                out.write_all(diff.as_bytes())?;
+            }
+            eprintln!("vaultd: {}: {}", e.code, e.message);
+            Ok(1)
+        }
+    }
 }

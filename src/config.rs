@@ -118,6 +118,31 @@ pub struct RawTools {
     /// `[tools.command.NAME]`, read and checked by the command tool source.
     #[serde(default)]
     pub command: BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
+    /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
+    #[serde(default)]
+    pub vault: crate::tools::vault::RawVault,
+    #[serde(default)]
+    pub vault_search: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_read: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_list: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_tasks: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_create: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_append: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_set_properties: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_complete_task: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_move: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_delete: crate::tools::vault::RawVaultTool,
+    #[serde(default)]
+    pub vault_undo: crate::tools::vault::RawVaultTool,
 }
 
 #[derive(Debug, Default, Deserialize, Clone, Copy)]
@@ -269,6 +294,7 @@ pub struct ToolsConfig {
     pub search_web: SearchWebConfig,
     pub send_notification: SendNotificationConfig,
     pub command: crate::tools::command::config::CommandTools,
+    pub vault: crate::tools::vault::VaultToolsConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -780,8 +806,30 @@ pub fn from_raw(
         }
     }
 
+    let mut t = raw.tools;
+    let raw_command = std::mem::take(&mut t.command);
+    let vault_tools = crate::tools::vault::VaultToolsConfig::from_raw(
+        t.vault,
+        vec![
+            ("vault_search", t.vault_search),
+            ("vault_read", t.vault_read),
+            ("vault_list", t.vault_list),
+            ("vault_tasks", t.vault_tasks),
+            ("vault_create", t.vault_create),
+            ("vault_append", t.vault_append),
+            ("vault_set_properties", t.vault_set_properties),
+            ("vault_complete_task", t.vault_complete_task),
+            ("vault_move", t.vault_move),
+            ("vault_delete", t.vault_delete),
+            ("vault_undo", t.vault_undo),
+        ],
+        &vault,
+        &folders,
+        &path,
+    )?;
+
     // search_web
-    let s = raw.tools.search_web;
+    let s = t.search_web;
     let provider = match s.provider.as_deref() {
         None | Some("duckduckgo") => SearchProvider::DuckDuckGo,
         Some("searxng") => SearchProvider::Searxng,
@@ -827,7 +875,7 @@ pub fn from_raw(
     };
 
     // send_notification
-    let n = raw.tools.send_notification;
+    let n = t.send_notification;
     let approval = match n.approval.as_deref() {
         None | Some("unlisted") => Approval::Unlisted,
         Some("never") => Approval::Never,
@@ -997,13 +1045,8 @@ pub fn from_raw(
     }
     let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &path, config_path)?;
 
-    let command = crate::tools::command::config::validate(
-        raw.tools.command,
-        &path,
-        &base,
-        &vault,
-        &state_dir,
-    )?;
+    let command =
+        crate::tools::command::config::validate(raw_command, &path, &base, &vault, &state_dir)?;
     Ok(Config {
         source,
         vault,
@@ -1024,6 +1067,7 @@ pub fn from_raw(
             search_web,
             send_notification,
             command,
+            vault: vault_tools,
         },
         max_result_bytes,
         tool_results,

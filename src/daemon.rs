@@ -285,7 +285,7 @@ pub async fn run(
         results.clone(),
     )
     .await;
-    let mut registry = Registry::from_config(&config.tools, http)?;
+    let mut registry = Registry::from_config(&config.tools, http, Some(journal.clone()))?;
     mcp.register(&mut registry)?;
     let mut runner = Runner::new(
         Arc::new(registry),
@@ -1284,8 +1284,11 @@ impl Daemon {
         )
         .await?;
 
-        // Run what may run, concurrently; results stay in call order.
+        // Run what may run, concurrently; results stay in call order. Vault changes
+        // (`state_change`) of one note run one after another in call order, so a note can
+        // create a note and then append to it.
         let mut handles = Vec::with_capacity(steps.len());
+        let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
         for step in &steps {
             if let Step::Run {
                 call_id,
@@ -1297,11 +1300,29 @@ impl Daemon {
                 let (call_id, name, parameters) =
                     (call_id.clone(), name.clone(), parameters.clone());
                 let note = self.vault.relative(path);
+                let changes_vault = self
+                    .runner
+                    .registry
+                    .get(&name)
+                    .is_some_and(|t| t.spec().effect == crate::tools::Effect::StateChange);
+                let (after, finished) = if changes_vault {
+                    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                    (previous_change.replace(rx), Some(tx))
+                } else {
+                    (None, None)
+                };
                 let note_id = ident.note_id.clone();
                 handles.push(Some(tokio::spawn(async move {
-                    me.runner
+                    if let Some(previous) = after {
+                        // Resolves when the previous change finished (its sender dropped).
+                        let _ = previous.await;
+                    }
+                    let result = me
+                        .runner
                         .run_call(run, &note, &note_id, &call_id, &name, &parameters)
-                        .await
+                        .await;
+                    drop(finished);
+                    result
                 })));
             } else {
                 handles.push(None);

@@ -27,6 +27,7 @@
 //!   exact parameters shown.
 
 pub mod catalog;
+pub mod undo;
 
 use crate::call::{CallError, CallResult, ToolOutput};
 use crate::tools::Effect;
@@ -291,6 +292,7 @@ impl Journal {
         configure(&mut conn).map_err(wrap)?;
         conn.execute_batch(catalog::TABLES)
             .map_err(|e| wrap(e.into()))?;
+        undo::ensure_schema(&conn).map_err(wrap)?;
         Ok(Journal {
             path,
             conn: Mutex::new(conn),
@@ -997,6 +999,12 @@ fn record_outcome(tx: &Tx<'_>, run: RunId, result: &CallResult) -> Result<(), Fa
             params![run, result.call_id, result.name, ended, stored, error_code],
         )?,
     };
+    if let Ok(ToolOutput {
+        undo: Some(record), ..
+    }) = &result.outcome
+    {
+        undo::confirm(tx, &result.call_id, &note, &result.name, record)?;
+    }
     let fields = EventFields {
         call_id: Some(&result.call_id),
         tool: Some(&result.name),
@@ -1302,6 +1310,7 @@ fn decode_result(call_id: &str, tool: &str, json: &str) -> Result<CallResult, Fa
         (true, _) => Ok(ToolOutput {
             data: stored.data.unwrap_or(Value::Null),
             summary: stored.summary.unwrap_or_default(),
+            undo: None,
         }),
         (false, Some(error)) => Err(error),
         (false, None) => return Err(bad("failed without an error".to_string())),
@@ -1386,6 +1395,7 @@ mod tests {
             outcome: Ok(ToolOutput {
                 data: json!({ "results": [ { "title": "t", "url": "https://x.test/", "snippet": "ünï" } ] }),
                 summary: "1 result".to_string(),
+                undo: None,
             }),
             started_at: started,
             ended_at: started + Duration::from_nanos(412_000_001),

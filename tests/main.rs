@@ -16,3 +16,4 @@ mod pipeline;
 mod recovery;
 mod secrets;
 mod service;
+mod vault_tools;

@@ -218,6 +218,7 @@ async fn a_send_recorded_before_the_kill_is_written_without_sending_again() {
     recorded.outcome = Ok(vaultd::call::ToolOutput {
         data: json!({ "success": true, "message_id": "<recorded@test>" }),
         summary: "sent".into(),
+        undo: None,
     });
     journal.call_finished(run, &recorded).unwrap();
     drop(journal);

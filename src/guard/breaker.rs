@@ -311,6 +311,7 @@ mod tests {
         Ok(ToolOutput {
             data: serde_json::json!({}),
             summary: String::new(),
+            undo: None,
         })
     }
 

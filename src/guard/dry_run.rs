@@ -200,6 +200,7 @@ mod tests {
         Registry::from_config(
             &crate::config::ToolsConfig::defaults(),
             reqwest::Client::new(),
+            None,
         )
         .unwrap()
     }

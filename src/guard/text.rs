@@ -101,7 +101,11 @@ mod tests {
                 let result = CallResult {
                     call_id: "c-1".into(),
                     name: "search_web".into(),
-                    outcome: Ok(ToolOutput { data: data.clone(), summary }),
+                    outcome: Ok(ToolOutput {
+                        data: data.clone(),
+                        summary,
+                        undo: None,
+                    }),
                     started_at: at,
                     ended_at: at,
                 };

@@ -112,6 +112,7 @@ fn result_for(call_id: &str, ok: bool) -> CallResult {
             Ok(ToolOutput {
                 data: serde_json::json!({"s": "```\n> x\n\"tool_call\""}),
                 summary: "ok".into(),
+                undo: None,
             })
         } else {
             Err(CallError::new(ErrorCode::InvalidCall, "bad"))

@@ -394,6 +394,7 @@ mod tests {
             outcome: Ok(ToolOutput {
                 data,
                 summary: "1 result".into(),
+                undo: None,
             }),
             started_at: at(1_700_000_000_104),
             ended_at: at(1_700_000_000_516),

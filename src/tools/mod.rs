@@ -10,6 +10,7 @@
 pub mod builtin;
 pub mod command;
 pub mod mcp;
+pub mod vault;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::config::{RateLimit, ToolsConfig};
@@ -321,14 +322,17 @@ impl Registry {
     }
 
     /// Builds every tool of every source from the config. The one HTTP client is shared so
-    /// connections are reused across calls.
+    /// connections are reused across calls. The journal holds the vault tools' undo data;
+    /// without one (listing tools, checking notes) their state changes refuse to run.
     pub fn from_config(
         config: &ToolsConfig,
         http: reqwest::Client,
+        journal: Option<std::sync::Arc<crate::journal::Journal>>,
     ) -> Result<Registry, RegistryError> {
         let mut registry = Registry::empty();
         builtin::register(config, http, &mut registry)?;
         command::register(&config.command, &mut registry)?;
+        vault::register(&config.vault, journal, &mut registry)?;
         Ok(registry)
     }
 

@@ -310,6 +310,7 @@ fn finish(
             "exit 0, {bytes} bytes of output{}",
             if stdout_truncated { " (truncated)" } else { "" }
         ),
+        undo: None,
     })
 }
 

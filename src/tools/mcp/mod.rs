@@ -401,6 +401,7 @@ impl Tool for McpTool {
             Ok(ToolOutput {
                 data,
                 summary: format!("{items} item{}", if items == 1 { "" } else { "s" }),
+                undo: None,
             })
         })
     }

@@ -227,6 +227,7 @@ fn output(hits: Vec<SearchHit>) -> ToolOutput {
     ToolOutput {
         data: json!({ "results": hits }),
         summary,
+        undo: None,
     }
 }
 

@@ -200,6 +200,7 @@ impl Tool for SendNotification {
             Ok(ToolOutput {
                 data: json!({ "success": true, "message_id": message_id }),
                 summary: send.summary(),
+                undo: None,
             })
         })
     }

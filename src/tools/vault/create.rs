@@ -1,0 +1,67 @@
+//! `vault_create` (state_change): a new note; `CONFLICT` if the name (or a look-alike of it)
+//! is taken. Never replaces a file.
+
+use super::paths::Access;
+use super::properties::set_properties;
+use super::set_properties::check_keys;
+use super::{
+    ToolDef, VaultCall, VaultContext, changed, conflict, create_file, execution, param,
+    path_and_hash, prepare, refuse_look_alike, sha256_hex,
+};
+use crate::call::{CallError, ToolOutput, VaultChange};
+use crate::tools::Effect;
+use serde_json::json;
+
+pub fn tool() -> ToolDef {
+    (
+        "vault_create",
+        "Create a new note with the given content (and optional frontmatter properties). Fails with CONFLICT if the note exists.",
+        Effect::StateChange,
+        json!({
+            "type": "object",
+            "properties": {
+                "path": { "type": "string", "minLength": 1, "maxLength": 1024, "description": "Vault-relative path ending in .md; missing folders are created" },
+                "content": { "type": "string", "maxLength": 1048576 },
+                "properties": { "type": "object", "description": "Frontmatter properties to set" }
+            },
+            "required": ["path", "content"],
+            "additionalProperties": false
+        }),
+        run,
+    )
+}
+
+pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {
+    let note = context.paths.note(param(call, "path"), Access::Write)?;
+    if std::fs::symlink_metadata(&note.abs).is_ok() {
+        return Err(conflict(format!("`{}` already exists", note.rel)));
+    }
+    refuse_look_alike(&note)?;
+    let mut text = param(call, "content").to_string();
+    if let Some(props) = call
+        .parameters
+        .get("properties")
+        .and_then(|p| p.as_object())
+    {
+        check_keys(props)?;
+        text = set_properties(&text, props);
+    }
+    let change = VaultChange {
+        path: note.rel.clone(),
+        before: None,
+        after_sha256: Some(sha256_hex(text.as_bytes())),
+    };
+    prepare(context, call, "vault_create", std::slice::from_ref(&change))?;
+    create_file(&note.abs, text.as_bytes()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            conflict(format!("`{}` already exists", note.rel))
+        } else {
+            execution(format!("cannot create `{}`: {e}", note.rel))
+        }
+    })?;
+    Ok(changed(
+        path_and_hash(&note.rel, &text),
+        format!("created {}", note.rel),
+        vec![change],
+    ))
+}

@@ -1,0 +1,558 @@
+//! The vault tool source (DESIGN §11): eleven `vault_*` tools that let an agent search, read,
+//! list and change notes of its own vault, under one path policy ([`paths`]) and with every
+//! change undoable ([`undo`]). Each tool is one module with its schema and its `run`; this
+//! module owns the `[tools.vault]` / `[tools.vault_*]` config tables and the shared steps
+//! (atomic writes, the write-ahead undo record, the trash).
+
+pub mod append;
+pub mod complete_task;
+pub mod create;
+pub mod delete;
+pub mod list;
+pub mod move_note;
+pub mod paths;
+pub mod properties;
+pub mod read;
+pub mod search;
+pub mod set_properties;
+pub mod tasks;
+pub mod undo;
+
+#[cfg(test)]
+mod tests;
+
+use crate::call::{CallError, ErrorCode, ToolOutput, UndoRecord, VaultChange};
+use crate::config::{ConfigError, Folders, RateLimit, RawRateLimit};
+use crate::journal::Journal;
+use crate::tools::{
+    ApprovalRule, Effect, Policy, Registry, RegistryError, Source, Tool, ToolCall, ToolFuture,
+    ToolSpec,
+};
+use paths::{NotePath, PathPolicy};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------------------------
+// Config.
+
+/// `[tools.vault]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVault {
+    pub enabled: Option<bool>,
+    pub read: Option<Vec<String>>,
+    pub write: Option<Vec<String>>,
+    pub undo_keep: Option<String>,
+}
+
+/// `[tools.vault_search]`, `[tools.vault_delete]`, …: one tool's policy.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVaultTool {
+    pub enabled: Option<bool>,
+    /// `never` | `always`.
+    pub approval: Option<String>,
+    pub timeout: Option<String>,
+    pub rate_limit: Option<RawRateLimit>,
+}
+
+/// Every vault tool, in the order `vaultd tools` lists them.
+pub const TOOL_NAMES: [&str; 11] = [
+    "vault_search",
+    "vault_read",
+    "vault_list",
+    "vault_tasks",
+    "vault_create",
+    "vault_append",
+    "vault_set_properties",
+    "vault_complete_task",
+    "vault_move",
+    "vault_delete",
+    "vault_undo",
+];
+
+/// The validated vault tools config.
+#[derive(Debug, Clone)]
+pub struct VaultToolsConfig {
+    pub enabled: bool,
+    pub root: PathBuf,
+    /// vaultd's own folders (every state folder, `Dry_Run`, `Tool_Results`): no tool reads or
+    /// writes there.
+    pub reserved: Vec<String>,
+    pub read: Vec<String>,
+    pub write: Vec<String>,
+    /// How long pre-images are kept (`undo_keep`, default 30 days).
+    pub undo_keep: Duration,
+    /// Per tool, by name.
+    pub tools: BTreeMap<String, Policy>,
+}
+
+impl VaultToolsConfig {
+    /// Validates `[tools.vault]` and the per-tool tables. `path` names the config file.
+    pub fn from_raw(
+        raw: RawVault,
+        per_tool: Vec<(&str, RawVaultTool)>,
+        root: &Path,
+        folders: &Folders,
+        path: &Path,
+    ) -> Result<VaultToolsConfig, ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            message,
+        };
+        let duration = |v: &Option<String>, key: &str, default: Duration| match v {
+            None => Ok(default),
+            Some(s) => humantime::parse_duration(s).map_err(|e| {
+                invalid(
+                    key,
+                    format!("`{s}` is not a duration like \"30s\" or \"30d\": {e}"),
+                )
+            }),
+        };
+        let read = raw.read.unwrap_or_else(|| vec!["**".to_string()]);
+        let write = raw.write.unwrap_or_default();
+        let mut reserved: Vec<String> = [
+            &folders.needs_action,
+            &folders.in_progress,
+            &folders.pending_approval,
+            &folders.approved,
+            &folders.rejected,
+            &folders.done,
+            &folders.failed,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        reserved.extend(["Dry_Run".to_string(), "Tool_Results".to_string()]);
+        let names: Vec<&str> = reserved.iter().map(String::as_str).collect();
+        PathPolicy::new(root.to_path_buf(), &names, &read, &write)
+            .map_err(|e| invalid(&e.key, format!("`{}` is not a glob: {}", e.glob, e.message)))?;
+        let enabled = raw.enabled.unwrap_or(true);
+        let mut tools = BTreeMap::new();
+        for (name, t) in per_tool {
+            let key = |k: &str| format!("tools.{name}.{k}");
+            let approval = match t.approval.as_deref() {
+                None if name == "vault_delete" => ApprovalRule::Always,
+                None => ApprovalRule::default_for(Effect::StateChange),
+                Some("never") => ApprovalRule::Never,
+                Some("always") => ApprovalRule::Always,
+                Some(other) => {
+                    return Err(invalid(
+                        &key("approval"),
+                        format!("`{other}` is not one of never, always"),
+                    ));
+                }
+            };
+            tools.insert(
+                name.to_string(),
+                Policy {
+                    enabled: enabled && t.enabled.unwrap_or(true),
+                    timeout: duration(&t.timeout, &key("timeout"), Duration::from_secs(30))?,
+                    rate_limit: t.rate_limit.map_or(RateLimit::default(), |r| RateLimit {
+                        per_hour: r.per_hour,
+                        per_day: r.per_day,
+                    }),
+                    approval: Some(approval),
+                },
+            );
+        }
+        Ok(VaultToolsConfig {
+            enabled,
+            root: root.to_path_buf(),
+            reserved,
+            read,
+            write,
+            undo_keep: duration(
+                &raw.undo_keep,
+                "tools.vault.undo_keep",
+                Duration::from_secs(30 * 86_400),
+            )?,
+            tools,
+        })
+    }
+
+    /// The effective `[tools.vault]` and per-tool settings, for `vaultd config`.
+    pub fn describe(&self) -> Value {
+        let mut out = serde_json::json!({
+            "enabled": self.enabled,
+            "read": self.read,
+            "write": self.write,
+            "undo_keep": humantime::format_duration(self.undo_keep).to_string(),
+        });
+        for (name, p) in &self.tools {
+            out[name.as_str()] = serde_json::json!({
+                "enabled": p.enabled,
+                "approval": p.approval.map(ApprovalRule::as_str),
+                "timeout": humantime::format_duration(p.timeout).to_string(),
+                "rate_limit": { "per_hour": p.rate_limit.per_hour, "per_day": p.rate_limit.per_day },
+            });
+        }
+        out
+    }
+
+    pub fn path_policy(&self) -> PathPolicy {
+        let names: Vec<&str> = self.reserved.iter().map(String::as_str).collect();
+        PathPolicy::new(self.root.clone(), &names, &self.read, &self.write)
+            .expect("globs were checked when the config was read")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration.
+
+/// What every vault tool shares: the path policy and the journal (undo records).
+pub struct VaultContext {
+    pub paths: PathPolicy,
+    /// `None` where no journal is open (`vaultd tools`, `vaultd check`): state changes then
+    /// refuse to run rather than make a change that could not be undone.
+    pub journal: Option<Arc<Journal>>,
+}
+
+/// A call, owned, so it can move to a blocking thread.
+pub struct VaultCall {
+    pub call_id: String,
+    /// The vault-relative path of the note the call comes from.
+    pub note: String,
+    pub parameters: Map<String, Value>,
+}
+
+pub type RunFn = fn(&VaultContext, &VaultCall) -> Result<ToolOutput, CallError>;
+
+/// What each tool module describes itself with: name, description, effect, JSON Schema, run.
+pub type ToolDef = (&'static str, &'static str, Effect, Value, RunFn);
+
+/// One vault tool: its spec and the function that runs it on a blocking thread (file IO and
+/// SQLite are blocking).
+struct VaultTool {
+    spec: ToolSpec,
+    context: Arc<VaultContext>,
+    run: RunFn,
+}
+
+impl Tool for VaultTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn run<'a>(&'a self, call: ToolCall<'a>) -> ToolFuture<'a> {
+        let owned = VaultCall {
+            call_id: call.call_id.to_string(),
+            note: call.note.to_string(),
+            parameters: call.parameters.clone(),
+        };
+        let (context, run) = (self.context.clone(), self.run);
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || run(&context, &owned))
+                .await
+                .map_err(|e| execution(format!("the tool's task failed: {e}")))?
+        })
+    }
+}
+
+/// Adds the eleven vault tools (unless `[tools.vault] enabled = false` — then they are listed
+/// as disabled, so a call says how to enable them) and prunes expired undo records.
+pub fn register(
+    config: &VaultToolsConfig,
+    journal: Option<Arc<Journal>>,
+    registry: &mut Registry,
+) -> Result<(), RegistryError> {
+    if let Some(j) = &journal
+        && let Some(cutoff) = std::time::SystemTime::now().checked_sub(config.undo_keep)
+        && let Err(e) = j.prune_undo(cutoff)
+    {
+        tracing::warn!("could not prune old undo records: {e}");
+    }
+    let context = Arc::new(VaultContext {
+        paths: config.path_policy(),
+        journal,
+    });
+    let tools: [ToolDef; 11] = [
+        search::tool(),
+        read::tool(),
+        list::tool(),
+        tasks::tool(),
+        create::tool(),
+        append::tool(),
+        set_properties::tool(),
+        complete_task::tool(),
+        move_note::tool(),
+        delete::tool(),
+        undo::tool(),
+    ];
+    for (name, description, effect, schema, run) in tools {
+        let policy = config.tools.get(name).cloned().unwrap_or(Policy {
+            enabled: config.enabled,
+            timeout: Duration::from_secs(30),
+            rate_limit: RateLimit::default(),
+            approval: Some(if name == "vault_delete" {
+                ApprovalRule::Always
+            } else {
+                ApprovalRule::Never
+            }),
+        });
+        registry.add(
+            Box::new(VaultTool {
+                spec: ToolSpec {
+                    name: name.to_string(),
+                    description: description.to_string(),
+                    source: Source::Vault,
+                    effect,
+                    schema,
+                },
+                context: context.clone(),
+                run,
+            }),
+            policy,
+        )?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared steps.
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+pub(crate) fn execution(message: impl Into<String>) -> CallError {
+    CallError::new(ErrorCode::ExecutionError, message)
+}
+
+pub(crate) fn not_found(rel: &str) -> CallError {
+    CallError::new(ErrorCode::NotFound, format!("no note at `{rel}`"))
+        .with_details(serde_json::json!({ "path": rel }))
+}
+
+pub(crate) fn conflict(message: impl Into<String>) -> CallError {
+    CallError::new(ErrorCode::Conflict, message)
+}
+
+/// A string parameter the schema made required.
+pub(crate) fn param<'a>(call: &'a VaultCall, key: &str) -> &'a str {
+    call.parameters
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+pub(crate) fn opt_param<'a>(call: &'a VaultCall, key: &str) -> Option<&'a str> {
+    call.parameters.get(key).and_then(Value::as_str)
+}
+
+/// The file's bytes, or `None` when nothing is there.
+pub(crate) fn current_bytes(abs: &Path) -> Result<Option<Vec<u8>>, CallError> {
+    match std::fs::read(abs) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(execution(format!("cannot read {}: {e}", abs.display()))),
+    }
+}
+
+/// The text of an existing note: `NOT_FOUND` when missing.
+pub(crate) fn read_text(note: &NotePath) -> Result<String, CallError> {
+    match current_bytes(&note.abs)? {
+        None => Err(not_found(&note.rel)),
+        Some(b) => {
+            String::from_utf8(b).map_err(|_| execution(format!("note `{}` is not UTF-8", note.rel)))
+        }
+    }
+}
+
+pub(crate) fn journal(context: &VaultContext) -> Result<&Arc<Journal>, CallError> {
+    context.journal.as_ref().ok_or_else(|| {
+        execution("no journal is open here, so the change could not be undone: not made")
+    })
+}
+
+/// The write-ahead undo record: committed before the vault is touched, so a kill between the
+/// write and the outcome still leaves the change undoable.
+pub(crate) fn prepare(
+    context: &VaultContext,
+    call: &VaultCall,
+    tool: &str,
+    changes: &[VaultChange],
+) -> Result<(), CallError> {
+    journal(context)?
+        .undo_prepare(&call.call_id, &call.note, tool, changes)
+        .map(|_| ())
+        .map_err(|e| execution(format!("the journal could not record the undo data: {e}")))
+}
+
+/// The output of a state change: `data` plus the undo record the runner commits with the
+/// outcome.
+pub(crate) fn changed(data: Value, summary: String, changes: Vec<VaultChange>) -> ToolOutput {
+    ToolOutput {
+        data,
+        summary,
+        undo: Some(UndoRecord {
+            changes,
+            undoes: Vec::new(),
+        }),
+    }
+}
+
+/// Edits an existing note through the one atomic note write (`note::write::update_note`):
+/// `edit` runs on the current text (again on the new text if an editor saved meanwhile, so
+/// that save is kept). Returns the change (true pre-image, post hash) and the new text.
+pub(crate) fn edit_note(
+    context: &VaultContext,
+    call: &VaultCall,
+    tool: &str,
+    note: &NotePath,
+    edit: impl Fn(&str) -> Result<String, CallError>,
+) -> Result<(VaultChange, String), CallError> {
+    let first = read_text(note)?;
+    let planned = edit(&first)?;
+    prepare(
+        context,
+        call,
+        tool,
+        &[VaultChange {
+            path: note.rel.clone(),
+            before: Some(first.clone().into_bytes()),
+            after_sha256: Some(sha256_hex(planned.as_bytes())),
+        }],
+    )?;
+    let seen = std::sync::Mutex::new((first, None::<CallError>));
+    let written = crate::note::write::update_note(&note.abs, |current| {
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.0 = current.to_string();
+        match edit(current) {
+            Ok(new) => {
+                seen.1 = None;
+                new
+            }
+            // The note changed under us so that the edit no longer applies: write nothing.
+            Err(e) => {
+                seen.1 = Some(e);
+                current.to_string()
+            }
+        }
+    })
+    .map_err(|e| match e {
+        crate::note::write::WriteError::Gone(_) => not_found(&note.rel),
+        other => execution(other.to_string()),
+    })?;
+    let (before, error) = seen.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = error {
+        return Err(e);
+    }
+    Ok((
+        VaultChange {
+            path: note.rel.clone(),
+            before: Some(before.into_bytes()),
+            after_sha256: Some(sha256_hex(written.as_bytes())),
+        },
+        written,
+    ))
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Creates `abs` with `bytes` atomically and never over an existing file: a hidden temp file
+/// beside it (fsynced), hard-linked into place (which fails if the name is taken), then
+/// removed. Missing parent folders are created.
+pub(crate) fn create_file(abs: &Path, bytes: &[u8]) -> Result<(), std::io::Error> {
+    let dir = abs.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = abs
+        .file_name()
+        .map(|n| n.to_string_lossy().chars().take(64).collect::<String>())
+        .unwrap_or_default();
+    let temp = dir.join(format!(
+        ".{name}.vaultd-{}-{}.tmp",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::hard_link(&temp, abs)
+    })();
+    let _ = std::fs::remove_file(&temp);
+    result?;
+    crate::vault::fsync_dir(dir);
+    Ok(())
+}
+
+/// Moves `from` to `to` without ever replacing a file at `to` (hard link, then unlink: a kill
+/// in between leaves both names, never none).
+pub(crate) fn move_file(from: &Path, to: &Path) -> Result<(), std::io::Error> {
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::hard_link(from, to)?;
+    std::fs::remove_file(from)?;
+    if let Some(dir) = to.parent() {
+        crate::vault::fsync_dir(dir);
+    }
+    if let Some(dir) = from.parent() {
+        crate::vault::fsync_dir(dir);
+    }
+    Ok(())
+}
+
+/// A free name in the trash for `rel`: `.trash/<rel>`, then ` (2)`, ` (3)`, … before `.md`.
+pub(crate) fn trash_slot(root: &Path, rel: &str) -> String {
+    let stem = rel.strip_suffix(".md").unwrap_or(rel);
+    (1..)
+        .map(|n| {
+            if n == 1 {
+                format!("{}/{stem}.md", paths::TRASH)
+            } else {
+                format!("{}/{stem} ({n}).md", paths::TRASH)
+            }
+        })
+        .find(|candidate| std::fs::symlink_metadata(root.join(candidate)).is_err())
+        .expect("some numbered name is free")
+}
+
+/// A look-alike sibling of a new name (see [`paths::look_alike`]) is a CONFLICT.
+pub(crate) fn refuse_look_alike(note: &NotePath) -> Result<(), CallError> {
+    let (Some(dir), Some(name)) = (note.abs.parent(), note.abs.file_name()) else {
+        return Ok(());
+    };
+    let name = name.to_string_lossy();
+    match paths::look_alike(dir, &name) {
+        Some(other) => Err(conflict(format!(
+            "`{}` differs from the existing `{other}` only in case or accents; on many file systems they are the same file: use the existing name or another one",
+            note.rel
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `{ path, sha256 }`, the data of most state changes.
+pub(crate) fn path_and_hash(rel: &str, text: &str) -> Value {
+    serde_json::json!({ "path": rel, "sha256": sha256_hex(text.as_bytes()) })
+}
+
+/// `if_sha256`: CONFLICT unless the note's current hash matches.
+pub(crate) fn check_if_sha256(call: &VaultCall, rel: &str, text: &str) -> Result<(), CallError> {
+    if let Some(want) = opt_param(call, "if_sha256") {
+        let have = sha256_hex(text.as_bytes());
+        if !want.eq_ignore_ascii_case(&have) {
+            return Err(conflict(format!(
+                "`{rel}` changed: its sha256 is {have}, not {want}; read it again and retry"
+            ))
+            .with_details(serde_json::json!({ "path": rel, "sha256": have })));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! `vault_set_properties` (state_change): sets or removes (`null`) frontmatter properties,
+//! touching only their lines.
+
+use super::paths::Access;
+use super::properties::set_properties;
+use super::{
+    ToolDef, VaultCall, VaultContext, changed, check_if_sha256, edit_note, param, path_and_hash,
+};
+use crate::call::{CallError, ErrorCode, ToolOutput};
+use crate::tools::Effect;
+use serde_json::{Map, Value, json};
+
+/// vaultd's own properties (DESIGN §3, §9): a tool may not forge a note's state or identity.
+const RESERVED: [&str; 6] = [
+    "tool_status",
+    "tool_calls",
+    "tool_errors",
+    "tool_updated",
+    "tool_note",
+    "tool_runner",
+];
+
+pub fn tool() -> ToolDef {
+    (
+        "vault_set_properties",
+        "Set frontmatter properties of a note (null removes one). Every other line stays as it was.",
+        Effect::StateChange,
+        json!({
+            "type": "object",
+            "properties": {
+                "path": { "type": "string", "minLength": 1, "maxLength": 1024 },
+                "properties": {
+                    "type": "object",
+                    "minProperties": 1,
+                    "propertyNames": { "pattern": "^[A-Za-z0-9_][A-Za-z0-9_ .-]{0,99}$" }
+                },
+                "if_sha256": { "type": "string", "pattern": "^[0-9a-fA-F]{64}$" }
+            },
+            "required": ["path", "properties"],
+            "additionalProperties": false
+        }),
+        run,
+    )
+}
+
+/// Property names a tool may set.
+pub fn check_keys(props: &Map<String, Value>) -> Result<(), CallError> {
+    if let Some(k) = props.keys().find(|k| RESERVED.contains(&k.as_str())) {
+        return Err(CallError::new(
+            ErrorCode::PolicyDenied,
+            format!("property `{k}` is vaultd's own; tools cannot set it"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {
+    let note = context.paths.note(param(call, "path"), Access::Write)?;
+    let props = call
+        .parameters
+        .get("properties")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    check_keys(&props)?;
+    let (change, written) = edit_note(context, call, "vault_set_properties", &note, |current| {
+        check_if_sha256(call, &note.rel, current)?;
+        Ok(set_properties(current, &props))
+    })?;
+    Ok(changed(
+        path_and_hash(&note.rel, &written),
+        format!("{} properties set", props.len()),
+        vec![change],
+    ))
+}
