@@ -26,6 +26,7 @@
 //!   exact parameters shown.
 
 pub mod catalog;
+pub mod runners;
 
 use crate::call::{CallError, CallResult, ToolOutput};
 use crate::tools::Effect;
@@ -287,6 +288,8 @@ impl Journal {
         let mut conn = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         configure(&mut conn).map_err(wrap)?;
         conn.execute_batch(catalog::TABLES)
+            .map_err(|e| wrap(e.into()))?;
+        conn.execute_batch(runners::TABLES)
             .map_err(|e| wrap(e.into()))?;
         Ok(Journal {
             path,
