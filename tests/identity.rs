@@ -308,14 +308,14 @@ async fn a_writer_pausing_with_the_note_open_gets_every_call_run() {
         + 5;
     let path = vault.path("Needs_Action", "two.md");
     let mut f = std::fs::File::create(&path).unwrap();
-    f.write_all(text[..cut].as_bytes()).unwrap();
+    f.write_all(&text.as_bytes()[..cut]).unwrap();
     f.sync_all().unwrap();
     std::thread::sleep(Duration::from_millis(2500));
     assert!(
         vault.exists("Needs_Action", "two.md"),
         "not claimed while open"
     );
-    f.write_all(text[cut..].as_bytes()).unwrap();
+    f.write_all(&text.as_bytes()[cut..]).unwrap();
     drop(f);
     let done = vault.wait_until_in("Done", "two.md");
     assert_eq!(results_in(&done).len(), 2, "{done}");

@@ -15,3 +15,4 @@ mod pipeline;
 mod recovery;
 mod secrets;
 mod service;
+mod synced;
