@@ -368,12 +368,11 @@ fn one_runner(
     journal: &Journal,
     take_over: bool,
 ) -> Result<RunnerWatch, DaemonError> {
-    let me = RunnerId::load_or_create(&config.state_dir).map_err(|source| {
-        DaemonError::RunnerId {
+    let me =
+        RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
             dir: config.state_dir.clone(),
             source,
-        }
-    })?;
+        })?;
     if take_over {
         let at = journal.record_take_over(me.as_str())?;
         tracing::warn!(

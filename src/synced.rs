@@ -4,9 +4,9 @@
 //! window, so start-up on a large `Done/` costs one `stat` per old note.
 
 use crate::vault::{State, Vault};
+use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};

@@ -237,8 +237,12 @@ async fn old_notes_are_not_read_at_start_up_and_a_claim_in_progress_counts_too()
     vault.drop_into(
         "In_Progress",
         "busy.md",
-        their_note("laptop-beef", SystemTime::now() - Duration::from_secs(60), "in_progress")
-            .as_bytes(),
+        their_note(
+            "laptop-beef",
+            SystemTime::now() - Duration::from_secs(60),
+            "in_progress",
+        )
+        .as_bytes(),
     );
     let (code, err) = vault.once();
     assert_ne!(code, 0, "{err}");
@@ -315,7 +319,10 @@ async fn another_runners_note_pauses_claiming_while_running_calls_finish() {
         "[notify]\non_hold = { method = \"slack\", recipient = \"ops\" }\n",
     );
     let daemon = vault.start_logged("paused.log");
-    vault.drop_note("first.md", &note_with_calls("First", &[slack_send("first")]));
+    vault.drop_note(
+        "first.md",
+        &note_with_calls("First", &[slack_send("first")]),
+    );
     wait_until("the first send is in flight", DEADLINE, || {
         !vault.journal().running_calls().unwrap().is_empty()
     });
@@ -331,7 +338,10 @@ async fn another_runners_note_pauses_claiming_while_running_calls_finish() {
     assert_eq!(results_in(&first)[0]["ok"], true, "{first}");
 
     // Nothing new is claimed.
-    vault.drop_note("second.md", &note_with_calls("Second", &[slack_send("second")]));
+    vault.drop_note(
+        "second.md",
+        &note_with_calls("Second", &[slack_send("second")]),
+    );
     vault.drop_into(
         "Done",
         "theirs-too.md",
@@ -339,7 +349,11 @@ async fn another_runners_note_pauses_claiming_while_running_calls_finish() {
     );
     std::thread::sleep(Duration::from_secs(3));
     assert!(vault.exists("Needs_Action", "second.md"));
-    assert!(!daemon.log_text().contains("second.md"), "{}", daemon.log_text());
+    assert!(
+        !daemon.log_text().contains("second.md"),
+        "{}",
+        daemon.log_text()
+    );
 
     // One error line; status (another process) says paused and how to resume.
     let log = daemon.log_text();
@@ -367,7 +381,10 @@ async fn another_runners_note_pauses_claiming_while_running_calls_finish() {
         1,
         "{texts:?}"
     );
-    assert!(!texts.iter().any(|t| t.starts_with("*second*")), "{texts:?}");
+    assert!(
+        !texts.iter().any(|t| t.starts_with("*second*")),
+        "{texts:?}"
+    );
     assert_eq!(texts.len(), 2, "the first send and the alert: {texts:?}");
 
     // A restart does not resume silently: the other runner's notes are recent.
@@ -405,9 +422,16 @@ async fn own_moves_and_old_or_taken_over_notes_do_not_pause() {
     let p = vault.path("Done", "n0.md");
     let text = std::fs::read_to_string(&p).unwrap();
     std::fs::write(&p, format!("{text}\nA comment.\n")).unwrap();
-    vault.drop_note("after.md", &note_with_calls("After", &[search_call("after")]));
+    vault.drop_note(
+        "after.md",
+        &note_with_calls("After", &[search_call("after")]),
+    );
     vault.wait_until_in("Done", "after.md");
-    assert!(!daemon.log_text().contains("paused"), "{}", daemon.log_text());
+    assert!(
+        !daemon.log_text().contains("paused"),
+        "{}",
+        daemon.log_text()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -461,11 +485,22 @@ async fn a_stale_copy_after_the_grace_holds_what_ran_and_runs_reads_and_new_call
     assert!(held.contains("already ran at"), "{held}");
     assert!(held.contains("from Done/c.md"), "{held}");
     let results = results_in(&held);
-    let ids: Vec<&str> = results.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = results
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, vec!["search_web", "send_notification"], "{held}");
-    assert_eq!(search.queries(), vec!["status", "status"], "read_only runs again");
+    assert_eq!(
+        search.queries(),
+        vec!["status", "status"],
+        "read_only runs again"
+    );
     let texts = slack_texts(&slack).await;
-    assert_eq!(texts.len(), 2, "deploy once, the new explicit-id call once: {texts:?}");
+    assert_eq!(
+        texts.len(),
+        2,
+        "deploy once, the new explicit-id call once: {texts:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -490,8 +525,7 @@ fn titles(vault: &TestVault) -> Vec<(String, String)> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn two_daemons_on_synced_replicas_one_runs_the_other_refuses_a_take_over_pauses_the_first()
-{
+async fn two_daemons_on_synced_replicas_one_runs_the_other_refuses_a_take_over_pauses_the_first() {
     let search = SearxServer::start(Duration::ZERO).await;
     let slack = slack_hook(Duration::from_millis(50)).await;
     let a = slack_vault(&search, &slack, "");

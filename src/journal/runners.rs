@@ -123,7 +123,10 @@ mod tests {
         let j = Journal::open(dir.path()).unwrap();
         assert_eq!(j.taken_over_at().unwrap(), Some(second));
         let p = j.pause().unwrap().unwrap();
-        assert_eq!((p.other.as_str(), p.note.as_str()), ("beta-1234", "Done/x.md"));
+        assert_eq!(
+            (p.other.as_str(), p.note.as_str()),
+            ("beta-1234", "Done/x.md")
+        );
         j.clear_pause().unwrap();
         assert_eq!(j.pause().unwrap(), None);
     }

@@ -176,7 +176,10 @@ fn write_atomically(target: &Path, bytes: &[u8], mtime: SystemTime) {
     static TEMPS: AtomicUsize = AtomicUsize::new(0);
     let Some(dir) = target.parent() else { return };
     let _ = std::fs::create_dir_all(dir);
-    let tmp = dir.join(format!(".syncing-{}.tmp", TEMPS.fetch_add(1, Ordering::SeqCst)));
+    let tmp = dir.join(format!(
+        ".syncing-{}.tmp",
+        TEMPS.fetch_add(1, Ordering::SeqCst)
+    ));
     if std::fs::write(&tmp, bytes).is_err() {
         return;
     }
@@ -212,7 +215,11 @@ fn walk(root: &Path, dir: &Path, out: &mut HashMap<String, (Vec<u8>, SystemTime)
             && name.ends_with(".md")
             && let Some(c) = read(&path)
         {
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
             out.insert(rel, c);
         }
     }
