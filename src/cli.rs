@@ -85,10 +85,16 @@ pub enum Command {
     Init { dir: PathBuf },
     /// Run the daemon in the foreground (systemd runs this).
     #[command(after_help = "Example: vaultd run --vault ~/Notes")]
-    Run,
+    Run {
+        #[command(flatten)]
+        runner: RunnerArgs,
+    },
     /// Process everything pending, then exit.
     #[command(after_help = "Example: vaultd once --vault ~/Notes")]
-    Once,
+    Once {
+        #[command(flatten)]
+        runner: RunnerArgs,
+    },
     /// Lint notes: what each call would do (run, held, denied), and why
     ///
     /// Parses and validates with the daemon's config and tools; runs nothing. Exits 1 when
@@ -190,6 +196,16 @@ pub enum Command {
     },
 }
 
+/// Synced vaults (DESIGN §9.9).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct RunnerArgs {
+    /// Run this vault from here although another vaultd (on a replica of a synced vault)
+    /// worked on it recently: its notes up to now become history. Only when the other one is
+    /// stopped or gone for good.
+    #[arg(long)]
+    pub take_over: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum ToolsAction {
     /// Accept the definition an MCP server offers now for NAME (`mcp__SERVER__TOOL`): after a
@@ -200,7 +216,7 @@ pub enum ToolsAction {
 /// Parses the command line, runs it, returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Run | Command::Once) {
+    if !matches!(cli.command, Command::Run { .. } | Command::Once { .. }) {
         restore_sigpipe();
     }
     match dispatch(cli) {
@@ -262,8 +278,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
     let g = cli.global;
     match cli.command {
         Command::Init { dir } => init(&dir),
-        Command::Run => serve(&g, Mode::Run),
-        Command::Once => serve(&g, Mode::Once),
+        Command::Run { runner } => serve(&g, Mode::Run, runner),
+        Command::Once { runner } => serve(&g, Mode::Once, runner),
         Command::Check {
             notes,
             json,
@@ -340,7 +356,7 @@ fn load_lenient(g: &GlobalArgs) -> Result<(Config, Registry)> {
     }
 }
 
-fn serve(g: &GlobalArgs, mode: Mode) -> Result<i32> {
+fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
     let (config, _) = load(g)?;
     let redactor = Arc::new(daemon::redactor_for(&config));
     init_tracing(redactor.clone(), g.log_format);
@@ -349,7 +365,7 @@ fn serve(g: &GlobalArgs, mode: Mode) -> Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        daemon::run(config, mode, redactor, shutdown_signal())
+        daemon::run_with(config, mode, runner.take_over, redactor, shutdown_signal())
             .await
             .map_err(anyhow::Error::from)
     })?;
@@ -953,6 +969,7 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
         "settle_max": humantime::format_duration(c.settle_max).to_string(),
         "stale_copy_grace": humantime::format_duration(c.stale_copy_grace).to_string(),
         "stale_copy_window": humantime::format_duration(c.stale_copy_window).to_string(),
+        "runner_window": humantime::format_duration(c.runner_window).to_string(),
         "folders": {
             "needs_action": c.folders.needs_action, "in_progress": c.folders.in_progress,
             "pending_approval": c.folders.pending_approval, "approved": c.folders.approved,
@@ -1021,6 +1038,8 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         })
         .collect();
     let circuits = crate::guard::breaker::read_state_file(&config.state_dir, daemon_pid);
+    let runner = crate::synced::RunnerId::load(&config.state_dir);
+    let pause = journal.pause()?;
     let failures = journal.recent_failures(10)?;
     let problems = journal.problems(10)?;
     let now = std::time::SystemTime::now();
@@ -1045,6 +1064,14 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             "problems": problems,
             "rate_limits": rates,
             "open_circuits": circuits,
+            "runner": runner.as_ref().map(|r| r.to_string()),
+            "paused": pause.as_ref().map(|p| json!({
+                "host": crate::synced::host_of(&p.other),
+                "runner": p.other,
+                "note": p.note,
+                "since": humantime::format_rfc3339_seconds(p.at).to_string(),
+                "how_to_resume": crate::synced::how_to_resume(crate::synced::host_of(&p.other)),
+            })),
         });
         // The journal holds redacted text only; the redactor here is the last line of defence.
         let redactor = daemon::redactor_for(&config);
@@ -1055,6 +1082,20 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     match daemon_pid {
         Some(pid) => println!("daemon running (PID {pid})"),
         None => println!("daemon not running"),
+    }
+    match &runner {
+        Some(r) => println!("runner {r} (the tool_runner of the notes this daemon claims)"),
+        None => println!("runner none yet (made at the first start)"),
+    }
+    if let Some(p) = &pause {
+        let host = crate::synced::host_of(&p.other);
+        println!(
+            "paused: second runner on {host} (vaultd {} updated {} ; seen at {}); nothing new is claimed. To resume, {}",
+            p.other,
+            escape_controls(&p.note),
+            humantime::format_rfc3339_seconds(p.at),
+            crate::synced::how_to_resume(host)
+        );
     }
     println!("\nnotes");
     for (s, n) in &counts {

@@ -76,6 +76,8 @@ pub struct RawConfig {
     pub stale_copy_grace: Option<String>,
     /// DESIGN §9.6: up to this, a copy's started side effects are held.
     pub stale_copy_window: Option<String>,
+    /// DESIGN §9.9: another runner's notes this recent stop start-up.
+    pub runner_window: Option<String>,
     #[serde(default)]
     pub folders: RawFolders,
     #[serde(default)]
@@ -237,6 +239,9 @@ pub struct Config {
     /// Up to this long after such a claim, the copy's already started side effects are held
     /// for approval instead of run (DESIGN §9.6).
     pub stale_copy_window: Duration,
+    /// A note another runner (a vaultd on a replica of a synced vault) updated this recently
+    /// stops `run`/`once` at start (DESIGN §9.9).
+    pub runner_window: Duration,
     pub folders: Folders,
     pub tools: ToolsConfig,
     /// `data` larger than this (compact JSON bytes) is saved to `tool_results` instead.
@@ -754,6 +759,12 @@ pub fn from_raw(
         Duration::from_secs(7 * 86_400),
         &path,
     )?;
+    let runner_window = parse_duration(
+        &raw.runner_window,
+        "runner_window",
+        Duration::from_secs(86_400),
+        &path,
+    )?;
 
     let d = Folders::default();
     let f = raw.folders;
@@ -1062,6 +1073,7 @@ pub fn from_raw(
         settle_max,
         stale_copy_grace,
         stale_copy_window,
+        runner_window,
         folders,
         tools: ToolsConfig {
             search_web,

@@ -14,6 +14,7 @@ use crate::note::{self, Block, CallBody, ParsedNote, parse_note};
 use crate::results::ResultStore;
 use crate::runner::Runner;
 use crate::secret::Redactor;
+use crate::synced::{ForeignNote, RunnerId, RunnerWatch};
 use crate::tools::mcp::McpSource;
 use crate::tools::{Admission, Registry};
 use crate::vault::{State, Vault, VaultError};
@@ -27,6 +28,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
+
+/// Folders only vaultd moves notes into: another runner's claims and finished notes show up
+/// here by sync (DESIGN §9.9).
+const RUNNER_STATES: [State; 4] = [
+    State::InProgress,
+    State::PendingApproval,
+    State::Done,
+    State::Failed,
+];
 
 /// A start-up backlog this large gets progress reports in the log.
 const PROGRESS_FROM: usize = 500;
@@ -53,6 +63,14 @@ pub enum DaemonError {
     },
     #[error("cannot build the HTTP client: {0}")]
     Http(String),
+    /// Another runner's recent notes are in the vault (DESIGN §9.9).
+    #[error("{0}")]
+    SecondRunner(String),
+    #[error("cannot read or create this daemon's runner id in {dir}: {source}")]
+    RunnerId {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// `run` watches until shut down; `once` processes everything pending and returns.
@@ -145,6 +163,8 @@ pub struct Daemon {
     mode: Mode,
     /// `[notify] on_hold`: one message per held note (DESIGN §12.4).
     hold_alerts: HoldAlerts,
+    /// This daemon's `tool_runner`, and whether a second runner paused claiming (§9.9).
+    runners: RunnerWatch,
 }
 
 /// Holds the vault lock while alive; removes the lock file when dropped (DESIGN §9.5).
@@ -264,12 +284,25 @@ pub async fn run(
     redactor: Arc<Redactor>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
+    run_with(config, mode, false, redactor, shutdown).await
+}
+
+/// [`run`], with `take_over` (`--take-over`, DESIGN §9.9): another runner's notes up to now
+/// are history.
+pub async fn run_with(
+    config: Config,
+    mode: Mode,
+    take_over: bool,
+    redactor: Arc<Redactor>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
     let vault = Vault::new(config.vault.clone(), config.folders.clone());
     // Before `prepare`, which would create missing folders through a symlink.
     vault.refuse_symlinked_folders()?;
     vault.prepare()?;
     let _lock = lock_vault(vault.root())?;
     let journal = Arc::new(Journal::open(&config.state_dir)?);
+    let runners = one_runner(&config, &vault, &journal, take_over)?;
     let http = http_client()?;
     let results = ResultStore::new(
         config.vault.clone(),
@@ -312,11 +345,55 @@ pub async fn run(
         active: Mutex::new(HashMap::new()),
         settling: Mutex::new(HashSet::new()),
         mode,
+        runners,
     });
     let outcome = daemon.supervise(mode, shutdown).await;
     // No server outlives vaultd.
     mcp.shutdown().await;
     outcome
+}
+
+/// The start-up check of DESIGN §9.9: with `take_over`, records that other runners' notes up
+/// to now are history; then refuses to start while a note of another runner is younger than
+/// `runner_window`. Reads only notes whose mtime is inside the window.
+fn one_runner(
+    config: &Config,
+    vault: &Vault,
+    journal: &Journal,
+    take_over: bool,
+) -> Result<RunnerWatch, DaemonError> {
+    let me =
+        RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+    if take_over {
+        let at = journal.record_take_over(me.as_str())?;
+        tracing::warn!(
+            runner = %me,
+            "--take-over: notes other runners updated up to {} are history; this daemon runs the vault",
+            humantime::format_rfc3339_seconds(at)
+        );
+    }
+    let taken_over_at = journal.taken_over_at()?;
+    let found = crate::synced::foreign_notes(
+        vault,
+        &me,
+        config.runner_window,
+        taken_over_at,
+        config.max_note_bytes,
+        SystemTime::now(),
+    );
+    if !found.is_empty() {
+        return Err(DaemonError::SecondRunner(crate::synced::refusal(
+            &found,
+            vault,
+            config.runner_window,
+        )));
+    }
+    journal.clear_pause()?;
+    tracing::debug!(runner = %me, "this daemon's tool_runner");
+    Ok(RunnerWatch::new(me, config.runner_window, taken_over_at))
 }
 
 impl Daemon {
@@ -331,7 +408,9 @@ impl Daemon {
         // Watch before the first scan, so nothing that arrives during the scan is missed.
         let (tx, mut rx) = mpsc::channel::<Hint>(4096);
         let watcher = if mode == Mode::Run {
-            let folders = self.watched_folders();
+            let mut folders = self.watched_folders();
+            // Where another runner's claims and finished notes show up (§9.9).
+            folders.extend(RUNNER_STATES.iter().map(|s| self.vault.folder(*s)));
             Some(watch::start(&folders, self.config.watch, tx.clone())?)
         } else {
             None
@@ -467,6 +546,22 @@ impl Daemon {
     }
 
     fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {
+        if let Hint::Ready(path) | Hint::Closed(path) | Hint::Changed(path) = &hint
+            && self
+                .vault
+                .locate(path)
+                .is_some_and(|(s, _)| RUNNER_STATES.contains(&s))
+        {
+            self.look_for_second_runner(path.clone(), tasks);
+            return;
+        }
+        if let Hint::NewFolder(dir) = &hint
+            && RUNNER_STATES
+                .iter()
+                .any(|s| dir.starts_with(self.vault.folder(*s)))
+        {
+            return;
+        }
         match hint {
             Hint::Closed(path) | Hint::Changed(path) => {
                 if self.vault.locate(&path).is_none() {
@@ -500,6 +595,56 @@ impl Daemon {
                 });
             }
         }
+    }
+
+    /// A note appeared or changed where only vaultd puts notes (§9.9): unless this daemon just
+    /// put it there, its head is read; another runner's recent activity pauses claiming.
+    fn look_for_second_runner(self: &Arc<Self>, path: PathBuf, tasks: &mut JoinSet<()>) {
+        if self.runners.is_paused() || self.runners.just_wrote(&path) {
+            return;
+        }
+        let me = self.clone();
+        tasks.spawn(async move {
+            let judge = me.clone();
+            let found = tokio::task::spawn_blocking(move || judge.runners.check(&path))
+                .await
+                .ok()
+                .flatten();
+            if let Some(found) = found {
+                me.pause_for(found).await;
+            }
+        });
+    }
+
+    /// Stops claiming because another runner works on this vault: running calls finish,
+    /// nothing new is claimed; logged once, recorded for `vaultd status`, alerted (§12.4).
+    async fn pause_for(&self, found: ForeignNote) {
+        let note = self.vault.relative(&found.path);
+        let other = found.runner.clone();
+        if !self.runners.pause(found) {
+            return;
+        }
+        let host = crate::synced::host_of(&other).to_string();
+        let how = crate::synced::how_to_resume(&host);
+        tracing::error!(
+            note = %note,
+            runner = %other,
+            "paused: second runner on {host}: {note} was updated by vaultd {other}; nothing new is claimed here until a restart. To resume, {how}"
+        );
+        let (me, o, n) = (self.runners.me.to_string(), other.clone(), note.clone());
+        if let Err(e) = self.blocking(move |j| j.record_pause(&me, &o, &n)).await {
+            tracing::error!("journal: {e}");
+        }
+        self.hold_alerts
+            .second_runner(
+                &self.runner.registry,
+                &note,
+                &format!(
+                    "vaultd on {} paused: a second runner on {host} (vaultd {other}) works on a synced copy of this vault ({note}). Nothing new is claimed here. To resume, {how}.",
+                    self.runners.me.host()
+                ),
+            )
+            .await;
     }
 
     /// Starts a note task unless one is already looking at this path (then it looks again).
@@ -687,6 +832,9 @@ impl Daemon {
         let Some((state, _)) = self.vault.locate(path) else {
             return Ok(());
         };
+        if self.runners.is_paused() {
+            return Ok(()); // a second runner: nothing new is claimed (§9.9)
+        }
         match state {
             State::NeedsAction => self.claim_and_run(path, Pass::Fresh).await,
             State::Approved => self.claim_and_run(path, Pass::Approved).await,
@@ -783,7 +931,10 @@ impl Daemon {
                 return Ok(());
             };
             let parsed = parse_note(&text);
-            if parsed.pending_calls().next().is_none() || self.stopping.load(Ordering::SeqCst) {
+            if parsed.pending_calls().next().is_none()
+                || self.stopping.load(Ordering::SeqCst)
+                || self.runners.is_paused()
+            {
                 return Ok(()); // waiting for the agent, not for us: left exactly as it is
             }
             if self.still_being_written(path, &text, &parsed) {
@@ -813,7 +964,7 @@ impl Daemon {
                 continue;
             }
             let note_id = ident.note_id.clone();
-            let outcome = self.claim_identified(path, &text, pass, &mut ident).await;
+            let outcome = self.claim_identified(path, pass, &mut ident).await;
             self.deactivate(&note_id);
             return outcome;
         }
@@ -822,7 +973,6 @@ impl Daemon {
     async fn claim_identified(
         self: &Arc<Self>,
         path: &Path,
-        text: &str,
         pass: Pass,
         ident: &mut Identity,
     ) -> Result<(), DaemonError> {
@@ -840,13 +990,11 @@ impl Daemon {
                 return Ok(());
             }
         };
+        self.runners.wrote(&claimed);
         // Marked before the run is recorded, so a rescan never resumes it as stranded.
         self.mark_inflight(&claimed);
         let from = self.vault.relative(path);
-        let has_id = note::frontmatter_property(text, "tool_note") == Some(ident.note_id.as_str());
-        let outcome = self
-            .begin_and_execute(&claimed, &from, pass, has_id, ident)
-            .await;
+        let outcome = self.begin_and_execute(&claimed, &from, pass, ident).await;
         self.inflight
             .lock()
             .expect("inflight lock poisoned")
@@ -859,7 +1007,6 @@ impl Daemon {
         claimed: &Path,
         from: &str,
         pass: Pass,
-        has_id: bool,
         ident: &mut Identity,
     ) -> Result<(), DaemonError> {
         let note = self.vault.relative(claimed);
@@ -875,15 +1022,16 @@ impl Daemon {
             })
             .await?;
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
-        if !has_id && !self.write_identity(run, claimed, &ident.note_id).await? {
+        if !self.write_identity(run, claimed, &ident.note_id).await? {
             return Ok(());
         }
         self.execute(run, claimed, pass, std::mem::take(ident))
             .await
     }
 
-    /// Adds `tool_note` to a claimed note (DESIGN §9.2). False when the note is gone (the run
-    /// is then abandoned). Any other failure is logged: the results write adds it later.
+    /// Stamps a claimed note with `tool_note` (DESIGN §9.2), `tool_runner` and `tool_updated`
+    /// (§9.9). False when the note is gone (the run is then abandoned). Any other failure is
+    /// logged: the results write adds them later.
     async fn write_identity(
         &self,
         run: RunId,
@@ -891,13 +1039,19 @@ impl Daemon {
         note_id: &str,
     ) -> Result<bool, DaemonError> {
         let (p, id) = (path.to_path_buf(), note_id.to_string());
+        let runner = self.runners.me.to_string();
         let written = tokio::task::spawn_blocking(move || {
-            note::update_note(&p, |current| note::set_note_id(current, &id))
+            note::update_note(&p, |current| {
+                note::stamp_claim(current, &id, &runner, SystemTime::now())
+            })
         })
         .await
         .expect("write task does not panic");
         match written {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.runners.wrote(path);
+                Ok(true)
+            }
             Err(note::WriteError::Gone(_)) => {
                 self.abandon(run, path).await?;
                 Ok(false)
@@ -1585,6 +1739,7 @@ impl Daemon {
         };
         let path_buf = path.to_path_buf();
         let now = SystemTime::now();
+        let runner = self.runners.me.clone();
         let written = tokio::task::spawn_blocking(move || {
             note::update_note(&path_buf, |current| {
                 let parsed = parse_note(current);
@@ -1594,7 +1749,8 @@ impl Daemon {
                     return current.to_string();
                 }
                 let blocks: Vec<Block<'_>> = previews.iter().map(Block::Preview).collect();
-                note::append_blocks(current, &blocks, State::DryRun.as_str(), now)
+                let text = note::append_blocks(current, &blocks, State::DryRun.as_str(), now);
+                note::set_runner(&text, runner.as_str())
             })
         })
         .await
@@ -1665,6 +1821,7 @@ impl Daemon {
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
         let now = SystemTime::now();
         let note_id = note_id.to_string();
+        let runner = self.runners.me.clone();
         let written = tokio::task::spawn_blocking(move || {
             let other_note = std::cell::Cell::new(false);
             let written = note::update_note(&path_buf, |current| {
@@ -1692,6 +1849,8 @@ impl Daemon {
                     }
                 }
                 let text = note::append_blocks(current, &blocks, next.as_str(), now);
+                // §9.9: whoever updates a note is its runner from now on.
+                let text = note::set_runner(&text, runner.as_str());
                 if note::frontmatter_property(&text, "tool_note").is_none() && !note_id.is_empty() {
                     note::set_note_id(&text, &note_id)
                 } else {
@@ -1707,7 +1866,10 @@ impl Daemon {
         .expect("write task does not panic");
         match written {
             // Recorded with the move that follows (`finish_run`), in one journal commit.
-            Ok(_) => Ok(WriteBack::Written(ids)),
+            Ok(_) => {
+                self.runners.wrote(path);
+                Ok(WriteBack::Written(ids))
+            }
             Err(note::WriteError::Gone(_)) => Ok(WriteBack::Gone),
             Err(e) => {
                 let rel = self.vault.relative(path);
@@ -1737,7 +1899,9 @@ impl Daemon {
         let dest = if here == Some(next) || !path.exists() {
             path.to_path_buf()
         } else {
-            self.vault.move_to(path, next)?
+            let dest = self.vault.move_to(path, next)?;
+            self.runners.wrote(&dest);
+            dest
         };
         let rel = self.vault.relative(&dest);
         // One line per finished note, with its outcome and why (point 10 of issue 10); a held
@@ -1804,7 +1968,7 @@ impl Daemon {
     /// Finishes open runs whose note sits in In_Progress with no task on it: their results
     /// could not be written or the note not moved (it kept changing, a folder was read-only).
     async fn resume_stranded(self: Arc<Self>) {
-        if self.stopping.load(Ordering::SeqCst) {
+        if self.stopping.load(Ordering::SeqCst) || self.runners.is_paused() {
             return;
         }
         let open = match self.blocking(|j| j.open_runs()).await {

@@ -27,6 +27,7 @@
 //!   exact parameters shown.
 
 pub mod catalog;
+pub mod runners;
 pub mod undo;
 
 use crate::call::{CallError, CallResult, ToolOutput};
@@ -293,6 +294,8 @@ impl Journal {
         conn.execute_batch(catalog::TABLES)
             .map_err(|e| wrap(e.into()))?;
         undo::ensure_schema(&conn).map_err(wrap)?;
+        conn.execute_batch(runners::TABLES)
+            .map_err(|e| wrap(e.into()))?;
         Ok(Journal {
             path,
             conn: Mutex::new(conn),

@@ -4,10 +4,12 @@
 //! window, so start-up on a large `Done/` costs one `stat` per old note.
 
 use crate::vault::{State, Vault};
+use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
 /// The file in the state dir that keeps this daemon's runner id across restarts.
 pub const RUNNER_ID_FILE: &str = "runner_id";
@@ -57,6 +59,12 @@ impl RunnerId {
         writeln!(f, "{}", id.0)?;
         f.sync_all()?;
         Ok(id)
+    }
+
+    /// The id kept in `state_dir`, without making one (for `vaultd status`).
+    pub fn load(state_dir: &Path) -> Option<RunnerId> {
+        let text = std::fs::read_to_string(state_dir.join(RUNNER_ID_FILE)).ok()?;
+        RunnerId::parse(text.trim())
     }
 
     pub fn parse(s: &str) -> Option<RunnerId> {
@@ -254,6 +262,112 @@ pub fn foreign_note(
         runner: stamp.runner,
         updated: stamp.updated?,
     })
+}
+
+/// How long a path this daemon just wrote or moved into counts as its own: the watcher's
+/// event for it comes within milliseconds; a later event there is someone else's.
+const OWN_WRITE_TTL: Duration = Duration::from_secs(5);
+
+/// A running daemon's view of other runners (DESIGN §9.9): the take-over cutoff, the pause,
+/// and the paths it just wrote itself, whose events need no read at all.
+pub struct RunnerWatch {
+    pub me: RunnerId,
+    window: Duration,
+    taken_over_at: Option<SystemTime>,
+    /// The note that showed a second runner; claiming stays paused until a restart.
+    paused: Mutex<Option<ForeignNote>>,
+    /// Paths this daemon just claimed, wrote or moved a note to, and when.
+    own: Mutex<HashMap<PathBuf, Instant>>,
+}
+
+impl RunnerWatch {
+    pub fn new(me: RunnerId, window: Duration, taken_over_at: Option<SystemTime>) -> RunnerWatch {
+        RunnerWatch {
+            me,
+            window,
+            taken_over_at,
+            paused: Mutex::new(None),
+            own: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Notes that this daemon put `path` there (a claim, a results write, a move).
+    pub fn wrote(&self, path: &Path) {
+        let mut own = self.own.lock().expect("own-writes lock poisoned");
+        let now = Instant::now();
+        if own.len() > 256 {
+            own.retain(|_, at| now.duration_since(*at) < OWN_WRITE_TTL);
+        }
+        own.insert(path.to_path_buf(), now);
+    }
+
+    /// Whether an event at `path` is (very likely) this daemon's own write.
+    pub fn just_wrote(&self, path: &Path) -> bool {
+        self.own
+            .lock()
+            .expect("own-writes lock poisoned")
+            .get(path)
+            .is_some_and(|at| at.elapsed() < OWN_WRITE_TTL)
+    }
+
+    /// Reads the head of the note at `path`: another runner's recent activity, or None.
+    pub fn check(&self, path: &Path) -> Option<ForeignNote> {
+        foreign_note(
+            path,
+            &self.me,
+            self.window,
+            self.taken_over_at,
+            SystemTime::now(),
+        )
+    }
+
+    /// Pauses claiming because of `note`; true the first time (the caller then logs and alerts
+    /// once).
+    pub fn pause(&self, note: ForeignNote) -> bool {
+        let mut paused = self.paused.lock().expect("pause lock poisoned");
+        if paused.is_some() {
+            return false;
+        }
+        *paused = Some(note);
+        true
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.lock().expect("pause lock poisoned").is_some()
+    }
+}
+
+/// How a paused daemon is resumed, for the log, the alert and `vaultd status`.
+pub fn how_to_resume(host: &str) -> String {
+    format!(
+        "stop vaultd on {host} (or this one), then restart the one that should run the vault with `vaultd run --take-over`"
+    )
+}
+
+/// Why start-up stops (DESIGN §9.9): names the other runner, its newest note, and the two
+/// ways out.
+pub fn refusal(found: &[ForeignNote], vault: &Vault, window: Duration) -> String {
+    let newest = found
+        .iter()
+        .max_by_key(|f| f.updated)
+        .expect("a refusal names at least one note");
+    let mut runners: Vec<&str> = found.iter().map(|f| f.runner.as_str()).collect();
+    runners.sort_unstable();
+    runners.dedup();
+    let others = if found.len() > 1 {
+        format!(" (and {} more of its notes)", found.len() - 1)
+    } else {
+        String::new()
+    };
+    format!(
+        "a second runner works on this vault: {note} was updated at {at} by vaultd {runner} on host {host}{others}, within runner_window = {window} (a replica of this vault, kept in sync, has its own vaultd; two daemons would send every call twice). Either stop vaultd on {host} and let the sync settle, then start this one again; or, if {host} is gone for good, start this one with `vaultd run --take-over` (or `vaultd once --take-over`): notes {runners} updated up to now are then history",
+        note = vault.relative(&newest.path),
+        at = humantime::format_rfc3339_seconds(newest.updated),
+        runner = newest.runner,
+        host = host_of(&newest.runner),
+        window = humantime::format_duration(window),
+        runners = runners.join(", "),
+    )
 }
 
 /// The first 64 KiB of a note: the frontmatter is at the top, and a note is never trusted to

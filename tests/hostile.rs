@@ -94,10 +94,17 @@ async fn a_note_deleted_or_moved_away_mid_run_is_recorded_and_not_recreated() {
         vec!["Archive/moved.md", "Done/after.md"],
         "nothing recreated"
     );
-    // Untouched but for the identity added at its claim (DESIGN §9.2).
+    // Untouched but for the stamp added at its claim (DESIGN §9.2, §9.9).
     let moved = std::fs::read_to_string(&elsewhere).unwrap();
     let id = property(&moved, "tool_note").expect("tool_note");
-    assert_eq!(moved, format!("---\ntool_note: {id}\n---\n{moved_text}"));
+    let runner = property(&moved, "tool_runner").expect("tool_runner");
+    let updated = property(&moved, "tool_updated").expect("tool_updated");
+    assert_eq!(
+        moved,
+        format!(
+            "---\ntool_note: {id}\ntool_runner: {runner}\ntool_updated: {updated}\n---\n{moved_text}"
+        )
+    );
     let log = vault.cmd().args(["log", "--json"]).output().unwrap();
     let log = String::from_utf8_lossy(&log.stdout);
     assert_eq!(log.matches("during its run").count(), 2, "{log}");

@@ -16,4 +16,5 @@ mod pipeline;
 mod recovery;
 mod secrets;
 mod service;
+mod synced;
 mod vault_tools;

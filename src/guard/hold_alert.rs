@@ -81,17 +81,6 @@ impl HoldAlerts {
             );
             return AlertOutcome::RateLimited;
         }
-        let Some(tool) = registry.get("send_notification") else {
-            return AlertOutcome::Failed("send_notification is not registered".into());
-        };
-        let mut parameters = Map::new();
-        parameters.insert("method".into(), json!(config.method));
-        parameters.insert("recipient".into(), json!(config.recipient));
-        parameters.insert(
-            "subject".into(),
-            json!(format!("vaultd: {note} waits for approval")),
-        );
-        parameters.insert("body".into(), json!(body(note, held, how_to_decide)));
         let mut id_input = Map::new();
         id_input.insert("note".into(), json!(note));
         id_input.insert("calls".into(), json!(ids));
@@ -99,23 +88,16 @@ impl HoldAlerts {
             "hold-{}",
             &crate::note::params_hash("hold_alert", &id_input)[..12]
         );
-        let timeout = tool.policy.timeout.max(Duration::from_millis(1));
-        let call = ToolCall {
-            call_id: &call_id,
+        let subject = format!("vaultd: {note} waits for approval");
+        let outcome = send(
+            registry,
+            config,
+            &call_id,
             note,
-            note_id: "",
-            parameters: &parameters,
-            deadline: Instant::now() + timeout,
-        };
-        // Straight to the transport: an alert is never itself held for approval.
-        let outcome = match tokio::time::timeout(timeout, tool.tool.run(call)).await {
-            Ok(Ok(_)) => AlertOutcome::Sent,
-            Ok(Err(e)) => AlertOutcome::Failed(e.to_string()),
-            Err(_) => AlertOutcome::Failed(format!(
-                "no answer within {}",
-                humantime::format_duration(timeout)
-            )),
-        };
+            subject,
+            body(note, held, how_to_decide),
+        )
+        .await;
         match &outcome {
             AlertOutcome::Sent => tracing::info!(
                 note,
@@ -128,6 +110,56 @@ impl HoldAlerts {
                 method = config.method,
                 recipient = config.recipient,
                 "hold alert failed (the note is unaffected): {why}"
+            ),
+            _ => {}
+        }
+        outcome
+    }
+
+    /// A daemon that paused because a second runner works on the vault (DESIGN §9.9) says so
+    /// through the same channel, once per pause (a pause lasts until a restart), within the
+    /// hourly cap.
+    pub async fn second_runner(
+        &self,
+        registry: &Registry,
+        note: &str,
+        message: &str,
+    ) -> AlertOutcome {
+        let Some(config) = &self.config else {
+            return AlertOutcome::NotConfigured;
+        };
+        if !self.take_slot() {
+            tracing::warn!(
+                "second-runner alert not sent: {} alerts went out in the last hour (notify.on_hold_per_hour)",
+                self.per_hour
+            );
+            return AlertOutcome::RateLimited;
+        }
+        let mut id_input = Map::new();
+        id_input.insert("note".into(), json!(note));
+        let call_id = format!(
+            "runner-{}",
+            &crate::note::params_hash("second_runner", &id_input)[..12]
+        );
+        let outcome = send(
+            registry,
+            config,
+            &call_id,
+            note,
+            "vaultd paused: a second runner works on this vault".to_string(),
+            message.to_string(),
+        )
+        .await;
+        match &outcome {
+            AlertOutcome::Sent => tracing::info!(
+                method = config.method,
+                recipient = config.recipient,
+                "second-runner alert sent"
+            ),
+            AlertOutcome::Failed(why) => tracing::error!(
+                method = config.method,
+                recipient = config.recipient,
+                "second-runner alert failed: {why}"
             ),
             _ => {}
         }
@@ -149,6 +181,41 @@ impl HoldAlerts {
         }
         sent.push_back(now);
         true
+    }
+}
+
+/// One alert, straight to send_notification's transport: an alert is never itself held.
+async fn send(
+    registry: &Registry,
+    config: &HoldAlertConfig,
+    call_id: &str,
+    note: &str,
+    subject: String,
+    body: String,
+) -> AlertOutcome {
+    let Some(tool) = registry.get("send_notification") else {
+        return AlertOutcome::Failed("send_notification is not registered".into());
+    };
+    let mut parameters = Map::new();
+    parameters.insert("method".into(), json!(config.method));
+    parameters.insert("recipient".into(), json!(config.recipient));
+    parameters.insert("subject".into(), json!(subject));
+    parameters.insert("body".into(), json!(body));
+    let timeout = tool.policy.timeout.max(Duration::from_millis(1));
+    let call = ToolCall {
+        call_id,
+        note,
+        note_id: "",
+        parameters: &parameters,
+        deadline: Instant::now() + timeout,
+    };
+    match tokio::time::timeout(timeout, tool.tool.run(call)).await {
+        Ok(Ok(_)) => AlertOutcome::Sent,
+        Ok(Err(e)) => AlertOutcome::Failed(e.to_string()),
+        Err(_) => AlertOutcome::Failed(format!(
+            "no answer within {}",
+            humantime::format_duration(timeout)
+        )),
     }
 }
 

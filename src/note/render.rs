@@ -150,6 +150,27 @@ pub fn set_note_id(text: &str, note_id: &str) -> String {
     set_frontmatter(text, &note, &[("tool_note", one_line(note_id))])
 }
 
+/// Sets `tool_runner` (DESIGN §9.9): which daemon wrote the note last.
+pub fn set_runner(text: &str, runner: &str) -> String {
+    let note = parse_note(text);
+    set_frontmatter(text, &note, &[("tool_runner", one_line(runner))])
+}
+
+/// What a claim writes (DESIGN §9.2, §9.9): `tool_note`, `tool_runner`, and `tool_updated`
+/// (so a replica's daemon sees a fresh claim, not the note's last round).
+pub fn stamp_claim(text: &str, note_id: &str, runner: &str, now: SystemTime) -> String {
+    let note = parse_note(text);
+    set_frontmatter(
+        text,
+        &note,
+        &[
+            ("tool_note", one_line(note_id)),
+            ("tool_runner", one_line(runner)),
+            ("tool_updated", rfc3339_seconds(now)),
+        ],
+    )
+}
+
 /// Replaces the line of each property (and its indented continuation lines), inserts the
 /// missing ones before the closing `---`; every other byte stays as it was.
 fn set_frontmatter(text: &str, note: &ParsedNote, props: &[(&str, String)]) -> String {

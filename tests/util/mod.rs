@@ -5,6 +5,7 @@
 
 pub mod home;
 pub mod searx;
+pub mod sync;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
