@@ -4,6 +4,7 @@
 //! (through the [`Runner`]), writes the results back and moves the note to its new state.
 //! Shutdown stops claiming and lets running calls finish within the grace period.
 
+use crate::arrivals::Arrivals;
 use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
 use crate::config::{ApprovalVia, Config};
 use crate::guard::breaker::Breakers;
@@ -17,7 +18,7 @@ use crate::secret::Redactor;
 use crate::synced::{ForeignNote, RunnerId, RunnerWatch};
 use crate::tools::mcp::McpSource;
 use crate::tools::{Admission, Registry};
-use crate::vault::{State, Vault, VaultError};
+use crate::vault::{LeftBehind, LinkError, State, Vault, VaultError};
 use crate::watch::{self, Hint};
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
@@ -165,6 +166,8 @@ pub struct Daemon {
     hold_alerts: HoldAlerts,
     /// This daemon's `tool_runner`, and whether a second runner paused claiming (§9.9).
     runners: RunnerWatch,
+    /// Notes renamed in: claimed by hard link, first name dropped after `moved_in_grace`.
+    arrivals: Arrivals,
 }
 
 /// Holds the vault lock while alive; removes the lock file when dropped (DESIGN §9.5).
@@ -330,6 +333,7 @@ pub async fn run_with(
     runner.breakers =
         Arc::new(Breakers::new(config.guard.breaker).with_state_file(&config.state_dir));
     let hold_alerts = HoldAlerts::new(config.guard.on_hold.clone(), config.guard.on_hold_per_hour);
+    let arrivals = Arrivals::new(config.moved_in_grace);
     let daemon = Arc::new(Daemon {
         results,
         hold_alerts,
@@ -344,6 +348,7 @@ pub async fn run_with(
         reported: Mutex::new(HashSet::new()),
         active: Mutex::new(HashMap::new()),
         settling: Mutex::new(HashSet::new()),
+        arrivals,
         mode,
         runners,
     });
@@ -503,6 +508,7 @@ impl Daemon {
             );
             tasks.abort_all();
         }
+        self.arrivals.drop_all(&self.vault);
         tracing::info!("vaultd stopped");
     }
 
@@ -586,13 +592,9 @@ impl Daemon {
             Hint::Rescan => {
                 self.scan_all(tasks);
             }
-            Hint::Ready(path) if self.config.moved_in_grace.is_zero() => self.dispatch(path, tasks),
             Hint::Ready(path) => {
-                let me = self.clone();
-                tasks.spawn(async move {
-                    tokio::time::sleep(me.config.moved_in_grace).await;
-                    me.spawn_note(path).await;
-                });
+                self.arrivals.arrived(&path);
+                self.dispatch(path, tasks);
             }
         }
     }
@@ -927,6 +929,9 @@ impl Daemon {
     /// Claims a note (rename into In_Progress) if it has pending calls, then runs it.
     async fn claim_and_run(self: &Arc<Self>, path: &Path, pass: Pass) -> Result<(), DaemonError> {
         loop {
+            if self.arrivals.is_left_behind(path) {
+                return Ok(()); // the first name of a note claimed by link, about to go
+            }
             let Some(text) = self.read_note(path) else {
                 return Ok(());
             };
@@ -976,7 +981,7 @@ impl Daemon {
         pass: Pass,
         ident: &mut Identity,
     ) -> Result<(), DaemonError> {
-        let claimed = match self.vault.move_to(path, State::InProgress) {
+        let (claimed, left) = match self.claim_note(path).await {
             Ok(p) => p,
             Err(VaultError::Move { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
@@ -994,7 +999,9 @@ impl Daemon {
         // Marked before the run is recorded, so a rescan never resumes it as stranded.
         self.mark_inflight(&claimed);
         let from = self.vault.relative(path);
-        let outcome = self.begin_and_execute(&claimed, &from, pass, ident).await;
+        let outcome = self
+            .begin_and_execute(&claimed, &from, pass, ident, left.as_ref())
+            .await;
         self.inflight
             .lock()
             .expect("inflight lock poisoned")
@@ -1008,6 +1015,7 @@ impl Daemon {
         from: &str,
         pass: Pass,
         ident: &mut Identity,
+        left: Option<&LeftBehind>,
     ) -> Result<(), DaemonError> {
         let note = self.vault.relative(claimed);
         let (id, from) = (ident.note_id.clone(), from.to_string());
@@ -1015,10 +1023,14 @@ impl Daemon {
             .stale
             .as_ref()
             .map(|s| (s.of.note_id.clone(), s.within_grace));
+        let left_key = left.map(|l| l.file.encode());
         let run = self
             .blocking(move |j| {
                 let copy_of = copy_of.as_ref().map(|(id, grace)| (id.as_str(), *grace));
-                j.begin_note_run(&note, Some(&id), Some(&from), copy_of)
+                match &left_key {
+                    Some(key) => j.begin_linked_run(&note, &id, &from, copy_of, key),
+                    None => j.begin_note_run(&note, Some(&id), Some(&from), copy_of),
+                }
             })
             .await?;
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
@@ -1027,6 +1039,36 @@ impl Daemon {
         }
         self.execute(run, claimed, pass, std::mem::take(ident))
             .await
+    }
+
+    /// Moves a note into In_Progress. A note renamed in within `moved_in_grace` is claimed by
+    /// hard link instead, its first name dropped when the grace is over (`arrivals.rs`); on a
+    /// file system without hard links it waits out the grace, then is renamed.
+    async fn claim_note(
+        self: &Arc<Self>,
+        path: &Path,
+    ) -> Result<(PathBuf, Option<LeftBehind>), VaultError> {
+        if let Some(keep) = self.arrivals.keep_first_name_for(path) {
+            match self.vault.link_to(path, State::InProgress) {
+                Ok((claimed, left)) => {
+                    self.arrivals.hold(&left);
+                    let (me, l) = (self.clone(), left.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(keep).await;
+                        let _ = tokio::task::spawn_blocking(move || {
+                            me.arrivals.drop_one(&me.vault, &l)
+                        })
+                        .await;
+                    });
+                    return Ok((claimed, Some(left)));
+                }
+                Err(LinkError::Unsupported) => tokio::time::sleep(keep).await,
+                Err(LinkError::Vault(e)) => return Err(e),
+            }
+        }
+        self.vault
+            .move_to(path, State::InProgress)
+            .map(|claimed| (claimed, None))
     }
 
     /// Stamps a claimed note with `tool_note` (DESIGN §9.2), `tool_runner` and `tool_updated`
@@ -2086,6 +2128,9 @@ impl Daemon {
         }
         let open = self.blocking(|j| j.open_runs()).await?;
         let notes = self.vault.scan(State::InProgress);
+        let since = SystemTime::now() - Duration::from_secs(24 * 3600);
+        let recorded = self.blocking(move |j| j.left_behind_since(since)).await?;
+        crate::arrivals::settle_after_crash(&self.vault, &recorded, &notes);
         let mut seen = HashSet::new();
         for path in notes {
             let rel = self.vault.relative(&path);

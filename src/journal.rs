@@ -9,13 +9,17 @@
 //! file while the daemon runs: WAL lets it read while the daemon writes, and the 5 s busy
 //! timeout plus `BEGIN IMMEDIATE` for every write serialise two writers instead of failing.
 //!
-//! # Tables (schema version 2, kept in `PRAGMA user_version`)
+//! # Tables (schema version 3, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
 //!   the note's identity (its `tool_note` property, DESIGN §9.2) and `claimed_from` the path it
 //!   was claimed from (the stale-copy rule, §9.6); `copy_of` the note a stale copy stands for
 //!   (kept, so a copy killed or moved mid-run still never runs that note's calls again). Version 1 journals get both columns, empty,
 //!   in place; a run without a note id is given one when its note is next seen.
+//!   `left_behind` (version 3) is the file key of the first name a hard-link claim keeps in
+//!   Needs_Action/ for `moved_in_grace` (so `mv` of several notes never fails): recorded with
+//!   the claim, it lets a restart after a crash inside that window remove the old name instead
+//!   of taking it for a new note.
 //!   Calls are keyed by (note id, call id) through their run: what a note's call did is known
 //!   whatever path the note has now.
 //! - `calls`: one row per start (or per outcome recorded without a start: validation, policy,
@@ -251,6 +255,8 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE runs ADD COLUMN copy_within_grace INTEGER;
     CREATE INDEX runs_by_note_id ON runs (note_id);
     CREATE INDEX runs_by_claimed_from ON runs (claimed_from);",
+    // Version 3: the first name a hard-link claim leaves behind for `moved_in_grace`.
+    "ALTER TABLE runs ADD COLUMN left_behind TEXT;",
 ];
 
 /// An error inside a transaction, before the journal's path is attached.
@@ -326,6 +332,54 @@ impl Journal {
         claimed_from: Option<&str>,
         copy_of: Option<(&str, bool)>,
     ) -> Result<RunId, JournalError> {
+        self.begin_claim(note, note_id, claimed_from, copy_of, None)
+    }
+
+    /// [`begin_note_run`](Self::begin_note_run) of a note claimed by hard link, whose first
+    /// name (`claimed_from`) still names the file `left_behind` (a `FileKey` encoded by the
+    /// vault) until the daemon drops it. Recorded with the claim, so that a restart after a
+    /// crash in between knows that name for what it is: the claimed note, not a new one.
+    pub fn begin_linked_run(
+        &self,
+        note: &str,
+        note_id: &str,
+        claimed_from: &str,
+        copy_of: Option<(&str, bool)>,
+        left_behind: &str,
+    ) -> Result<RunId, JournalError> {
+        self.begin_claim(
+            note,
+            Some(note_id),
+            Some(claimed_from),
+            copy_of,
+            Some(left_behind),
+        )
+    }
+
+    /// Names left behind by link claims since `since`: (the vault-relative name, its file
+    /// key). The daemon checks them at start-up (see [`begin_linked_run`](Self::begin_linked_run)).
+    pub fn left_behind_since(
+        &self,
+        since: SystemTime,
+    ) -> Result<Vec<(String, String)>, JournalError> {
+        self.read(|tx| {
+            let mut st = tx.prepare_cached(
+                "SELECT claimed_from, left_behind FROM runs
+                 WHERE left_behind IS NOT NULL AND claimed_at_ms >= ?1",
+            )?;
+            let rows = st.query_map(params![to_ms(since)], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn begin_claim(
+        &self,
+        note: &str,
+        note_id: Option<&str>,
+        claimed_from: Option<&str>,
+        copy_of: Option<(&str, bool)>,
+        left_behind: Option<&str>,
+    ) -> Result<RunId, JournalError> {
         self.write(|tx| {
             let now = now_ms();
             let stale = exec(
@@ -340,15 +394,16 @@ impl Journal {
             exec(
                 tx,
                 "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
-                                   copy_within_grace)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                                   copy_within_grace, left_behind)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![
                     note,
                     now,
                     note_id,
                     claimed_from,
                     copy_of.map(|c| c.0),
-                    copy_of.map(|c| c.1)
+                    copy_of.map(|c| c.1),
+                    left_behind
                 ],
             )?;
             let run = tx.last_insert_rowid();
@@ -1497,7 +1552,7 @@ mod tests {
             .lock()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, MIGRATIONS.len() as i64);
         let open = journal.open_runs().unwrap();
         assert_eq!(open.len(), 1);
         assert_eq!(open[0].note_id, None);

@@ -27,10 +27,12 @@
 //! - [`journal`]: the SQLite record of every claim, call and move.
 //! - [`tools`]: the registry and the tool sources (built-in, MCP servers).
 //! - [`daemon`]: the pipeline, start-up recovery and shutdown.
+//! - [`arrivals`]: notes renamed in are claimed at once by hard link; their first name goes after `moved_in_grace`.
 //! - [`guard`]: dry run, note budget, circuit breaker, hold alerts, untrusted text.
 //! - [`approval`]: `vaultd approve` / `vaultd reject`, decisions bound to parameters.
 
 pub mod approval;
+pub mod arrivals;
 pub mod call;
 pub mod cli;
 pub mod config;

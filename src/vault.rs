@@ -196,6 +196,130 @@ impl Vault {
     /// Moves a note into `to`, keeping its path relative to its state folder. Never
     /// overwrites: a taken name gets ` (2)`, ` (3)`, … Returns the new path.
     pub fn move_to(&self, path: &Path, to: State) -> Result<PathBuf, VaultError> {
+        let placed = self.place(path, to, rename_noreplace)?;
+        if let Some(parent) = path.parent() {
+            fsync_dir(parent);
+        }
+        Ok(placed)
+    }
+
+    /// Claims a note that has just been renamed into its folder by giving it a second name in
+    /// `to` (a hard link), so that its first name stays until [`drop_left_behind`]
+    /// (Self::drop_left_behind) removes it. GNU `mv a.md b.md Needs_Action/` looks at each
+    /// note it moved right after moving it; a note renamed away at once made `mv` fail
+    /// (README, "Moving several notes at once"). Returns the new path and what was left
+    /// behind; `Err(None)`-like fallbacks are the caller's: a file system without hard links
+    /// gives [`LinkError::Unsupported`].
+    pub fn link_to(&self, path: &Path, to: State) -> Result<(PathBuf, LeftBehind), LinkError> {
+        use std::os::unix::fs::MetadataExt;
+        let placed = self
+            .place(path, to, |from, to| std::fs::hard_link(from, to))
+            .map_err(|e| match &e {
+                VaultError::Move { source, .. } if link_unsupported(source) => {
+                    LinkError::Unsupported
+                }
+                _ => LinkError::Vault(e),
+            })?;
+        // Read through the new name: the inode is the one claimed, whatever the old name
+        // holds by now.
+        let meta = placed.symlink_metadata().map_err(|source| {
+            LinkError::Vault(VaultError::Move {
+                from: path.to_path_buf(),
+                to: placed.clone(),
+                source,
+            })
+        })?;
+        let left = LeftBehind {
+            path: path.to_path_buf(),
+            file: FileKey {
+                dev: meta.dev(),
+                ino: meta.ino(),
+                size: meta.size(),
+                mtime_ns: mtime_ns(&meta),
+            },
+        };
+        Ok((placed, left))
+    }
+
+    /// Removes the name a [`link_to`](Self::link_to) claim left behind, if it still names the
+    /// claimed file. The name is first renamed aside (a hidden name in the same folder), then
+    /// checked: a note saved there meanwhile (another file) is put back, never deleted.
+    /// True when a name was removed.
+    pub fn drop_left_behind(&self, left: &LeftBehind) -> io::Result<bool> {
+        let Some(aside) = aside_name(&left.path) else {
+            return Ok(false);
+        };
+        match rename_noreplace(&left.path, &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let same = aside
+            .symlink_metadata()
+            .is_ok_and(|m| FileKey::of(&m) == left.file);
+        if same {
+            std::fs::remove_file(&aside)?;
+            if let Some(parent) = left.path.parent() {
+                fsync_dir(parent);
+            }
+            return Ok(true);
+        }
+        self.put_back(&aside, &left.path)?;
+        Ok(false)
+    }
+
+    /// Puts a note renamed aside by [`drop_left_behind`](Self::drop_left_behind) back under
+    /// its name (numbered when the name was taken meanwhile).
+    fn put_back(&self, aside: &Path, name: &Path) -> io::Result<()> {
+        for n in 1..10_000u32 {
+            let candidate = if n == 1 {
+                name.to_path_buf()
+            } else {
+                numbered(name, n)
+            };
+            match rename_noreplace(aside, &candidate) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                other => return other,
+            }
+        }
+        Err(io::Error::other("10,000 notes of that name already exist"))
+    }
+
+    /// After a crash: notes a [`drop_left_behind`](Self::drop_left_behind) had renamed aside
+    /// get their names back (the left-behind check then runs again on them). Returns how many.
+    pub fn restore_set_aside(&self) -> usize {
+        let mut restored = 0;
+        for s in State::ALL {
+            let mut dirs = vec![self.folder(s)];
+            while let Some(dir) = dirs.pop() {
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    let Ok(ft) = entry.file_type() else { continue };
+                    let name = entry.file_name();
+                    if ft.is_dir() && !is_hidden(&name) {
+                        dirs.push(entry.path());
+                    } else if ft.is_file()
+                        && let Some(original) = set_aside_original(&name)
+                        && self.put_back(&entry.path(), &dir.join(original)).is_ok()
+                    {
+                        restored += 1;
+                    }
+                }
+            }
+        }
+        restored
+    }
+
+    /// Renames or links `path` into `to` under its relative path, numbering on collisions,
+    /// and fsyncs the folder it went into.
+    fn place(
+        &self,
+        path: &Path,
+        to: State,
+        op: impl Fn(&Path, &Path) -> io::Result<()>,
+    ) -> Result<PathBuf, VaultError> {
         let (_, rel) = self.locate(path).ok_or_else(|| VaultError::NotInVault {
             path: path.to_path_buf(),
         })?;
@@ -212,12 +336,9 @@ impl Vault {
             } else {
                 numbered(&target, n)
             };
-            match rename_noreplace(path, &candidate) {
+            match op(path, &candidate) {
                 Ok(()) => {
                     if let Some(parent) = candidate.parent() {
-                        fsync_dir(parent);
-                    }
-                    if let Some(parent) = path.parent() {
                         fsync_dir(parent);
                     }
                     return Ok(candidate);
@@ -238,6 +359,95 @@ impl Vault {
             source: io::Error::other("10,000 notes of that name already exist"),
         })
     }
+}
+
+/// What a [`Vault::link_to`] claim left behind: the note's first name, and the file it named
+/// (so that a different file saved under that name later is never taken for it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftBehind {
+    pub path: PathBuf,
+    pub file: FileKey,
+}
+
+/// Identifies one file's content as claimed: device, inode, size and modification time. A
+/// new file that reuses the inode number has another mtime (it was written later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+}
+
+impl FileKey {
+    pub fn of(meta: &std::fs::Metadata) -> FileKey {
+        use std::os::unix::fs::MetadataExt;
+        FileKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: mtime_ns(meta),
+        }
+    }
+
+    /// `dev:ino:size:mtime_ns`, as the journal keeps it.
+    pub fn encode(&self) -> String {
+        format!("{}:{}:{}:{}", self.dev, self.ino, self.size, self.mtime_ns)
+    }
+
+    pub fn decode(s: &str) -> Option<FileKey> {
+        let mut it = s.split(':');
+        let key = FileKey {
+            dev: it.next()?.parse().ok()?,
+            ino: it.next()?.parse().ok()?,
+            size: it.next()?.parse().ok()?,
+            mtime_ns: it.next()?.parse().ok()?,
+        };
+        it.next().is_none().then_some(key)
+    }
+}
+
+fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
+    use std::os::unix::fs::MetadataExt;
+    i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec())
+}
+
+/// Why a [`Vault::link_to`] claim did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The file system has no hard links (FAT, some network and FUSE file systems).
+    #[error("the file system does not support hard links")]
+    Unsupported,
+    #[error(transparent)]
+    Vault(VaultError),
+}
+
+fn link_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPERM | libc::EOPNOTSUPP | libc::EMLINK | libc::EXDEV | libc::ENOSYS)
+    )
+}
+
+const SET_ASIDE_SUFFIX: &str = ".vaultd-claimed";
+
+/// `Needs_Action/a.md` -> `Needs_Action/.a.md.vaultd-claimed` (hidden: never a note). None
+/// when that name would be too long.
+fn aside_name(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    let mut aside = std::ffi::OsString::from(".");
+    aside.push(name);
+    aside.push(SET_ASIDE_SUFFIX);
+    (aside.len() <= 255).then(|| path.with_file_name(aside))
+}
+
+/// The note name a set-aside name stands for.
+fn set_aside_original(name: &OsStr) -> Option<&OsStr> {
+    let b = name.as_bytes();
+    let inner = b
+        .strip_prefix(b".")?
+        .strip_suffix(SET_ASIDE_SUFFIX.as_bytes())?;
+    (!inner.is_empty()).then(|| OsStr::from_bytes(inner))
 }
 
 impl Vault {
@@ -433,6 +643,84 @@ mod tests {
             std::fs::read_to_string(v.folder(State::Done).join("work/a.md")).unwrap(),
             "old"
         );
+    }
+
+    #[test]
+    fn a_link_claim_keeps_the_first_name_until_it_is_dropped() {
+        let (_d, v) = vault();
+        let note = v.folder(State::NeedsAction).join("a.md");
+        std::fs::write(&note, "calls").unwrap();
+        let (claimed, left) = v.link_to(&note, State::InProgress).unwrap();
+        assert_eq!(claimed, v.folder(State::InProgress).join("a.md"));
+        assert!(note.exists(), "the first name stays (mv lstats it)");
+        // The claimed note is rewritten (a new inode), as the claim stamp does.
+        std::fs::write(claimed.with_extension("tmp"), "calls + tool_note").unwrap();
+        std::fs::rename(claimed.with_extension("tmp"), &claimed).unwrap();
+        assert!(v.drop_left_behind(&left).unwrap());
+        assert!(!note.exists());
+        assert_eq!(
+            std::fs::read_to_string(&claimed).unwrap(),
+            "calls + tool_note"
+        );
+        assert!(
+            !v.drop_left_behind(&left).unwrap(),
+            "dropping twice finds nothing"
+        );
+        assert_eq!(
+            std::fs::read_dir(v.folder(State::NeedsAction))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_note_saved_over_the_left_behind_name_is_never_dropped() {
+        let (_d, v) = vault();
+        let note = v.folder(State::NeedsAction).join("a.md");
+        std::fs::write(&note, "v1").unwrap();
+        let (_claimed, left) = v.link_to(&note, State::InProgress).unwrap();
+        // An editor saves the note again (temp file + rename): another file, same name.
+        let tmp = v.folder(State::NeedsAction).join(".a.md.swp");
+        std::fs::write(&tmp, "v2").unwrap();
+        std::fs::rename(&tmp, &note).unwrap();
+        assert!(!v.drop_left_behind(&left).unwrap());
+        assert_eq!(std::fs::read_to_string(&note).unwrap(), "v2");
+        let names: Vec<_> = std::fs::read_dir(v.folder(State::NeedsAction))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("a.md")]);
+    }
+
+    #[test]
+    fn a_note_set_aside_by_a_crashed_drop_gets_its_name_back() {
+        let (_d, v) = vault();
+        let na = v.folder(State::NeedsAction);
+        std::fs::write(na.join(".a.md.vaultd-claimed"), "kept").unwrap();
+        std::fs::write(na.join("b.md"), "b").unwrap();
+        std::fs::write(na.join(".b.md.vaultd-claimed"), "other b").unwrap();
+        assert_eq!(v.restore_set_aside(), 2);
+        assert_eq!(std::fs::read_to_string(na.join("a.md")).unwrap(), "kept");
+        assert_eq!(std::fs::read_to_string(na.join("b.md")).unwrap(), "b");
+        assert_eq!(
+            std::fs::read_to_string(na.join("b (2).md")).unwrap(),
+            "other b"
+        );
+    }
+
+    #[test]
+    fn file_keys_round_trip_and_reject_junk() {
+        let k = FileKey {
+            dev: 2049,
+            ino: 77,
+            size: 10,
+            mtime_ns: 1_700_000_000_123_456_789,
+        };
+        assert_eq!(FileKey::decode(&k.encode()), Some(k));
+        assert_eq!(FileKey::decode("1:2:3"), None);
+        assert_eq!(FileKey::decode("1:2:3:4:5"), None);
+        assert_eq!(FileKey::decode("a:2:3:4"), None);
     }
 
     #[test]

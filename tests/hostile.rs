@@ -86,7 +86,8 @@ async fn a_note_deleted_or_moved_away_mid_run_is_recorded_and_not_recreated() {
     );
     vault.wait_until_in("Done", "after.md");
     let log = daemon.log_text();
-    drop(daemon);
+    // A graceful stop: the first name a claim keeps for `moved_in_grace` is gone too.
+    assert!(daemon.terminate().success());
     assert!(log.contains("deleted or moved out of In_Progress"), "{log}");
     let notes = vault.all_notes();
     assert_eq!(
@@ -268,7 +269,8 @@ async fn two_thousand_notes_dropped_at_once_are_all_processed() {
         },
     );
     eprintln!("2,000 notes processed in {:?}", began.elapsed());
-    drop(daemon);
+    // A graceful stop: the first names claims keep for `moved_in_grace` are gone too.
+    assert!(daemon.terminate().success());
     assert!(vault.notes_in("Needs_Action").is_empty());
     assert!(vault.notes_in("In_Progress").is_empty());
 }
@@ -292,8 +294,12 @@ async fn the_periodic_rescan_finds_a_note_the_watcher_missed() {
     let vault = TestVault::new(&server.base_url(), "rescan_interval = \"1s\"\n");
     let daemon = vault.start();
     // Read-only when dropped (left alone), then made writable: a chmod gives no hint.
-    let path = vault.drop_note("late.md", &note_with_calls("L", &[search_call("late")]));
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let staged = vault.dir.path().join("late.md");
+    std::fs::write(&staged, note_with_calls("L", &[search_call("late")])).unwrap();
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let path = vault.path("Needs_Action", "late.md");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::rename(&staged, &path).unwrap();
     daemon.wait_for_log("read-only");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     vault.wait_until_in("Done", "late.md");

@@ -601,7 +601,7 @@ async fn an_old_format_journal_is_migrated_in_place_and_recovery_uses_it() {
     let version: i64 = db
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, 3, "migrated to the newest schema");
     let with_id: i64 = db
         .query_row(
             "SELECT count(*) FROM runs WHERE note_id IS NOT NULL",
@@ -745,4 +745,102 @@ async fn a_result_that_would_overflow_the_note_goes_to_an_attachment() {
         r["data"]["bytes"].as_u64().unwrap() as usize,
         whole.to_string().len()
     );
+}
+
+// Issue 10's "renamed in = read at once" and issue 11's "mv of several notes always succeeds",
+// together: a note renamed in is claimed by a hard link at once; its first name stays for
+// `moved_in_grace` (here long, to look at it) and then goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_note_renamed_in_runs_at_once_while_its_first_name_stays_for_the_grace() {
+    let search = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&search.base_url(), "moved_in_grace = \"20s\"\n");
+    let daemon = vault.start_logged("link-claim.log");
+    let text = note_with_calls("Look", &[search_call("rust")]);
+    let started = std::time::Instant::now();
+    vault.drop_note("a.md", &text);
+    let done = wait_in(&vault, &daemon, "Done", "a.md");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "ran inside the grace, not after it"
+    );
+    assert_eq!(only_result(&done)["ok"], true, "{done}");
+    assert_eq!(
+        vault.read("Needs_Action", "a.md"),
+        text,
+        "the first name stays, untouched, until the grace is over"
+    );
+    let status = daemon.terminate();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        vault.all_notes(),
+        vec!["Done/a.md".to_string()],
+        "shutdown drops the first name"
+    );
+    assert_eq!(search.requests(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_name_goes_when_the_grace_is_over() {
+    let search = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&search.base_url(), "moved_in_grace = \"1s\"\n");
+    let daemon = vault.start_logged("link-claim-grace.log");
+    vault.drop_note("a.md", &note_with_calls("Look", &[search_call("rust")]));
+    wait_in(&vault, &daemon, "Done", "a.md");
+    wait_until("the first name is dropped", DEADLINE, || {
+        !vault.exists("Needs_Action", "a.md")
+    });
+    assert_eq!(vault.all_notes(), vec!["Done/a.md".to_string()]);
+    assert_eq!(search.requests(), 1);
+    drop(daemon);
+}
+
+// kill -9 inside the grace: the restart drops the first name (recorded with the claim) instead
+// of taking it for a new note — no second note, no second result, nothing run twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_inside_the_grace_leaves_no_second_note() {
+    let search = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&search.base_url(), "moved_in_grace = \"30s\"\n");
+    let daemon = vault.start_logged("link-claim-kill.log");
+    vault.drop_note("a.md", &note_with_calls("Look", &[search_call("rust")]));
+    wait_in(&vault, &daemon, "Done", "a.md");
+    daemon.kill9();
+    assert!(
+        vault.exists("Needs_Action", "a.md"),
+        "killed inside the grace"
+    );
+    let daemon = vault.start_logged("link-claim-restart.log");
+    wait_until("the left-behind name is dropped", DEADLINE, || {
+        !vault.exists("Needs_Action", "a.md")
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(vault.all_notes(), vec!["Done/a.md".to_string()]);
+    assert_eq!(only_result(&vault.read("Done", "a.md"))["ok"], true);
+    assert_eq!(search.requests(), 1, "nothing ran twice");
+    drop(daemon);
+}
+
+// A note saved under the first name inside the grace is another file: never dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_note_saved_over_the_first_name_inside_the_grace_is_kept_and_run() {
+    let search = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&search.base_url(), "moved_in_grace = \"2s\"\n");
+    let daemon = vault.start_logged("link-claim-save.log");
+    vault.drop_note("a.md", &note_with_calls("One", &[search_call("first")]));
+    wait_in(&vault, &daemon, "Done", "a.md");
+    // Another note, saved atomically under the same name while the first name still stands.
+    vault.drop_note("a.md", &note_with_calls("Two", &[search_call("second")]));
+    let second = wait_in(&vault, &daemon, "Done", "a (2).md");
+    assert!(second.contains("Two"), "{second}");
+    assert_eq!(only_result(&second)["ok"], true, "{second}");
+    wait_until("every first name is dropped", DEADLINE, || {
+        vault.notes_in("Needs_Action").is_empty()
+    });
+    assert_eq!(
+        vault.all_notes(),
+        vec!["Done/a (2).md".to_string(), "Done/a.md".to_string()]
+    );
+    let mut queries = search.queries();
+    queries.sort();
+    assert_eq!(queries, vec!["first".to_string(), "second".to_string()]);
+    drop(daemon);
 }

@@ -18,7 +18,8 @@ async fn a_dropped_search_call_ends_in_done_with_its_result() {
     let original = note_with_calls("Research", &[search_call("rust agents")]);
     vault.drop_note("a.md", &original);
     let text = vault.wait_until_in("Done", "a.md");
-    drop(daemon);
+    // A graceful stop: the first name a claim keeps for `moved_in_grace` is gone too.
+    assert!(daemon.terminate().success());
 
     assert!(!vault.exists("Needs_Action", "a.md"));
     assert!(vault.notes_in("In_Progress").is_empty());

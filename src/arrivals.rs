@@ -1,0 +1,272 @@
+//! Notes that arrive by rename are claimed at once without breaking the program that moved
+//! them. GNU `mv a.md b.md Needs_Action/` `lstat`s each note right after renaming it (to
+//! refuse overwriting a file it just created); a note claimed (renamed away) in between made
+//! `mv` fail. So a note renamed in is claimed by a hard link into `In_Progress/`: it runs at
+//! once, while its first name stays for `moved_in_grace` and is then dropped — only if it
+//! still names the claimed file (a note saved there meanwhile is never removed).
+//!
+//! Crash safety: the left-behind name's file key is recorded in the journal with the claim
+//! (`Journal::begin_linked_run`); at start-up such names, and set-aside names of an
+//! interrupted drop, are settled before the inbox is scanned, so a left-behind name is never
+//! taken for a new note. A file system without hard links falls back to waiting
+//! `moved_in_grace`, then renaming.
+
+use crate::vault::{FileKey, LeftBehind, Vault};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The arrivals of one daemon: when each note was renamed in, and the names its link claims
+/// left behind until they are dropped.
+#[derive(Debug, Default)]
+pub struct Arrivals {
+    grace: Duration,
+    /// Path -> when a rename brought it in. Pruned as it is used: bounded by the notes
+    /// renamed in within one grace.
+    arrived: Mutex<HashMap<PathBuf, Instant>>,
+    /// First names of claimed notes, until dropped: a look at one is not a new note.
+    left: Mutex<HashMap<PathBuf, FileKey>>,
+}
+
+impl Arrivals {
+    pub fn new(grace: Duration) -> Arrivals {
+        Arrivals {
+            grace,
+            ..Arrivals::default()
+        }
+    }
+
+    /// A note was renamed in (an inotify `moved_to`).
+    pub fn arrived(&self, path: &Path) {
+        if self.grace.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut arrived = self.arrived.lock().expect("arrivals lock poisoned");
+        arrived.retain(|_, at| now.duration_since(*at) < self.grace);
+        arrived.insert(path.to_path_buf(), now);
+    }
+
+    /// How long the note's first name must still stay, if it arrived by rename within the
+    /// grace: then it is to be claimed by link.
+    pub fn keep_first_name_for(&self, path: &Path) -> Option<Duration> {
+        let at = self
+            .arrived
+            .lock()
+            .expect("arrivals lock poisoned")
+            .remove(path)?;
+        Some(self.grace.saturating_sub(at.elapsed())).filter(|d| !d.is_zero())
+    }
+
+    /// Remembers a name a link claim left behind, until [`drop_one`](Self::drop_one).
+    pub fn hold(&self, left: &LeftBehind) {
+        self.left
+            .lock()
+            .expect("arrivals lock poisoned")
+            .insert(left.path.clone(), left.file);
+    }
+
+    /// Whether `path` is a name a claim left behind and still names the claimed file.
+    pub fn is_left_behind(&self, path: &Path) -> bool {
+        let key = self
+            .left
+            .lock()
+            .expect("arrivals lock poisoned")
+            .get(path)
+            .copied();
+        key.is_some_and(|k| path.symlink_metadata().is_ok_and(|m| FileKey::of(&m) == k))
+    }
+
+    /// Drops one left-behind name (blocking IO). Errors are logged: the name then stays and
+    /// is dropped at the next start (the journal has it).
+    pub fn drop_one(&self, vault: &Vault, left: &LeftBehind) {
+        if let Err(e) = vault.drop_left_behind(left) {
+            tracing::warn!(note = %vault.relative(&left.path), "cannot remove the name a claim left behind: {e}");
+        }
+        let mut held = self.left.lock().expect("arrivals lock poisoned");
+        if held.get(&left.path) == Some(&left.file) {
+            held.remove(&left.path);
+        }
+    }
+
+    /// Drops every name still held (at shutdown: `mv` has long finished).
+    pub fn drop_all(&self, vault: &Vault) {
+        let held: Vec<_> = self
+            .left
+            .lock()
+            .expect("arrivals lock poisoned")
+            .iter()
+            .map(|(path, file)| LeftBehind {
+                path: path.clone(),
+                file: *file,
+            })
+            .collect();
+        for left in &held {
+            self.drop_one(vault, left);
+        }
+    }
+}
+
+/// At start-up, before the inbox is scanned: names set aside by an interrupted drop get their
+/// names back; then every name a link claim left behind (recorded in the journal as
+/// `(vault-relative path, file key)`, or still sharing its inode with a note in In_Progress)
+/// that still names the claimed file is dropped. Returns how many were dropped.
+pub fn settle_after_crash(
+    vault: &Vault,
+    recorded: &[(String, String)],
+    in_progress: &[PathBuf],
+) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let restored = vault.restore_set_aside();
+    if restored > 0 {
+        tracing::info!(
+            restored,
+            "notes set aside by an interrupted claim got their names back"
+        );
+    }
+    let mut left: Vec<LeftBehind> = recorded
+        .iter()
+        .filter_map(|(rel, key)| {
+            Some(LeftBehind {
+                path: vault.root().join(rel),
+                file: FileKey::decode(key)?,
+            })
+        })
+        .collect();
+    // Killed between the link and its journal record: the claimed note still shares its
+    // inode with the first name (the claim stamp, which makes a new file, comes later).
+    let linked: HashMap<(u64, u64), &PathBuf> = in_progress
+        .iter()
+        .filter_map(|p| {
+            let m = p.symlink_metadata().ok()?;
+            (m.nlink() > 1).then(|| ((m.dev(), m.ino()), p))
+        })
+        .collect();
+    if !linked.is_empty() {
+        for state in [
+            crate::vault::State::NeedsAction,
+            crate::vault::State::Approved,
+        ] {
+            for path in vault.scan(state) {
+                if let Ok(m) = path.symlink_metadata()
+                    && linked.contains_key(&(m.dev(), m.ino()))
+                {
+                    left.push(LeftBehind {
+                        file: FileKey::of(&m),
+                        path,
+                    });
+                }
+            }
+        }
+    }
+    let mut dropped = 0;
+    for l in &left {
+        let same = l
+            .path
+            .symlink_metadata()
+            .is_ok_and(|m| FileKey::of(&m) == l.file);
+        if same && vault.drop_left_behind(l).unwrap_or(false) {
+            dropped += 1;
+        }
+    }
+    if dropped > 0 {
+        tracing::info!(
+            dropped,
+            "removed names that claims interrupted by a crash had left in the inbox"
+        );
+    }
+    dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vault::State;
+
+    fn vault() -> (tempfile::TempDir, Vault) {
+        let d = tempfile::tempdir().unwrap();
+        let v = Vault::new(d.path().to_path_buf(), crate::config::Folders::default());
+        v.prepare().unwrap();
+        (d, v)
+    }
+
+    #[test]
+    fn a_name_left_by_a_claim_killed_before_its_journal_record_is_dropped() {
+        let (_d, v) = vault();
+        let note = v.folder(State::NeedsAction).join("a.md");
+        std::fs::write(&note, "calls").unwrap();
+        let (claimed, _left) = v.link_to(&note, State::InProgress).unwrap();
+        assert_eq!(
+            settle_after_crash(&v, &[], std::slice::from_ref(&claimed)),
+            1
+        );
+        assert!(!note.exists());
+        assert_eq!(std::fs::read_to_string(&claimed).unwrap(), "calls");
+    }
+
+    #[test]
+    fn a_recorded_name_is_dropped_only_while_it_names_the_claimed_file() {
+        let (_d, v) = vault();
+        let na = v.folder(State::NeedsAction);
+        std::fs::write(na.join("a.md"), "a").unwrap();
+        std::fs::write(na.join("b.md"), "b").unwrap();
+        let (ca, left_a) = v.link_to(&na.join("a.md"), State::InProgress).unwrap();
+        let (_cb, left_b) = v.link_to(&na.join("b.md"), State::InProgress).unwrap();
+        // a's claim was stamped (a new file); b's first name was replaced by a new note.
+        std::fs::write(ca.with_extension("tmp"), "a + tool_note").unwrap();
+        std::fs::rename(ca.with_extension("tmp"), &ca).unwrap();
+        std::fs::remove_file(na.join("b.md")).unwrap();
+        std::fs::write(na.join("b.md"), "a new b").unwrap();
+        let recorded = [
+            ("Needs_Action/a.md".to_string(), left_a.file.encode()),
+            ("Needs_Action/b.md".to_string(), left_b.file.encode()),
+            ("Needs_Action/gone.md".to_string(), left_b.file.encode()),
+            ("Needs_Action/junk.md".to_string(), "not a key".to_string()),
+        ];
+        assert_eq!(settle_after_crash(&v, &recorded, &[]), 1);
+        assert!(!na.join("a.md").exists());
+        assert_eq!(std::fs::read_to_string(na.join("b.md")).unwrap(), "a new b");
+    }
+
+    #[test]
+    fn arrivals_are_claimed_by_link_only_within_the_grace() {
+        let none = Arrivals::new(Duration::ZERO);
+        none.arrived(Path::new("/v/Needs_Action/a.md"));
+        assert_eq!(
+            none.keep_first_name_for(Path::new("/v/Needs_Action/a.md")),
+            None
+        );
+        let some = Arrivals::new(Duration::from_secs(60));
+        some.arrived(Path::new("/v/Needs_Action/a.md"));
+        let keep = some.keep_first_name_for(Path::new("/v/Needs_Action/a.md"));
+        assert!(
+            keep.is_some_and(|k| k > Duration::from_secs(50)),
+            "{keep:?}"
+        );
+        assert_eq!(
+            some.keep_first_name_for(Path::new("/v/Needs_Action/a.md")),
+            None,
+            "used once"
+        );
+        assert_eq!(
+            some.keep_first_name_for(Path::new("/v/Needs_Action/b.md")),
+            None
+        );
+    }
+
+    #[test]
+    fn a_held_name_counts_as_left_behind_until_dropped() {
+        let (_d, v) = vault();
+        let note = v.folder(State::NeedsAction).join("a.md");
+        std::fs::write(&note, "calls").unwrap();
+        let (_claimed, left) = v.link_to(&note, State::InProgress).unwrap();
+        let arrivals = Arrivals::new(Duration::from_secs(1));
+        assert!(!arrivals.is_left_behind(&note));
+        arrivals.hold(&left);
+        assert!(arrivals.is_left_behind(&note));
+        arrivals.drop_all(&v);
+        assert!(!arrivals.is_left_behind(&note));
+        assert!(!note.exists());
+    }
+}
