@@ -1049,7 +1049,11 @@ impl Daemon {
         path: &Path,
     ) -> Result<(PathBuf, Option<LeftBehind>), VaultError> {
         if let Some(keep) = self.arrivals.keep_first_name_for(path) {
-            match self.vault.link_to(path, State::InProgress) {
+            let (vault, p) = (self.vault.clone(), path.to_path_buf());
+            let linked = tokio::task::spawn_blocking(move || vault.link_to(&p, State::InProgress))
+                .await
+                .expect("claim task does not panic");
+            match linked {
                 Ok((claimed, left)) => {
                     self.arrivals.hold(&left);
                     let (me, l) = (self.clone(), left.clone());
@@ -1066,8 +1070,10 @@ impl Daemon {
                 Err(LinkError::Vault(e)) => return Err(e),
             }
         }
-        self.vault
-            .move_to(path, State::InProgress)
+        let (vault, p) = (self.vault.clone(), path.to_path_buf());
+        tokio::task::spawn_blocking(move || vault.move_to(&p, State::InProgress))
+            .await
+            .expect("claim task does not panic")
             .map(|claimed| (claimed, None))
     }
 
@@ -1941,7 +1947,10 @@ impl Daemon {
         let dest = if here == Some(next) || !path.exists() {
             path.to_path_buf()
         } else {
-            let dest = self.vault.move_to(path, next)?;
+            let (vault, p) = (self.vault.clone(), path.to_path_buf());
+            let dest = tokio::task::spawn_blocking(move || vault.move_to(&p, next))
+                .await
+                .expect("move task does not panic")?;
             self.runners.wrote(&dest);
             dest
         };

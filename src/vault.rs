@@ -2,10 +2,12 @@
 //! by rename that never overwrite (` (2)`, ` (3)`, … on collisions).
 
 use crate::config::Folders;
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// A note's state: which folder it is in (DESIGN §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -586,16 +588,71 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
-/// Makes a rename durable. Errors are ignored: some file systems refuse fsync on folders.
+/// Makes renames into or out of `dir` durable, sharing fsyncs between callers (issue 16):
+/// a caller that arrives while an fsync of the same folder runs waits for the next one, which
+/// then serves every caller that arrived meanwhile — ten notes finishing together cost two
+/// folder fsyncs, not ten. Each caller returns only after an fsync that *started* after its
+/// call, so its own rename is covered. Errors are ignored: some file systems refuse fsync on
+/// folders. Blocking: call it where blocking IO is allowed.
 pub fn fsync_dir(dir: &Path) {
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
+    static DIRS: std::sync::LazyLock<Mutex<HashMap<PathBuf, Arc<SharedSync>>>> =
+        std::sync::LazyLock::new(Default::default);
+    let shared = DIRS
+        .lock()
+        .expect("folder sync map poisoned")
+        .entry(dir.to_path_buf())
+        .or_default()
+        .clone();
+    shared.sync(|| {
+        if let Ok(f) = std::fs::File::open(dir) {
+            let _ = f.sync_all();
+        }
+    });
+}
+
+/// One folder's shared fsync: generations requested and made durable.
+#[derive(Default)]
+struct SharedSync {
+    state: Mutex<SyncState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Callers so far; a caller's number is its generation.
+    requested: u64,
+    /// Every generation up to this one is covered by a finished fsync.
+    durable: u64,
+    running: bool,
+}
+
+impl SharedSync {
+    fn sync(&self, fsync: impl Fn()) {
+        let mut st = self.state.lock().expect("folder sync poisoned");
+        st.requested += 1;
+        let mine = st.requested;
+        while st.durable < mine {
+            if st.running {
+                st = self.done.wait(st).expect("folder sync poisoned");
+                continue;
+            }
+            // This caller runs the fsync for everyone who asked before it starts.
+            st.running = true;
+            let covers = st.requested;
+            drop(st);
+            fsync();
+            st = self.state.lock().expect("folder sync poisoned");
+            st.running = false;
+            st.durable = st.durable.max(covers);
+            self.done.notify_all();
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn vault() -> (tempfile::TempDir, Vault) {
         let dir = tempfile::tempdir().unwrap();
@@ -721,6 +778,46 @@ mod tests {
         assert_eq!(FileKey::decode("1:2:3"), None);
         assert_eq!(FileKey::decode("1:2:3:4:5"), None);
         assert_eq!(FileKey::decode("a:2:3:4"), None);
+    }
+
+    #[test]
+    fn concurrent_folder_syncs_share_fsyncs_and_each_waits_for_one_started_after_it() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let shared = Arc::new(SharedSync::default());
+        let fsyncs = Arc::new(AtomicU64::new(0));
+        // Callers number themselves on arrival; each finished fsync raises `covered` to the
+        // number of callers that had arrived when it started.
+        let arrived = Arc::new(AtomicU64::new(0));
+        let covered = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let (shared, fsyncs) = (shared.clone(), fsyncs.clone());
+                let (arrived, covered) = (arrived.clone(), covered.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let me = arrived.fetch_add(1, Ordering::SeqCst) + 1;
+                        shared.sync(|| {
+                            let at_start = arrived.load(Ordering::SeqCst);
+                            fsyncs.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_micros(200));
+                            covered.fetch_max(at_start, Ordering::SeqCst);
+                        });
+                        let c = covered.load(Ordering::SeqCst);
+                        assert!(
+                            c >= me,
+                            "caller {me} returned before an fsync covered it ({c})"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let st = shared.state.lock().unwrap();
+        assert_eq!((st.requested, st.durable, st.running), (800, 800, false));
+        let n = fsyncs.load(Ordering::SeqCst);
+        assert!(n < 800, "fsyncs were shared: {n} for 800 callers");
     }
 
     #[test]

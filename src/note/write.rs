@@ -91,7 +91,7 @@ pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String
         drop(guard);
         // The rename is done: a failed folder fsync only weakens durability after a crash,
         // and reporting it as a failed write would make the caller append twice.
-        let _ = sync_parent(path);
+        sync_parent(path);
         return Ok(new);
     }
     Err(io_error(
@@ -318,12 +318,14 @@ fn write_temp(temp: &Path, note: &Path, bytes: &[u8]) -> io::Result<()> {
     file.sync_all()
 }
 
-fn sync_parent(path: &Path) -> io::Result<()> {
+/// The folder fsync after a rename, shared with other writers of the same folder
+/// ([`crate::vault::fsync_dir`]).
+fn sync_parent(path: &Path) {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    File::open(parent)?.sync_all()
+    crate::vault::fsync_dir(parent);
 }
 
 #[cfg(test)]
