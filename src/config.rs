@@ -1,6 +1,7 @@
 //! Configuration: the TOML file (strict, unknown keys are errors) is read into `RawConfig`,
 //! then validated once into `Config`, with secrets resolved. Nothing downstream re-checks.
 
+use crate::home::expand_tilde;
 use crate::secret::{Secret, SecretError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -440,21 +441,6 @@ fn default_state_dir() -> PathBuf {
     directories::ProjectDirs::from("", "", "vaultd")
         .and_then(|d| d.state_dir().map(Path::to_path_buf))
         .unwrap_or_else(|| PathBuf::from(".vaultd-state"))
-}
-
-/// Expands a leading `~/` to the home directory.
-pub fn expand_tilde(p: &str) -> PathBuf {
-    if let Some(rest) = p.strip_prefix("~/")
-        && let Some(home) = directories::BaseDirs::new()
-    {
-        return home.home_dir().join(rest);
-    }
-    if p == "~"
-        && let Some(home) = directories::BaseDirs::new()
-    {
-        return home.home_dir().to_path_buf();
-    }
-    PathBuf::from(p)
 }
 
 /// The vault that holds the current folder: the first folder, walking up, that holds

@@ -46,7 +46,7 @@ impl Secret {
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| SecretError::EnvMissing(name.to_string()))?
         } else if let Some(path) = reference.strip_prefix("file:") {
-            read_trimmed(crate::config::expand_tilde(path))?
+            read_trimmed(crate::home::expand_tilde(path))?
         } else if let Some(name) = reference.strip_prefix("credential:") {
             let dir = std::env::var_os("CREDENTIALS_DIRECTORY")
                 .filter(|v| !v.is_empty())

@@ -527,7 +527,7 @@ fn find_program(program: &str, base: &Path) -> Option<PathBuf> {
         return None;
     }
     if program.contains('/') {
-        let p = crate::config::expand_tilde(program);
+        let p = crate::home::expand_tilde(program);
         let p = if p.is_relative() { base.join(p) } else { p };
         return executable(&p).then(|| std::path::absolute(&p).unwrap_or(p));
     }
