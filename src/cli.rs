@@ -360,6 +360,9 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
     let (config, _) = load(g)?;
     let redactor = Arc::new(daemon::redactor_for(&config));
     init_tracing(redactor.clone(), g.log_format);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -970,6 +973,7 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
         "stale_copy_grace": humantime::format_duration(c.stale_copy_grace).to_string(),
         "stale_copy_window": humantime::format_duration(c.stale_copy_window).to_string(),
         "runner_window": humantime::format_duration(c.runner_window).to_string(),
+        "approval_via": c.approval_via.as_str(),
         "folders": {
             "needs_action": c.folders.needs_action, "in_progress": c.folders.in_progress,
             "pending_approval": c.folders.pending_approval, "approved": c.folders.approved,
@@ -991,7 +995,6 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
             "send_notification": {
                 "enabled": t.send_notification.enabled,
                 "approval": format!("{:?}", t.send_notification.approval).to_lowercase(),
-                "approval_via": format!("{:?}", t.send_notification.approval_via).to_lowercase(),
                 "allowed_recipients": t.send_notification.allowed_recipients,
                 "timeout": humantime::format_duration(t.send_notification.timeout).to_string(),
                 "rate_limit": rl(&t.send_notification.rate_limit),

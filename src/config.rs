@@ -79,6 +79,8 @@ pub struct RawConfig {
     pub stale_copy_window: Option<String>,
     /// DESIGN §9.9: another runner's notes this recent stop start-up.
     pub runner_window: Option<String>,
+    /// Who may approve held calls, for every tool (DESIGN §4).
+    pub approval_via: Option<ApprovalVia>,
     #[serde(default)]
     pub folders: RawFolders,
     #[serde(default)]
@@ -94,6 +96,16 @@ pub struct RawConfig {
     pub notify: crate::guard::RawNotify,
     #[serde(default)]
     pub circuit_breaker: crate::guard::RawCircuitBreaker,
+    /// The file's text, kept to turn a key's span into a line number in messages.
+    #[serde(skip)]
+    pub text: String,
+}
+
+impl RawConfig {
+    /// The 1-based line of a byte offset in the file (1 without a file).
+    fn line_of(&self, offset: usize) -> usize {
+        line_column(&self.text, offset).0
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -171,7 +183,8 @@ pub struct RawSearchWeb {
 pub struct RawSendNotification {
     pub enabled: Option<bool>,
     pub approval: Option<String>,
-    pub approval_via: Option<String>,
+    /// The old spelling of the top-level `approval_via`: still read, with a warning.
+    pub approval_via: Option<toml::Spanned<ApprovalVia>>,
     pub allowed_recipients: Option<Vec<String>>,
     pub timeout: Option<String>,
     pub rate_limit: Option<RawRateLimit>,
@@ -253,6 +266,11 @@ pub struct Config {
     pub mcp: Vec<crate::tools::mcp::config::McpServerConfig>,
     /// Dry run, note budget, circuit breaker, hold alerts (DESIGN §12).
     pub guard: crate::guard::GuardConfig,
+    /// Who may approve held calls: moving the note, or only `vaultd approve` (DESIGN §4).
+    pub approval_via: ApprovalVia,
+    /// Things a person should change in the file that do not stop vaultd (an old spelling),
+    /// each naming file:line; logged at start.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -340,7 +358,8 @@ pub enum Approval {
     Always,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ApprovalVia {
     /// Moving the note into `Approved/` or `Rejected/` decides.
     Folder,
@@ -348,11 +367,19 @@ pub enum ApprovalVia {
     Cli,
 }
 
+impl ApprovalVia {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalVia::Folder => "folder",
+            ApprovalVia::Cli => "cli",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SendNotificationConfig {
     pub enabled: bool,
     pub approval: Approval,
-    pub approval_via: ApprovalVia,
     pub allowed_recipients: Vec<String>,
     pub timeout: Duration,
     pub rate_limit: RateLimit,
@@ -491,7 +518,12 @@ pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
     loop {
         let attempt = RawConfig::deserialize(toml::de::Deserializer::from(table.clone()));
         let mut error = match attempt {
-            Ok(raw) if unknown.is_empty() => return Ok(raw),
+            Ok(raw) if unknown.is_empty() => {
+                return Ok(RawConfig {
+                    text: text.to_string(),
+                    ..raw
+                });
+            }
             Ok(_) => break,
             Err(e) => e,
         };
@@ -592,13 +624,15 @@ fn rate_limit(raw: Option<RawRateLimit>, default: RateLimit) -> RateLimit {
 
 /// Validates a raw config into a `Config`. `source` names the file in errors.
 pub fn from_raw(
-    raw: RawConfig,
+    mut raw: RawConfig,
     source: Option<PathBuf>,
     overrides: &Overrides,
 ) -> Result<Config, ConfigError> {
     let path = source
         .clone()
         .unwrap_or_else(|| PathBuf::from("<defaults>"));
+    let mut warnings = Vec::new();
+    let approval_via = approval_via(&mut raw, &path, &mut warnings)?;
     let invalid = |key: &str, message: String| ConfigError::Invalid {
         path: path.clone(),
         key: key.to_string(),
@@ -884,16 +918,6 @@ pub fn from_raw(
             ));
         }
     };
-    let approval_via = match n.approval_via.as_deref() {
-        None | Some("folder") => ApprovalVia::Folder,
-        Some("cli") => ApprovalVia::Cli,
-        Some(other) => {
-            return Err(invalid(
-                "tools.send_notification.approval_via",
-                format!("`{other}` is not one of folder, cli"),
-            ));
-        }
-    };
     let allowed_recipients = n.allowed_recipients.unwrap_or_default();
     for r in &allowed_recipients {
         let ok = match r.strip_prefix("*@") {
@@ -1000,7 +1024,6 @@ pub fn from_raw(
     let send_notification = SendNotificationConfig {
         enabled: n.enabled.unwrap_or(true),
         approval,
-        approval_via,
         allowed_recipients,
         timeout: parse_duration(
             &n.timeout,
@@ -1071,7 +1094,45 @@ pub fn from_raw(
         tool_results,
         mcp,
         guard,
+        approval_via,
+        warnings,
     })
+}
+
+/// The top-level `approval_via`, or its old spelling under `[tools.send_notification]` (with
+/// a warning naming file:line and the new spelling). Both, and different: an error.
+fn approval_via(
+    raw: &mut RawConfig,
+    path: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<ApprovalVia, ConfigError> {
+    let top = raw.approval_via;
+    let Some(old) = raw.tools.send_notification.approval_via.take() else {
+        return Ok(top.unwrap_or(ApprovalVia::Folder));
+    };
+    let line = raw.line_of(old.span().start);
+    let old = *old.get_ref();
+    if let Some(top) = top
+        && top != old
+    {
+        return Err(ConfigError::InvalidAt {
+            path: path.to_path_buf(),
+            line,
+            key: "tools.send_notification.approval_via".to_string(),
+            message: format!(
+                "`{}` contradicts the top-level approval_via = \"{}\"; keep only the top-level key",
+                old.as_str(),
+                top.as_str()
+            ),
+        });
+    }
+    warnings.push(format!(
+        "{}:{line}: `approval_via` under [tools.send_notification] is the old spelling: it applies \
+         to every held call, so write `approval_via = \"{}\"` at the top of the file, before any [table]",
+        path.display(),
+        old.as_str()
+    ));
+    Ok(old)
 }
 
 fn local_hostname() -> String {
@@ -1179,6 +1240,53 @@ mod tests {
         .unwrap();
         assert_eq!(c.tools.search_web.rate_limit.per_hour, Some(2));
         assert_eq!(c.tools.search_web.rate_limit.per_day, None);
+    }
+
+    #[test]
+    fn approval_via_is_a_top_level_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = load_str("", dir.path()).unwrap();
+        assert_eq!(c.approval_via, ApprovalVia::Folder);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let c = load_str("approval_via = \"cli\"\n", dir.path()).unwrap();
+        assert_eq!(c.approval_via, ApprovalVia::Cli);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let err = load_str("approval_via = \"maybe\"\n", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("approval_via") && err.contains("maybe"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_old_approval_via_spelling_works_with_a_warning_naming_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = "workers = 2\n[tools.send_notification]\napproval_via = \"cli\"\n";
+        let c = load_str(old, dir.path()).unwrap();
+        assert_eq!(c.approval_via, ApprovalVia::Cli);
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        let w = &c.warnings[0];
+        assert!(w.starts_with("test.toml:3: "), "{w}");
+        assert!(
+            w.contains("approval_via = \"cli\"") && w.contains("top of the file"),
+            "{w}"
+        );
+        // Both spellings saying the same is fine (still a warning); saying different things
+        // is an error at the old key's line.
+        let both = format!("approval_via = \"cli\"\n{old}");
+        let c = load_str(&both, dir.path()).unwrap();
+        assert_eq!(c.approval_via, ApprovalVia::Cli);
+        assert_eq!(c.warnings.len(), 1);
+        let clash = format!("approval_via = \"folder\"\n{old}");
+        let err = load_str(&clash, dir.path()).unwrap_err().to_string();
+        assert!(err.contains("line 4"), "{err}");
+        assert!(
+            err.contains("tools.send_notification.approval_via"),
+            "{err}"
+        );
+        assert!(err.contains("contradicts"), "{err}");
     }
 
     #[test]

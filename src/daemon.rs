@@ -542,7 +542,7 @@ impl Daemon {
     }
 
     fn approval_via_cli(&self) -> bool {
-        self.config.tools.send_notification.approval_via == ApprovalVia::Cli
+        self.config.approval_via == ApprovalVia::Cli
     }
 
     fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {

@@ -531,9 +531,7 @@ fn truncate_chars(s: &str, max: usize) -> String {
 mod tests_support {
     use super::SendNotification;
     use crate::call::{CallError, ToolOutput};
-    use crate::config::{
-        Approval, ApprovalVia, EmailConfig, EmailTransport, RateLimit, SendNotificationConfig,
-    };
+    use crate::config::{Approval, EmailConfig, EmailTransport, RateLimit, SendNotificationConfig};
     use crate::secret::Secret;
     use crate::tools::{Tool, ToolCall};
     use serde_json::{Map, Value, json};
@@ -546,7 +544,6 @@ mod tests_support {
         SendNotificationConfig {
             enabled: true,
             approval: Approval::Never,
-            approval_via: ApprovalVia::Folder,
             allowed_recipients: Vec::new(),
             timeout: Duration::from_secs(10),
             rate_limit: RateLimit::default(),
