@@ -1,6 +1,7 @@
 //! The built-in tool source: `search_web` and `send_notification`, each one module that owns
 //! its config table. Adding a built-in tool is one module here plus one line in [`register`].
 
+mod retry;
 pub mod search_web;
 pub mod send_notification;
 

@@ -13,6 +13,7 @@ mod slack;
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::config::{Approval, SendNotificationConfig};
 use crate::secret::{Redactor, Secret};
+use crate::tools::builtin::retry::Backoff;
 use crate::tools::{
     Admission, Effect, RegistryError, Source, Tool, ToolCall, ToolFuture, ToolSpec,
 };
@@ -449,29 +450,15 @@ fn status_error(hook: &Webhook, status: reqwest::StatusCode, detail: &str) -> Ca
     CallError::new(ErrorCode::ExecutionError, message).retryable(retryable)
 }
 
-/// After a 429, waits out `wait` and says yes when a retry still fits before the deadline
-/// (with a little room for the request itself); says no at once otherwise.
-async fn wait_for_retry(wait: Duration, deadline: Instant) -> bool {
-    const ROOM_FOR_THE_REQUEST: Duration = Duration::from_millis(200);
-    let Some(resume) = Instant::now().checked_add(wait) else {
-        return false;
-    };
-    if resume + ROOM_FOR_THE_REQUEST >= deadline {
-        return false;
-    }
-    tokio::time::sleep_until(tokio::time::Instant::from_std(resume)).await;
-    true
-}
-
-/// `Retry-After` in seconds (integer or decimal); the HTTP-date form is not used by these APIs.
-fn retry_after_header(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    seconds(value.trim().parse::<f64>().ok()?)
-}
-
-fn seconds(s: f64) -> Option<Duration> {
-    Duration::try_from_secs_f64(s).ok()
-}
+/// Webhooks retry only a 429 (a 5xx may already have posted), waiting exactly what the server
+/// asks (no backoff of our own), at most four attempts, and only when the wait leaves room
+/// for the request before the deadline.
+const WEBHOOK_BACKOFF: Backoff = Backoff {
+    base: Duration::ZERO,
+    max: Duration::ZERO,
+    max_attempts: 4,
+    min_attempt_time: Duration::from_millis(200),
+};
 
 /// The time left before the deadline, or TIMEOUT when none is.
 fn time_left(hook: &Webhook, deadline: Instant) -> Result<Duration, CallError> {
