@@ -2,7 +2,11 @@
 //! then validated once into `Config`, with secrets resolved. Nothing downstream re-checks.
 
 use crate::home::expand_tilde;
-use crate::secret::{Secret, SecretError};
+use crate::secret::{Redactor, Secret, SecretError, SecretHolder};
+use crate::tools::builtin::search_web::config::{RawSearchWeb, SearchWebConfig};
+use crate::tools::builtin::send_notification::config::{
+    RawSendNotification, SendNotificationConfig,
+};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -167,57 +171,6 @@ pub struct RawRateLimit {
     pub per_day: Option<u32>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSearchWeb {
-    pub enabled: Option<bool>,
-    pub provider: Option<String>,
-    pub base_url: Option<String>,
-    pub api_key: Option<String>,
-    pub timeout: Option<String>,
-    pub rate_limit: Option<RawRateLimit>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSendNotification {
-    pub enabled: Option<bool>,
-    pub approval: Option<String>,
-    /// The old spelling of the top-level `approval_via`: still read, with a warning.
-    pub approval_via: Option<toml::Spanned<ApprovalVia>>,
-    pub allowed_recipients: Option<Vec<String>>,
-    pub timeout: Option<String>,
-    pub rate_limit: Option<RawRateLimit>,
-    #[serde(default)]
-    pub email: RawEmail,
-    #[serde(default)]
-    pub slack: RawWebhooks,
-    #[serde(default)]
-    pub discord: RawWebhooks,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawEmail {
-    pub transport: Option<String>,
-    pub outbox: Option<String>,
-    pub smtp_url: Option<String>,
-    pub username: Option<String>,
-    pub password: Option<String>,
-    pub from: Option<String>,
-    /// STARTTLS policy for smtp:// URLs: "opportunistic" (default) or "required".
-    pub starttls: Option<String>,
-    /// Host name used in `Message-ID: <call_id@host>`; defaults to the machine's host name.
-    pub message_id_host: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawWebhooks {
-    #[serde(default)]
-    pub webhooks: BTreeMap<String, String>,
-}
-
 // ---------------------------------------------------------------------------------------------
 // Validated.
 
@@ -313,49 +266,31 @@ pub struct RateLimit {
     pub per_day: Option<u32>,
 }
 
+impl RateLimit {
+    /// A `rate_limit` table replaces the tool's default as a whole: `{ per_hour = 2 }` sets
+    /// no daily limit.
+    pub fn from_raw(raw: Option<RawRateLimit>, default: RateLimit) -> RateLimit {
+        match raw {
+            None => default,
+            Some(r) => RateLimit {
+                per_hour: r.per_hour,
+                per_day: r.per_day,
+            },
+        }
+    }
+
+    /// What `vaultd config` shows.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({ "per_hour": self.per_hour, "per_day": self.per_day })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ToolsConfig {
     pub search_web: SearchWebConfig,
     pub send_notification: SendNotificationConfig,
     pub command: crate::tools::command::config::CommandTools,
     pub vault: crate::tools::vault::VaultToolsConfig,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SearchProvider {
-    DuckDuckGo,
-    Searxng,
-    Brave,
-    Tavily,
-}
-
-impl SearchProvider {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SearchProvider::DuckDuckGo => "duckduckgo",
-            SearchProvider::Searxng => "searxng",
-            SearchProvider::Brave => "brave",
-            SearchProvider::Tavily => "tavily",
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SearchWebConfig {
-    pub enabled: bool,
-    pub provider: SearchProvider,
-    /// None = the provider's public default.
-    pub base_url: Option<String>,
-    pub api_key: Option<Secret>,
-    pub timeout: Duration,
-    pub rate_limit: RateLimit,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Approval {
-    Never,
-    Unlisted,
-    Always,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -374,46 +309,6 @@ impl ApprovalVia {
             ApprovalVia::Cli => "cli",
         }
     }
-}
-
-#[derive(Debug, Clone)]
-pub struct SendNotificationConfig {
-    pub enabled: bool,
-    pub approval: Approval,
-    pub allowed_recipients: Vec<String>,
-    pub timeout: Duration,
-    pub rate_limit: RateLimit,
-    pub email: EmailConfig,
-    /// Slack incoming-webhook URLs by the name a note uses as `recipient`.
-    pub slack: BTreeMap<String, Secret>,
-    /// Discord webhook URLs by name.
-    pub discord: BTreeMap<String, Secret>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartTls {
-    Opportunistic,
-    Required,
-}
-
-#[derive(Debug, Clone)]
-pub enum EmailTransport {
-    /// Write `.eml` files into this folder: the default, so a fresh install sends nothing.
-    File { outbox: PathBuf },
-    Smtp {
-        /// `smtp://host[:port]` or `smtps://host[:port]`, without credentials.
-        url: String,
-        starttls: StartTls,
-        username: Option<String>,
-        password: Option<Secret>,
-    },
-}
-
-#[derive(Debug, Clone)]
-pub struct EmailConfig {
-    pub transport: EmailTransport,
-    pub from: String,
-    pub message_id_host: String,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -539,6 +434,19 @@ pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
                 let (line, column) = line_column(text, span.start);
                 unknown.push(format!("{}:{line}:{column}: `{key}`", path.display()));
             }
+            // A value of the wrong type or not among the choices: name its line and key.
+            (None, Some(span)) if unknown.is_empty() => {
+                if let Some(key) = key_at(table.get_ref(), &span, "") {
+                    return Err(ConfigError::InvalidAt {
+                        path: path.to_path_buf(),
+                        line: line_column(text, span.start).0,
+                        key,
+                        message: error.message().to_string(),
+                    });
+                }
+                error.set_input(Some(text));
+                return Err(parse_error(error));
+            }
             _ if unknown.is_empty() => {
                 error.set_input(Some(text));
                 return Err(parse_error(error));
@@ -552,6 +460,34 @@ pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
         path: path.to_path_buf(),
         keys: unknown,
     })
+}
+
+/// The dotted path of the innermost key whose value holds `span` (where serde found a bad
+/// value), anywhere in the tree.
+fn key_at(
+    table: &toml::de::DeTable<'_>,
+    span: &std::ops::Range<usize>,
+    prefix: &str,
+) -> Option<String> {
+    for (k, v) in table.iter() {
+        let path = format!("{prefix}{}", k.get_ref());
+        let deeper = match v.get_ref() {
+            toml::de::DeValue::Table(t) => key_at(t, span, &format!("{path}.")),
+            toml::de::DeValue::Array(items) => items.iter().find_map(|item| match item.get_ref() {
+                toml::de::DeValue::Table(t) => key_at(t, span, &format!("{path}.")),
+                _ => None,
+            }),
+            _ => None,
+        };
+        if deeper.is_some() {
+            return deeper;
+        }
+        let held = v.span();
+        if !held.is_empty() && held.start <= span.start && span.end <= held.end {
+            return Some(path);
+        }
+    }
+    None
 }
 
 /// Removes the key whose name sits at `span`, anywhere in the tree; returns its dotted path.
@@ -612,16 +548,6 @@ fn parse_duration(
     }
 }
 
-fn rate_limit(raw: Option<RawRateLimit>, default: RateLimit) -> RateLimit {
-    match raw {
-        None => default,
-        Some(r) => RateLimit {
-            per_hour: r.per_hour,
-            per_day: r.per_day,
-        },
-    }
-}
-
 /// Validates a raw config into a `Config`. `source` names the file in errors.
 pub fn from_raw(
     mut raw: RawConfig,
@@ -638,19 +564,6 @@ pub fn from_raw(
         key: key.to_string(),
         message,
     };
-    let secret = |key: &str, reference: &str| {
-        let resolved = if overrides.skip_secrets {
-            Secret::unresolved(reference)
-        } else {
-            Secret::resolve(reference)
-        };
-        resolved.map_err(|reason| ConfigError::Secret {
-            path: path.clone(),
-            key: key.to_string(),
-            reason,
-        })
-    };
-
     // Relative paths in a config file are relative to the file's folder.
     let base = source
         .as_ref()
@@ -859,193 +772,14 @@ pub fn from_raw(
         &path,
     )?;
 
-    // search_web
-    let s = t.search_web;
-    let provider = match s.provider.as_deref() {
-        None | Some("duckduckgo") => SearchProvider::DuckDuckGo,
-        Some("searxng") => SearchProvider::Searxng,
-        Some("brave") => SearchProvider::Brave,
-        Some("tavily") => SearchProvider::Tavily,
-        Some(other) => {
-            return Err(invalid(
-                "tools.search_web.provider",
-                format!("`{other}` is not one of duckduckgo, searxng, brave, tavily"),
-            ));
-        }
+    let cx = TableContext {
+        path: &path,
+        base: &base,
+        state_dir: &state_dir,
+        skip_secrets: overrides.skip_secrets,
     };
-    if let Some(url) = &s.base_url
-        && reqwest::Url::parse(url).is_err()
-    {
-        return Err(invalid(
-            "tools.search_web.base_url",
-            format!("`{url}` is not a URL"),
-        ));
-    }
-    let api_key = match &s.api_key {
-        Some(r) => Some(secret("tools.search_web.api_key", r)?),
-        None => None,
-    };
-    let search_web = SearchWebConfig {
-        enabled: s.enabled.unwrap_or(true),
-        provider,
-        base_url: s.base_url,
-        api_key,
-        timeout: parse_duration(
-            &s.timeout,
-            "tools.search_web.timeout",
-            Duration::from_secs(30),
-            &path,
-        )?,
-        rate_limit: rate_limit(
-            s.rate_limit,
-            RateLimit {
-                per_hour: Some(120),
-                per_day: Some(1000),
-            },
-        ),
-    };
-
-    // send_notification
-    let n = t.send_notification;
-    let approval = match n.approval.as_deref() {
-        None | Some("unlisted") => Approval::Unlisted,
-        Some("never") => Approval::Never,
-        Some("always") => Approval::Always,
-        Some(other) => {
-            return Err(invalid(
-                "tools.send_notification.approval",
-                format!("`{other}` is not one of never, unlisted, always"),
-            ));
-        }
-    };
-    let allowed_recipients = n.allowed_recipients.unwrap_or_default();
-    for r in &allowed_recipients {
-        let ok = match r.strip_prefix("*@") {
-            Some(domain) => !domain.is_empty() && !domain.contains('@'),
-            None => r.contains('@'),
-        };
-        if !ok {
-            return Err(invalid(
-                "tools.send_notification.allowed_recipients",
-                format!("`{r}` is neither an address nor `*@domain`"),
-            ));
-        }
-    }
-    let e = n.email;
-    let starttls = match e.starttls.as_deref() {
-        None | Some("opportunistic") => StartTls::Opportunistic,
-        Some("required") => StartTls::Required,
-        Some(other) => {
-            return Err(invalid(
-                "tools.send_notification.email.starttls",
-                format!("`{other}` is not one of opportunistic, required"),
-            ));
-        }
-    };
-    let transport = match e.transport.as_deref() {
-        None | Some("file") => EmailTransport::File {
-            outbox: e
-                .outbox
-                .as_deref()
-                .map(config_path)
-                .unwrap_or_else(|| state_dir.join("outbox")),
-        },
-        Some("smtp") => {
-            let Some(url) = e.smtp_url.clone() else {
-                return Err(invalid(
-                    "tools.send_notification.email.smtp_url",
-                    "transport = \"smtp\" needs smtp_url = \"smtp://host:port\" or \"smtps://host:port\"".into(),
-                ));
-            };
-            let parsed = reqwest::Url::parse(&url).map_err(|err| {
-                invalid(
-                    "tools.send_notification.email.smtp_url",
-                    format!("`{url}` is not a URL: {err}"),
-                )
-            })?;
-            if !matches!(parsed.scheme(), "smtp" | "smtps") || parsed.host_str().is_none() {
-                return Err(invalid(
-                    "tools.send_notification.email.smtp_url",
-                    format!("`{url}` must be smtp://host[:port] or smtps://host[:port]"),
-                ));
-            }
-            if !parsed.username().is_empty() || parsed.password().is_some() {
-                return Err(invalid(
-                    "tools.send_notification.email.smtp_url",
-                    "put credentials in `username` and `password` (a secret reference), not in the URL".into(),
-                ));
-            }
-            let password = match &e.password {
-                Some(r) => Some(secret("tools.send_notification.email.password", r)?),
-                None => None,
-            };
-            EmailTransport::Smtp {
-                url,
-                starttls,
-                username: e.username.clone(),
-                password,
-            }
-        }
-        Some(other) => {
-            return Err(invalid(
-                "tools.send_notification.email.transport",
-                format!("`{other}` is not one of file, smtp"),
-            ));
-        }
-    };
-    let from = e
-        .from
-        .clone()
-        .unwrap_or_else(|| "vaultd <vaultd@localhost>".to_string());
-    if from.parse::<lettre::message::Mailbox>().is_err() {
-        return Err(invalid(
-            "tools.send_notification.email.from",
-            format!("`{from}` is not a mailbox like \"Name <a@b.org>\""),
-        ));
-    }
-    let message_id_host = e.message_id_host.clone().unwrap_or_else(local_hostname);
-    let mut slack = BTreeMap::new();
-    for (name, r) in &n.slack.webhooks {
-        slack.insert(
-            name.clone(),
-            secret(&format!("tools.send_notification.slack.webhooks.{name}"), r)?,
-        );
-    }
-    let mut discord = BTreeMap::new();
-    for (name, r) in &n.discord.webhooks {
-        discord.insert(
-            name.clone(),
-            secret(
-                &format!("tools.send_notification.discord.webhooks.{name}"),
-                r,
-            )?,
-        );
-    }
-    let send_notification = SendNotificationConfig {
-        enabled: n.enabled.unwrap_or(true),
-        approval,
-        allowed_recipients,
-        timeout: parse_duration(
-            &n.timeout,
-            "tools.send_notification.timeout",
-            Duration::from_secs(30),
-            &path,
-        )?,
-        rate_limit: rate_limit(
-            n.rate_limit,
-            RateLimit {
-                per_hour: Some(20),
-                per_day: Some(100),
-            },
-        ),
-        email: EmailConfig {
-            transport,
-            from,
-            message_id_host,
-        },
-        slack,
-        discord,
-    };
+    let search_web = SearchWebConfig::from_raw(t.search_web, &cx)?;
+    let send_notification = SendNotificationConfig::from_raw(t.send_notification, &cx)?;
     let guard = crate::guard::config_from_raw(
         raw.note_budget,
         raw.notify,
@@ -1135,15 +869,21 @@ fn approval_via(
     Ok(old)
 }
 
-fn local_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
-}
-
 impl ToolsConfig {
+    /// `vaultd config`'s `tools` object: each source describes its own tables.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "search_web": self.search_web.describe(),
+            "send_notification": self.send_notification.describe(),
+            "vault": self.vault.describe(),
+        })
+    }
+
+    /// Every part of the `[tools]` tables that names secrets.
+    fn secret_holders(&self) -> Vec<&dyn SecretHolder> {
+        vec![&self.search_web, &self.send_notification, &self.command]
+    }
+
     /// The defaults, for commands that need tool specs but no vault (`vaultd tools`).
     pub fn defaults() -> ToolsConfig {
         let dir = tempfile_free_dir();
@@ -1158,6 +898,61 @@ impl ToolsConfig {
     }
 }
 
+impl Config {
+    /// The one redactor: every secret that any tool source or MCP server names.
+    pub fn redactor(&self) -> Redactor {
+        let mut holders = self.tools.secret_holders();
+        holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
+        Redactor::for_holders(&holders)
+    }
+}
+
+/// What a tool source needs to validate its table: the file (named in messages), the folder
+/// relative paths are resolved against, the state dir, and whether to read secrets.
+pub struct TableContext<'a> {
+    pub path: &'a Path,
+    /// The config file's folder: relative paths in it are relative to it.
+    pub base: &'a Path,
+    pub state_dir: &'a Path,
+    /// Commands that run no tool keep secret references unresolved ([`Overrides`]).
+    pub skip_secrets: bool,
+}
+
+impl TableContext<'_> {
+    /// A bad value: the file and the dotted key at fault.
+    pub fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The secret a reference names, resolved unless `skip_secrets`.
+    pub fn secret(&self, key: &str, reference: &str) -> Result<Secret, ConfigError> {
+        let resolved = if self.skip_secrets {
+            Secret::unresolved(reference)
+        } else {
+            Secret::resolve(reference)
+        };
+        resolved.map_err(|reason| ConfigError::Secret {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            reason,
+        })
+    }
+
+    /// A path as written in the file: `~` expanded, relative to the file's folder.
+    pub fn path(&self, p: &str) -> PathBuf {
+        let p = expand_tilde(p);
+        if p.is_relative() {
+            self.base.join(p)
+        } else {
+            p
+        }
+    }
+}
+
 fn tempfile_free_dir() -> PathBuf {
     std::env::temp_dir()
 }
@@ -1165,6 +960,8 @@ fn tempfile_free_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::builtin::search_web::config::SearchProvider;
+    use crate::tools::builtin::send_notification::config::{Approval, EmailTransport};
 
     fn load_str(text: &str, vault: &Path) -> Result<Config, ConfigError> {
         let path = PathBuf::from("test.toml");

@@ -129,6 +129,19 @@ fn read_trimmed(path: PathBuf) -> Result<String, SecretError> {
     Ok(s)
 }
 
+/// A part of the config that holds secrets (a tool source's table, an MCP server): it names
+/// them, and [`Redactor::for_holders`] collects them into the one redactor, so no other code
+/// needs to know where secrets live.
+pub trait SecretHolder {
+    /// Every secret this part holds.
+    fn secrets(&self) -> Vec<&Secret>;
+
+    /// User names sent beside a secret (SMTP AUTH): their encoded pairs are redacted too.
+    fn usernames(&self) -> Vec<&str> {
+        Vec::new()
+    }
+}
+
 /// Replaces every known secret — plain, URL-encoded, base64 (SMTP AUTH) — with `[redacted]`.
 #[derive(Debug, Clone, Default)]
 pub struct Redactor {
@@ -177,6 +190,13 @@ impl Redactor {
         needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
         needles.dedup();
         Redactor { needles }
+    }
+
+    /// The redactor for every secret the holders name.
+    pub fn for_holders(holders: &[&dyn SecretHolder]) -> Redactor {
+        let secrets: Vec<&Secret> = holders.iter().flat_map(|h| h.secrets()).collect();
+        let usernames: Vec<&str> = holders.iter().flat_map(|h| h.usernames()).collect();
+        Redactor::new(secrets, &usernames)
     }
 
     pub fn redact(&self, s: &str) -> String {

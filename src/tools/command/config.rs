@@ -152,9 +152,9 @@ pub struct CommandTools {
     pub scratch_root: PathBuf,
 }
 
-impl CommandTools {
-    /// Every secret in an `env` table, for the one redactor.
-    pub fn secrets(&self) -> impl Iterator<Item = &Secret> {
+/// Every secret in an `env` table, for the one redactor.
+impl crate::secret::SecretHolder for CommandTools {
+    fn secrets(&self) -> Vec<&Secret> {
         self.tools
             .iter()
             .flat_map(|t| t.env.values())
@@ -162,6 +162,7 @@ impl CommandTools {
                 EnvValue::Secret(s) => Some(s),
                 EnvValue::Plain(_) => None,
             })
+            .collect()
     }
 }
 

@@ -123,9 +123,11 @@ impl McpServerConfig {
             timeout: self.timeout,
         })
     }
+}
 
-    /// Every secret of this server, for the one redactor.
-    pub fn secrets(&self) -> Vec<&Secret> {
+/// Every secret of this server, for the one redactor.
+impl crate::secret::SecretHolder for McpServerConfig {
+    fn secrets(&self) -> Vec<&Secret> {
         match &self.transport {
             Transport::Stdio { env, .. } => env.iter().map(|(_, s)| s).collect(),
             Transport::Http { headers, .. } => headers.iter().map(|(_, s)| s).collect(),

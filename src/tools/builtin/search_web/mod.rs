@@ -2,6 +2,7 @@
 //! `{ "results": [ { "title", "url", "snippet" } ] }`.
 //!
 //! # Layout
+//! - `config.rs`: the `[tools.search_web]` table.
 //! - `mod.rs`: parameters, provider choice and configuration checks, the shared result type
 //!   and the HTML text clean-up Brave and DuckDuckGo both need.
 //! - `http.rs`: one request with retries bounded by the call's deadline (DESIGN §8.4).
@@ -9,15 +10,16 @@
 //!   (REFERENCE §6).
 
 mod brave;
+pub mod config;
 mod duckduckgo;
 mod http;
 mod searxng;
 mod tavily;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
-use crate::config::{SearchProvider, SearchWebConfig};
 use crate::secret::Redactor;
 use crate::tools::{Effect, Source, Tool, ToolCall, ToolFuture, ToolSpec};
+pub use config::{SearchProvider, SearchWebConfig};
 use reqwest::Url;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -61,7 +63,7 @@ impl SearchWeb {
             },
             config: config.clone(),
             http,
-            redactor: Redactor::new(config.api_key.iter(), &[]),
+            redactor: Redactor::for_holders(&[config]),
             duckduckgo_pacer: duckduckgo::Pacer::default(),
         }
     }

@@ -2,8 +2,8 @@
 //! SMTP with implicit TLS or STARTTLS. Every message carries `Message-ID: <call_id@host>` so
 //! a duplicate can always be told apart (DESIGN §4, §8.10).
 
+use super::{EmailConfig, EmailTransport, StartTls};
 use crate::call::{CallError, ErrorCode};
-use crate::config::{EmailConfig, EmailTransport, StartTls};
 use crate::tools::{RegistryError, ToolCall};
 use lettre::message::Mailbox;
 use lettre::message::header::ContentType;
@@ -424,9 +424,9 @@ mod tests {
         assert_eq!(p.security, Security::StartTlsRequired);
     }
 
+    use super::super::SendNotificationConfig;
     use super::super::tests_support::*;
     use crate::call::ErrorCode;
-    use crate::config::SendNotificationConfig;
     use base64::Engine;
     use mailin_embedded::response::{self, Response};
     use mailin_embedded::{AuthMechanism, Handler, Server, SslConfig};

@@ -6,17 +6,18 @@
 //! recipients must be addresses, and `approval` decides which sends wait for a person.
 //! Each method is one module: [`email`], [`slack`], [`discord`].
 
+pub mod config;
 mod discord;
 mod email;
 mod slack;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
-use crate::config::{Approval, SendNotificationConfig};
-use crate::secret::{Redactor, Secret};
+use crate::secret::{Redactor, Secret, SecretHolder};
 use crate::tools::builtin::retry::Backoff;
 use crate::tools::{
     Admission, Effect, RegistryError, Source, Tool, ToolCall, ToolFuture, ToolSpec,
 };
+pub use config::{Approval, EmailConfig, EmailTransport, SendNotificationConfig, StartTls};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -45,20 +46,7 @@ impl SendNotification {
         let slack = Webhooks::new("slack", &config.slack)?;
         let discord = Webhooks::new("discord", &config.discord)?;
         let email = email::Email::new(&config.email, config.timeout)?;
-        let mut usernames: Vec<&str> = Vec::new();
-        let mut secrets: Vec<&Secret> = config
-            .slack
-            .values()
-            .chain(config.discord.values())
-            .collect();
-        if let crate::config::EmailTransport::Smtp {
-            username, password, ..
-        } = &config.email.transport
-        {
-            usernames.extend(username.as_deref());
-            secrets.extend(password.as_ref());
-        }
-        let redactor = Redactor::new(secrets, &usernames);
+        let redactor = Redactor::for_holders(&[config as &dyn SecretHolder]);
         Ok(SendNotification {
             spec: ToolSpec {
                 name: TOOL.to_string(),
@@ -517,8 +505,9 @@ fn truncate_chars(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests_support {
     use super::SendNotification;
+    use super::{Approval, EmailConfig, EmailTransport, SendNotificationConfig};
     use crate::call::{CallError, ToolOutput};
-    use crate::config::{Approval, EmailConfig, EmailTransport, RateLimit, SendNotificationConfig};
+    use crate::config::RateLimit;
     use crate::secret::Secret;
     use crate::tools::{Tool, ToolCall};
     use serde_json::{Map, Value, json};
