@@ -3,10 +3,7 @@
 
 use crate::home::expand_tilde;
 use crate::secret::{Redactor, Secret, SecretError, SecretHolder};
-use crate::tools::builtin::search_web::config::{RawSearchWeb, SearchWebConfig};
-use crate::tools::builtin::send_notification::config::{
-    RawSendNotification, SendNotificationConfig,
-};
+use crate::tools::builtin::BuiltinTool;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -125,43 +122,6 @@ pub struct RawFolders {
     /// Where oversized results are saved; never watched.
     pub tool_results: Option<String>,
     pub dry_run: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawTools {
-    #[serde(default)]
-    pub search_web: RawSearchWeb,
-    #[serde(default)]
-    pub send_notification: RawSendNotification,
-    /// `[tools.command.NAME]`, read and checked by the command tool source.
-    #[serde(default)]
-    pub command: BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
-    /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
-    #[serde(default)]
-    pub vault: crate::tools::vault::RawVault,
-    #[serde(default)]
-    pub vault_search: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_read: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_list: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_tasks: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_create: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_append: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_set_properties: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_complete_task: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_move: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_delete: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_undo: crate::tools::vault::RawVaultTool,
 }
 
 #[derive(Debug, Default, Deserialize, Clone, Copy)]
@@ -285,13 +245,116 @@ impl RateLimit {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct ToolsConfig {
-    pub search_web: SearchWebConfig,
-    pub send_notification: SendNotificationConfig,
-    pub command: crate::tools::command::config::CommandTools,
-    pub vault: crate::tools::vault::VaultToolsConfig,
+/// `[tools]`, as written ([`RawTools`]) and validated ([`ToolsConfig`]): one table per built-in
+/// tool, from the one list in [`crate::tools::builtin::builtin_tools`], then the command and
+/// vault sources' tables. Each built-in tool's table type is its own ([`BuiltinTool`]).
+macro_rules! tools_tables {
+    ($($name:ident: $module:ident::$tool:ident),* $(,)?) => {
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct RawTools {
+            $(
+                #[serde(default)]
+                pub $name: <crate::tools::builtin::$module::$tool as BuiltinTool>::Raw,
+            )*
+            /// `[tools.command.NAME]`, read and checked by the command tool source.
+            #[serde(default)]
+            pub command:
+                BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
+            /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
+            #[serde(default)]
+            pub vault: crate::tools::vault::RawVault,
+            #[serde(default)]
+            pub vault_search: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_read: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_list: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_tasks: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_create: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_append: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_set_properties: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_complete_task: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_move: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_delete: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_undo: crate::tools::vault::RawVaultTool,
+        }
+
+        #[derive(Debug, Clone)]
+        pub struct ToolsConfig {
+            $(pub $name: <crate::tools::builtin::$module::$tool as BuiltinTool>::Config,)*
+            pub command: crate::tools::command::config::CommandTools,
+            pub vault: crate::tools::vault::VaultToolsConfig,
+        }
+
+        impl ToolsConfig {
+            /// Each source validates its own tables.
+            fn from_raw(
+                t: RawTools,
+                cx: &TableContext,
+                vault: &Path,
+                folders: &Folders,
+            ) -> Result<ToolsConfig, ConfigError> {
+                Ok(ToolsConfig {
+                    vault: crate::tools::vault::VaultToolsConfig::from_raw(
+                        t.vault,
+                        vec![
+                            ("vault_search", t.vault_search),
+                            ("vault_read", t.vault_read),
+                            ("vault_list", t.vault_list),
+                            ("vault_tasks", t.vault_tasks),
+                            ("vault_create", t.vault_create),
+                            ("vault_append", t.vault_append),
+                            ("vault_set_properties", t.vault_set_properties),
+                            ("vault_complete_task", t.vault_complete_task),
+                            ("vault_move", t.vault_move),
+                            ("vault_delete", t.vault_delete),
+                            ("vault_undo", t.vault_undo),
+                        ],
+                        vault,
+                        folders,
+                        cx.path,
+                    )?,
+                    $($name: <crate::tools::builtin::$module::$tool as BuiltinTool>::config(
+                        t.$name, cx,
+                    )?,)*
+                    command: crate::tools::command::config::validate(
+                        t.command,
+                        cx.path,
+                        cx.base,
+                        vault,
+                        cx.state_dir,
+                    )?,
+                })
+            }
+
+            /// `vaultd config`'s `tools` object: each source describes its own tables.
+            pub fn describe(&self) -> serde_json::Value {
+                let mut tools = serde_json::Map::new();
+                $(tools.insert(
+                    stringify!($name).to_string(),
+                    <crate::tools::builtin::$module::$tool as BuiltinTool>::describe(&self.$name),
+                );)*
+                tools.insert("vault".to_string(), self.vault.describe());
+                serde_json::Value::Object(tools)
+            }
+
+            /// Every part of the `[tools]` tables that names secrets.
+            fn secret_holders(&self) -> Vec<&dyn SecretHolder> {
+                vec![$(&self.$name,)* &self.command]
+            }
+        }
+    };
 }
+crate::tools::builtin::builtin_tools!(tools_tables);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -750,41 +813,18 @@ pub fn from_raw(
         }
     }
 
-    let mut t = raw.tools;
-    let raw_command = std::mem::take(&mut t.command);
-    let vault_tools = crate::tools::vault::VaultToolsConfig::from_raw(
-        t.vault,
-        vec![
-            ("vault_search", t.vault_search),
-            ("vault_read", t.vault_read),
-            ("vault_list", t.vault_list),
-            ("vault_tasks", t.vault_tasks),
-            ("vault_create", t.vault_create),
-            ("vault_append", t.vault_append),
-            ("vault_set_properties", t.vault_set_properties),
-            ("vault_complete_task", t.vault_complete_task),
-            ("vault_move", t.vault_move),
-            ("vault_delete", t.vault_delete),
-            ("vault_undo", t.vault_undo),
-        ],
-        &vault,
-        &folders,
-        &path,
-    )?;
-
     let cx = TableContext {
         path: &path,
         base: &base,
         state_dir: &state_dir,
         skip_secrets: overrides.skip_secrets,
     };
-    let search_web = SearchWebConfig::from_raw(t.search_web, &cx)?;
-    let send_notification = SendNotificationConfig::from_raw(t.send_notification, &cx)?;
+    let tools = ToolsConfig::from_raw(raw.tools, &cx, &vault, &folders)?;
     let guard = crate::guard::config_from_raw(
         raw.note_budget,
         raw.notify,
         raw.circuit_breaker,
-        &send_notification,
+        &tools.send_notification,
         &path,
     )?;
 
@@ -799,8 +839,6 @@ pub fn from_raw(
     }
     let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &path, config_path)?;
 
-    let command =
-        crate::tools::command::config::validate(raw_command, &path, &base, &vault, &state_dir)?;
     Ok(Config {
         source,
         vault,
@@ -818,12 +856,7 @@ pub fn from_raw(
         stale_copy_window,
         runner_window,
         folders,
-        tools: ToolsConfig {
-            search_web,
-            send_notification,
-            command,
-            vault: vault_tools,
-        },
+        tools,
         max_result_bytes,
         tool_results,
         mcp,
@@ -870,20 +903,6 @@ fn approval_via(
 }
 
 impl ToolsConfig {
-    /// `vaultd config`'s `tools` object: each source describes its own tables.
-    pub fn describe(&self) -> serde_json::Value {
-        serde_json::json!({
-            "search_web": self.search_web.describe(),
-            "send_notification": self.send_notification.describe(),
-            "vault": self.vault.describe(),
-        })
-    }
-
-    /// Every part of the `[tools]` tables that names secrets.
-    fn secret_holders(&self) -> Vec<&dyn SecretHolder> {
-        vec![&self.search_web, &self.send_notification, &self.command]
-    }
-
     /// The defaults, for commands that need tool specs but no vault (`vaultd tools`).
     pub fn defaults() -> ToolsConfig {
         let dir = tempfile_free_dir();

@@ -195,6 +195,38 @@ impl Tool for SearchWeb {
     }
 }
 
+impl crate::tools::builtin::BuiltinTool for SearchWeb {
+    type Raw = config::RawSearchWeb;
+    type Config = SearchWebConfig;
+
+    fn config(
+        raw: Self::Raw,
+        cx: &crate::config::TableContext,
+    ) -> Result<SearchWebConfig, crate::config::ConfigError> {
+        SearchWebConfig::from_raw(raw, cx)
+    }
+
+    fn describe(config: &SearchWebConfig) -> Value {
+        config.describe()
+    }
+
+    fn policy(config: &SearchWebConfig) -> crate::tools::Policy {
+        crate::tools::Policy {
+            enabled: config.enabled,
+            timeout: config.timeout,
+            rate_limit: config.rate_limit,
+            approval: None,
+        }
+    }
+
+    fn build(
+        config: &SearchWebConfig,
+        http: reqwest::Client,
+    ) -> Result<SearchWeb, crate::tools::RegistryError> {
+        Ok(SearchWeb::new(config, http))
+    }
+}
+
 /// One search result as the note shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct SearchHit {

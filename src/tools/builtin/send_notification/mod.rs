@@ -195,6 +195,39 @@ impl Tool for SendNotification {
     }
 }
 
+impl crate::tools::builtin::BuiltinTool for SendNotification {
+    type Raw = config::RawSendNotification;
+    type Config = SendNotificationConfig;
+
+    fn config(
+        raw: Self::Raw,
+        cx: &crate::config::TableContext,
+    ) -> Result<SendNotificationConfig, crate::config::ConfigError> {
+        SendNotificationConfig::from_raw(raw, cx)
+    }
+
+    fn describe(config: &SendNotificationConfig) -> Value {
+        config.describe()
+    }
+
+    fn policy(config: &SendNotificationConfig) -> crate::tools::Policy {
+        crate::tools::Policy {
+            enabled: config.enabled,
+            timeout: config.timeout,
+            rate_limit: config.rate_limit,
+            // The recipient rules are the tool's own `admit`.
+            approval: None,
+        }
+    }
+
+    fn build(
+        config: &SendNotificationConfig,
+        http: reqwest::Client,
+    ) -> Result<SendNotification, RegistryError> {
+        SendNotification::new(config, http)
+    }
+}
+
 /// Where a send goes, once checked against the config.
 enum Target<'t> {
     Email(lettre::Address),
