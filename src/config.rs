@@ -11,15 +11,21 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    // Fields named `reason`, not `source`: the message already says it, and a `source` would
-    // be printed a second time by `{:#}` chains.
-    #[error("cannot read config {path}: {reason}")]
+    // The cause is a `#[source]` and not in the message: `{:#}` (how `main` prints errors)
+    // appends it once, after a colon, and callers can still walk the chain.
+    #[error("cannot read config {path}")]
     Read {
         path: PathBuf,
-        reason: std::io::Error,
+        #[source]
+        source: std::io::Error,
     },
-    #[error("bad config {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    /// Not TOML at all: toml's error carries the line, column and an excerpt.
+    #[error("bad config {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
     /// Every unknown key of the file at once, each as `file:line:column: key`.
     #[error("bad config {path}: unknown keys (a typo?):\n{}", .keys.join("\n"))]
     UnknownKeys { path: PathBuf, keys: Vec<String> },
@@ -36,11 +42,12 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
-    #[error("bad config {path}: key `{key}`: {reason}")]
+    #[error("bad config {path}: key `{key}`")]
     Secret {
         path: PathBuf,
         key: String,
-        reason: SecretError,
+        #[source]
+        source: SecretError,
     },
     #[error(transparent)]
     Mcp(#[from] crate::tools::mcp::config::McpConfigError),
@@ -452,9 +459,9 @@ pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
     let path = locate(overrides);
     let raw = match &path {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|reason| ConfigError::Read {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
                 path: p.clone(),
-                reason,
+                source,
             })?;
             parse_raw(&text, p)?
         }
@@ -467,9 +474,9 @@ pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
 /// column: serde stops at the first, so each one found is removed and the rest parsed again.
 pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
     use serde::Deserialize as _;
-    let parse_error = |e: toml::de::Error| ConfigError::Parse {
+    let parse_error = |source: toml::de::Error| ConfigError::Parse {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        source,
     };
     let mut table = toml::de::DeTable::parse(text).map_err(parse_error)?;
     let mut unknown = Vec::new();
@@ -954,10 +961,10 @@ impl TableContext<'_> {
         } else {
             Secret::resolve(reference)
         };
-        resolved.map_err(|reason| ConfigError::Secret {
+        resolved.map_err(|source| ConfigError::Secret {
             path: self.path.to_path_buf(),
             key: key.to_string(),
-            reason,
+            source,
         })
     }
 
@@ -1103,6 +1110,30 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("contradicts"), "{err}");
+    }
+
+    #[test]
+    fn a_secret_error_keeps_its_cause_in_the_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load_str(
+            "[tools.search_web]\napi_key = \"file:/nonexistent/vaultd-key\"\n",
+            dir.path(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "bad config test.toml: key `tools.search_web.api_key`"
+        );
+        let secret = std::error::Error::source(&err).expect("the secret error");
+        assert_eq!(
+            secret.to_string(),
+            "cannot read secret file /nonexistent/vaultd-key"
+        );
+        let io = secret
+            .source()
+            .and_then(|e| e.downcast_ref::<std::io::Error>())
+            .expect("the io error");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
     }
 
     #[test]

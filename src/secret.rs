@@ -12,10 +12,11 @@ pub enum SecretError {
     NotAReference(String),
     #[error("environment variable {0} is not set or empty")]
     EnvMissing(String),
-    #[error("cannot read secret file {path}: {reason}")]
+    #[error("cannot read secret file {path}")]
     File {
         path: PathBuf,
-        reason: std::io::Error,
+        #[source]
+        source: std::io::Error,
     },
     #[error("credential:{0} needs $CREDENTIALS_DIRECTORY (set by systemd's LoadCredential=)")]
     NoCredentialsDirectory(String),
@@ -116,9 +117,9 @@ fn redact_literal(s: &str) -> String {
 }
 
 fn read_trimmed(path: PathBuf) -> Result<String, SecretError> {
-    let mut s = std::fs::read_to_string(&path).map_err(|reason| SecretError::File {
+    let mut s = std::fs::read_to_string(&path).map_err(|source| SecretError::File {
         path: path.clone(),
-        reason,
+        source,
     })?;
     if s.ends_with('\n') {
         s.pop();

@@ -361,10 +361,10 @@ fn validate_one(
                 .any(|p| value.starts_with(p));
             let v = if is_reference {
                 EnvValue::Secret(
-                    Secret::resolve(&value).map_err(|reason| ConfigError::Secret {
+                    Secret::resolve(&value).map_err(|source| ConfigError::Secret {
                         path: at.path.to_path_buf(),
                         key: format!("tools.command.{name}.env.{key}"),
-                        reason,
+                        source,
                     })?,
                 )
             } else {

@@ -143,7 +143,8 @@ pub enum McpConfigError {
         key: String,
         message: String,
     },
-    #[error("bad config {path}: key `{key}`: {source}")]
+    // The cause is printed once, by the `{:#}` chain.
+    #[error("bad config {path}: key `{key}`")]
     Secret {
         path: PathBuf,
         key: String,
