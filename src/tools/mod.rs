@@ -298,6 +298,15 @@ pub enum RegistryError {
     Schema { tool: String, message: String },
     #[error("tool {tool}: {message}")]
     Setup { tool: String, message: String },
+    /// A library refused the setting (a URL, an address, TLS); its error is kept as the
+    /// source, and printed once after the message by the `{:#}` chain.
+    #[error("tool {tool}: {message}")]
+    SetupFailed {
+        tool: String,
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Says why an unregistered name is refused (`POLICY_DENIED` for an MCP tool left out of

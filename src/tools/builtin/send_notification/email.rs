@@ -128,10 +128,20 @@ impl Email {
             tool: TOOL.to_string(),
             message: format!("tools.send_notification.email.{key}: {message}"),
         };
-        let from: Mailbox = config
-            .from
-            .parse()
-            .map_err(|e| setup("from", format!("`{}` is not a mailbox: {e}", config.from)))?;
+        let setup_failed = |key: &str, message: String, source: Box<dyn std::error::Error + Send + Sync>| {
+            RegistryError::SetupFailed {
+                tool: TOOL.to_string(),
+                message: format!("tools.send_notification.email.{key}: {message}"),
+                source,
+            }
+        };
+        let from: Mailbox = config.from.parse().map_err(|e| {
+            setup_failed(
+                "from",
+                format!("`{}` is not a mailbox", config.from),
+                Box::new(e),
+            )
+        })?;
         let transport = match &config.transport {
             EmailTransport::File { outbox } => Transport::File {
                 outbox: outbox.clone(),
@@ -170,7 +180,9 @@ impl Email {
                             b.add_root_certificate(c.clone())
                         })
                         .build()
-                        .map_err(|e| setup("smtp_url", format!("TLS setup failed: {e}")))
+                        .map_err(|e| {
+                            setup_failed("smtp_url", "TLS setup failed".to_string(), Box::new(e))
+                        })
                 };
                 let tls = match plan.security {
                     Security::Implicit => Tls::Wrapper(tls_parameters()?),

@@ -372,8 +372,13 @@ impl Webhooks {
                 tool: TOOL.to_string(),
                 message: format!("{kind} webhook `{name}` ({}) {why}", secret.reference()),
             };
-            let url = reqwest::Url::parse(secret.expose())
-                .map_err(|e| setup(format!("is not a URL: {e}")))?;
+            let url = reqwest::Url::parse(secret.expose()).map_err(|e| {
+                RegistryError::SetupFailed {
+                    tool: TOOL.to_string(),
+                    message: format!("{kind} webhook `{name}` ({}) is not a URL", secret.reference()),
+                    source: Box::new(e),
+                }
+            })?;
             if !matches!(url.scheme(), "https" | "http") {
                 return Err(setup("must be an https:// (or http://) URL".to_string()));
             }
