@@ -1,5 +1,8 @@
 //! Configuration: the TOML file (strict, unknown keys are errors) is read into `RawConfig`,
 //! then validated once into `Config`, with secrets resolved. Nothing downstream re-checks.
+//! This file owns the core keys; each tool source reads its own tables (the built-in tools in
+//! `tools/builtin/*/config.rs`, command tools, vault tools, MCP servers) through
+//! [`TableContext`], and names its secrets for [`Config::redactor`].
 
 use crate::home::expand_tilde;
 use crate::secret::{Redactor, Secret, SecretError, SecretHolder};

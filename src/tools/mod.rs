@@ -4,8 +4,10 @@
 //!
 //! Tools come from sources (DESIGN §10.1), one folder each: [`builtin`] (`search_web`,
 //! `send_notification`); vault, command and MCP sources register the same way. A source is a
-//! `register(config, …, &mut Registry)` function called from [`Registry::from_config`]; adding
-//! a tool to a source is one module plus one line in that source's `register`.
+//! `register(config, …, &mut Registry)` function called from [`Registry::from_config`]. Each
+//! source reads its own `[tools.*]` / `[mcp.*]` tables and names its secrets for the one
+//! redactor ([`crate::secret::SecretHolder`]). Adding a built-in tool is one file plus one
+//! line in `builtin::builtin_tools!` (see [`builtin`]).
 
 pub mod builtin;
 pub mod command;

@@ -6,7 +6,7 @@
 //!
 //! One new file, `src/tools/builtin/word_of_the_day.rs`, holding the tool (a [`Tool`]), its
 //! table (`Raw`: serde, `deny_unknown_fields`; `Config`: validated, a [`SecretHolder`]) and
-//! `impl BuiltinTool for WordOfTheDay`; plus one line in [`builtin_tools!`]:
+//! `impl BuiltinTool for WordOfTheDay`; plus one line in `builtin_tools!`:
 //!
 //! ```text
 //!             word_of_the_day: word_of_the_day::WordOfTheDay,
