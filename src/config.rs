@@ -514,7 +514,7 @@ pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
                         path: path.to_path_buf(),
                         line: line_column(text, span.start).0,
                         key,
-                        message: error.message().to_string(),
+                        message: with_example(error.message()),
                     });
                 }
                 error.set_input(Some(text));
@@ -533,6 +533,15 @@ pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
         path: path.to_path_buf(),
         keys: unknown,
     })
+}
+
+/// serde's message, with what a person would write where it only names the type.
+fn with_example(message: &str) -> String {
+    if message.ends_with("expected a duration") {
+        format!("{message} like \"30s\" or \"5m\"")
+    } else {
+        message.to_string()
+    }
 }
 
 /// The dotted path of the innermost key whose value holds `span` (where serde found a bad
@@ -1050,6 +1059,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("tools.search_web.timeout"), "{err}");
+        assert!(
+            err.contains("line 2") && err.contains("like \"30s\""),
+            "{err}"
+        );
         let err = load_str("[folders]\ndone = \"../x\"\n", dir.path())
             .unwrap_err()
             .to_string();
