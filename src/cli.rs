@@ -360,6 +360,9 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
     let (config, _) = load(g)?;
     let redactor = Arc::new(daemon::redactor_for(&config));
     init_tracing(redactor.clone(), g.log_format);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -928,33 +931,6 @@ fn shell_quote(s: &str) -> String {
 
 fn print_config(g: &GlobalArgs) -> Result<i32> {
     let (c, _) = load(g)?;
-    let rl = |r: &config::RateLimit| json!({ "per_hour": r.per_hour, "per_day": r.per_day });
-    let t = &c.tools;
-    let email = match &t.send_notification.email.transport {
-        config::EmailTransport::File { outbox } => {
-            json!({ "transport": "file", "outbox": outbox.display().to_string() })
-        }
-        config::EmailTransport::Smtp {
-            url,
-            starttls,
-            username,
-            password,
-        } => json!({
-            "transport": "smtp", "smtp_url": url,
-            "starttls": format!("{starttls:?}").to_lowercase(),
-            "username": username,
-            "password": password.as_ref().map(|p| format!("{} [redacted]", p.reference())),
-        }),
-    };
-    let hooks = |m: &std::collections::BTreeMap<String, crate::secret::Secret>| {
-        Value::Object(
-            m.iter()
-                .map(|(k, v)| (k.clone(), json!(format!("{} [redacted]", v.reference()))))
-                .collect(),
-        )
-    };
-    let mut email = email;
-    email["from"] = json!(t.send_notification.email.from);
     let effective = json!({
         "source": c.source.as_ref().map(|p| p.display().to_string()),
         "vault": c.vault.display().to_string(),
@@ -970,6 +946,7 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
         "stale_copy_grace": humantime::format_duration(c.stale_copy_grace).to_string(),
         "stale_copy_window": humantime::format_duration(c.stale_copy_window).to_string(),
         "runner_window": humantime::format_duration(c.runner_window).to_string(),
+        "approval_via": c.approval_via.as_str(),
         "folders": {
             "needs_action": c.folders.needs_action, "in_progress": c.folders.in_progress,
             "pending_approval": c.folders.pending_approval, "approved": c.folders.approved,
@@ -979,28 +956,7 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
         "note_budget": c.guard.note_budget,
         "notify": { "on_hold": c.guard.on_hold.as_ref().map(|h| json!({ "method": h.method, "recipient": h.recipient })), "on_hold_per_hour": c.guard.on_hold_per_hour },
         "circuit_breaker": { "failures": c.guard.breaker.failures, "open_for": humantime::format_duration(c.guard.breaker.open_for).to_string() },
-        "tools": {
-            "search_web": {
-                "enabled": t.search_web.enabled,
-                "provider": t.search_web.provider.as_str(),
-                "base_url": t.search_web.base_url,
-                "api_key": t.search_web.api_key.as_ref().map(|k| format!("{} [redacted]", k.reference())),
-                "timeout": humantime::format_duration(t.search_web.timeout).to_string(),
-                "rate_limit": rl(&t.search_web.rate_limit),
-            },
-            "send_notification": {
-                "enabled": t.send_notification.enabled,
-                "approval": format!("{:?}", t.send_notification.approval).to_lowercase(),
-                "approval_via": format!("{:?}", t.send_notification.approval_via).to_lowercase(),
-                "allowed_recipients": t.send_notification.allowed_recipients,
-                "timeout": humantime::format_duration(t.send_notification.timeout).to_string(),
-                "rate_limit": rl(&t.send_notification.rate_limit),
-                "email": email,
-                "slack": { "webhooks": hooks(&t.send_notification.slack) },
-                "discord": { "webhooks": hooks(&t.send_notification.discord) },
-            },
-            "vault": t.vault.describe(),
-        }
+        "tools": c.tools.describe(),
     });
     let mut effective = effective;
     effective["max_result_bytes"] = json!(c.max_result_bytes);

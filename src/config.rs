@@ -1,7 +1,12 @@
 //! Configuration: the TOML file (strict, unknown keys are errors) is read into `RawConfig`,
 //! then validated once into `Config`, with secrets resolved. Nothing downstream re-checks.
+//! This file owns the core keys; each tool source reads its own tables (the built-in tools in
+//! `tools/builtin/*/config.rs`, command tools, vault tools, MCP servers) through
+//! [`TableContext`], and names its secrets for [`Config::redactor`].
 
-use crate::secret::{Secret, SecretError};
+use crate::home::expand_tilde;
+use crate::secret::{Redactor, Secret, SecretError, SecretHolder};
+use crate::tools::builtin::BuiltinTool;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,15 +14,21 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    // Fields named `reason`, not `source`: the message already says it, and a `source` would
-    // be printed a second time by `{:#}` chains.
-    #[error("cannot read config {path}: {reason}")]
+    // The cause is a `#[source]` and not in the message: `{:#}` (how `main` prints errors)
+    // appends it once, after a colon, and callers can still walk the chain.
+    #[error("cannot read config {path}")]
     Read {
         path: PathBuf,
-        reason: std::io::Error,
+        #[source]
+        source: std::io::Error,
     },
-    #[error("bad config {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    /// Not TOML at all: toml's error carries the line, column and an excerpt.
+    #[error("bad config {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
     /// Every unknown key of the file at once, each as `file:line:column: key`.
     #[error("bad config {path}: unknown keys (a typo?):\n{}", .keys.join("\n"))]
     UnknownKeys { path: PathBuf, keys: Vec<String> },
@@ -34,11 +45,12 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
-    #[error("bad config {path}: key `{key}`: {reason}")]
+    #[error("bad config {path}: key `{key}`")]
     Secret {
         path: PathBuf,
         key: String,
-        reason: SecretError,
+        #[source]
+        source: SecretError,
     },
     #[error(transparent)]
     Mcp(#[from] crate::tools::mcp::config::McpConfigError),
@@ -78,6 +90,8 @@ pub struct RawConfig {
     pub stale_copy_window: Option<String>,
     /// DESIGN §9.9: another runner's notes this recent stop start-up.
     pub runner_window: Option<String>,
+    /// Who may approve held calls, for every tool (DESIGN §4).
+    pub approval_via: Option<ApprovalVia>,
     #[serde(default)]
     pub folders: RawFolders,
     #[serde(default)]
@@ -93,6 +107,16 @@ pub struct RawConfig {
     pub notify: crate::guard::RawNotify,
     #[serde(default)]
     pub circuit_breaker: crate::guard::RawCircuitBreaker,
+    /// The file's text, kept to turn a key's span into a line number in messages.
+    #[serde(skip)]
+    pub text: String,
+}
+
+impl RawConfig {
+    /// The 1-based line of a byte offset in the file (1 without a file).
+    fn line_of(&self, offset: usize) -> usize {
+        line_column(&self.text, offset).0
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -110,98 +134,11 @@ pub struct RawFolders {
     pub dry_run: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawTools {
-    #[serde(default)]
-    pub search_web: RawSearchWeb,
-    #[serde(default)]
-    pub send_notification: RawSendNotification,
-    /// `[tools.command.NAME]`, read and checked by the command tool source.
-    #[serde(default)]
-    pub command: BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
-    /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
-    #[serde(default)]
-    pub vault: crate::tools::vault::RawVault,
-    #[serde(default)]
-    pub vault_search: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_read: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_list: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_tasks: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_create: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_append: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_set_properties: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_complete_task: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_move: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_delete: crate::tools::vault::RawVaultTool,
-    #[serde(default)]
-    pub vault_undo: crate::tools::vault::RawVaultTool,
-}
-
 #[derive(Debug, Default, Deserialize, Clone, Copy)]
 #[serde(deny_unknown_fields)]
 pub struct RawRateLimit {
     pub per_hour: Option<u32>,
     pub per_day: Option<u32>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSearchWeb {
-    pub enabled: Option<bool>,
-    pub provider: Option<String>,
-    pub base_url: Option<String>,
-    pub api_key: Option<String>,
-    pub timeout: Option<String>,
-    pub rate_limit: Option<RawRateLimit>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSendNotification {
-    pub enabled: Option<bool>,
-    pub approval: Option<String>,
-    pub approval_via: Option<String>,
-    pub allowed_recipients: Option<Vec<String>>,
-    pub timeout: Option<String>,
-    pub rate_limit: Option<RawRateLimit>,
-    #[serde(default)]
-    pub email: RawEmail,
-    #[serde(default)]
-    pub slack: RawWebhooks,
-    #[serde(default)]
-    pub discord: RawWebhooks,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawEmail {
-    pub transport: Option<String>,
-    pub outbox: Option<String>,
-    pub smtp_url: Option<String>,
-    pub username: Option<String>,
-    pub password: Option<String>,
-    pub from: Option<String>,
-    /// STARTTLS policy for smtp:// URLs: "opportunistic" (default) or "required".
-    pub starttls: Option<String>,
-    /// Host name used in `Message-ID: <call_id@host>`; defaults to the machine's host name.
-    pub message_id_host: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawWebhooks {
-    #[serde(default)]
-    pub webhooks: BTreeMap<String, String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -252,6 +189,11 @@ pub struct Config {
     pub mcp: Vec<crate::tools::mcp::config::McpServerConfig>,
     /// Dry run, note budget, circuit breaker, hold alerts (DESIGN §12).
     pub guard: crate::guard::GuardConfig,
+    /// Who may approve held calls: moving the note, or only `vaultd approve` (DESIGN §4).
+    pub approval_via: ApprovalVia,
+    /// Things a person should change in the file that do not stop vaultd (an old spelling),
+    /// each naming file:line; logged at start.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,52 +236,138 @@ pub struct RateLimit {
     pub per_day: Option<u32>,
 }
 
-#[derive(Debug, Clone)]
-pub struct ToolsConfig {
-    pub search_web: SearchWebConfig,
-    pub send_notification: SendNotificationConfig,
-    pub command: crate::tools::command::config::CommandTools,
-    pub vault: crate::tools::vault::VaultToolsConfig,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SearchProvider {
-    DuckDuckGo,
-    Searxng,
-    Brave,
-    Tavily,
-}
-
-impl SearchProvider {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SearchProvider::DuckDuckGo => "duckduckgo",
-            SearchProvider::Searxng => "searxng",
-            SearchProvider::Brave => "brave",
-            SearchProvider::Tavily => "tavily",
+impl RateLimit {
+    /// A `rate_limit` table replaces the tool's default as a whole: `{ per_hour = 2 }` sets
+    /// no daily limit.
+    pub fn from_raw(raw: Option<RawRateLimit>, default: RateLimit) -> RateLimit {
+        match raw {
+            None => default,
+            Some(r) => RateLimit {
+                per_hour: r.per_hour,
+                per_day: r.per_day,
+            },
         }
+    }
+
+    /// What `vaultd config` shows.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({ "per_hour": self.per_hour, "per_day": self.per_day })
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct SearchWebConfig {
-    pub enabled: bool,
-    pub provider: SearchProvider,
-    /// None = the provider's public default.
-    pub base_url: Option<String>,
-    pub api_key: Option<Secret>,
-    pub timeout: Duration,
-    pub rate_limit: RateLimit,
-}
+/// `[tools]`, as written ([`RawTools`]) and validated ([`ToolsConfig`]): one table per built-in
+/// tool, from the one list in [`crate::tools::builtin::builtin_tools`], then the command and
+/// vault sources' tables. Each built-in tool's table type is its own ([`BuiltinTool`]).
+macro_rules! tools_tables {
+    ($($name:ident: $module:ident::$tool:ident),* $(,)?) => {
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct RawTools {
+            $(
+                #[serde(default)]
+                pub $name: <crate::tools::builtin::$module::$tool as BuiltinTool>::Raw,
+            )*
+            /// `[tools.command.NAME]`, read and checked by the command tool source.
+            #[serde(default)]
+            pub command:
+                BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
+            /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
+            #[serde(default)]
+            pub vault: crate::tools::vault::RawVault,
+            #[serde(default)]
+            pub vault_search: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_read: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_list: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_tasks: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_create: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_append: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_set_properties: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_complete_task: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_move: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_delete: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_undo: crate::tools::vault::RawVaultTool,
+        }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Approval {
-    Never,
-    Unlisted,
-    Always,
-}
+        #[derive(Debug, Clone)]
+        pub struct ToolsConfig {
+            $(pub $name: <crate::tools::builtin::$module::$tool as BuiltinTool>::Config,)*
+            pub command: crate::tools::command::config::CommandTools,
+            pub vault: crate::tools::vault::VaultToolsConfig,
+        }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        impl ToolsConfig {
+            /// Each source validates its own tables.
+            fn from_raw(
+                t: RawTools,
+                cx: &TableContext,
+                vault: &Path,
+                folders: &Folders,
+            ) -> Result<ToolsConfig, ConfigError> {
+                Ok(ToolsConfig {
+                    vault: crate::tools::vault::VaultToolsConfig::from_raw(
+                        t.vault,
+                        vec![
+                            ("vault_search", t.vault_search),
+                            ("vault_read", t.vault_read),
+                            ("vault_list", t.vault_list),
+                            ("vault_tasks", t.vault_tasks),
+                            ("vault_create", t.vault_create),
+                            ("vault_append", t.vault_append),
+                            ("vault_set_properties", t.vault_set_properties),
+                            ("vault_complete_task", t.vault_complete_task),
+                            ("vault_move", t.vault_move),
+                            ("vault_delete", t.vault_delete),
+                            ("vault_undo", t.vault_undo),
+                        ],
+                        vault,
+                        folders,
+                        cx.path,
+                    )?,
+                    $($name: <crate::tools::builtin::$module::$tool as BuiltinTool>::config(
+                        t.$name, cx,
+                    )?,)*
+                    command: crate::tools::command::config::validate(
+                        t.command,
+                        cx.path,
+                        cx.base,
+                        vault,
+                        cx.state_dir,
+                    )?,
+                })
+            }
+
+            /// `vaultd config`'s `tools` object: each source describes its own tables.
+            pub fn describe(&self) -> serde_json::Value {
+                let mut tools = serde_json::Map::new();
+                $(tools.insert(
+                    stringify!($name).to_string(),
+                    <crate::tools::builtin::$module::$tool as BuiltinTool>::describe(&self.$name),
+                );)*
+                tools.insert("vault".to_string(), self.vault.describe());
+                serde_json::Value::Object(tools)
+            }
+
+            /// Every part of the `[tools]` tables that names secrets.
+            fn secret_holders(&self) -> Vec<&dyn SecretHolder> {
+                vec![$(&self.$name,)* &self.command]
+            }
+        }
+    };
+}
+crate::tools::builtin::builtin_tools!(tools_tables);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ApprovalVia {
     /// Moving the note into `Approved/` or `Rejected/` decides.
     Folder,
@@ -347,45 +375,13 @@ pub enum ApprovalVia {
     Cli,
 }
 
-#[derive(Debug, Clone)]
-pub struct SendNotificationConfig {
-    pub enabled: bool,
-    pub approval: Approval,
-    pub approval_via: ApprovalVia,
-    pub allowed_recipients: Vec<String>,
-    pub timeout: Duration,
-    pub rate_limit: RateLimit,
-    pub email: EmailConfig,
-    /// Slack incoming-webhook URLs by the name a note uses as `recipient`.
-    pub slack: BTreeMap<String, Secret>,
-    /// Discord webhook URLs by name.
-    pub discord: BTreeMap<String, Secret>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartTls {
-    Opportunistic,
-    Required,
-}
-
-#[derive(Debug, Clone)]
-pub enum EmailTransport {
-    /// Write `.eml` files into this folder: the default, so a fresh install sends nothing.
-    File { outbox: PathBuf },
-    Smtp {
-        /// `smtp://host[:port]` or `smtps://host[:port]`, without credentials.
-        url: String,
-        starttls: StartTls,
-        username: Option<String>,
-        password: Option<Secret>,
-    },
-}
-
-#[derive(Debug, Clone)]
-pub struct EmailConfig {
-    pub transport: EmailTransport,
-    pub from: String,
-    pub message_id_host: String,
+impl ApprovalVia {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalVia::Folder => "folder",
+            ApprovalVia::Cli => "cli",
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -442,21 +438,6 @@ fn default_state_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".vaultd-state"))
 }
 
-/// Expands a leading `~/` to the home directory.
-pub fn expand_tilde(p: &str) -> PathBuf {
-    if let Some(rest) = p.strip_prefix("~/")
-        && let Some(home) = directories::BaseDirs::new()
-    {
-        return home.home_dir().join(rest);
-    }
-    if p == "~"
-        && let Some(home) = directories::BaseDirs::new()
-    {
-        return home.home_dir().to_path_buf();
-    }
-    PathBuf::from(p)
-}
-
 /// The vault that holds the current folder: the first folder, walking up, that holds
 /// `.vaultd.toml` or `Needs_Action/` (DESIGN §13).
 pub fn find_vault_upwards() -> Option<PathBuf> {
@@ -481,9 +462,9 @@ pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
     let path = locate(overrides);
     let raw = match &path {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|reason| ConfigError::Read {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
                 path: p.clone(),
-                reason,
+                source,
             })?;
             parse_raw(&text, p)?
         }
@@ -496,16 +477,21 @@ pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
 /// column: serde stops at the first, so each one found is removed and the rest parsed again.
 pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
     use serde::Deserialize as _;
-    let parse_error = |e: toml::de::Error| ConfigError::Parse {
+    let parse_error = |source: toml::de::Error| ConfigError::Parse {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        source,
     };
     let mut table = toml::de::DeTable::parse(text).map_err(parse_error)?;
     let mut unknown = Vec::new();
     loop {
         let attempt = RawConfig::deserialize(toml::de::Deserializer::from(table.clone()));
         let mut error = match attempt {
-            Ok(raw) if unknown.is_empty() => return Ok(raw),
+            Ok(raw) if unknown.is_empty() => {
+                return Ok(RawConfig {
+                    text: text.to_string(),
+                    ..raw
+                });
+            }
             Ok(_) => break,
             Err(e) => e,
         };
@@ -521,6 +507,19 @@ pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
                 let (line, column) = line_column(text, span.start);
                 unknown.push(format!("{}:{line}:{column}: `{key}`", path.display()));
             }
+            // A value of the wrong type or not among the choices: name its line and key.
+            (None, Some(span)) if unknown.is_empty() => {
+                if let Some(key) = key_at(table.get_ref(), &span, "") {
+                    return Err(ConfigError::InvalidAt {
+                        path: path.to_path_buf(),
+                        line: line_column(text, span.start).0,
+                        key,
+                        message: with_example(error.message()),
+                    });
+                }
+                error.set_input(Some(text));
+                return Err(parse_error(error));
+            }
             _ if unknown.is_empty() => {
                 error.set_input(Some(text));
                 return Err(parse_error(error));
@@ -534,6 +533,43 @@ pub fn parse_raw(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
         path: path.to_path_buf(),
         keys: unknown,
     })
+}
+
+/// serde's message, with what a person would write where it only names the type.
+fn with_example(message: &str) -> String {
+    if message.ends_with("expected a duration") {
+        format!("{message} like \"30s\" or \"5m\"")
+    } else {
+        message.to_string()
+    }
+}
+
+/// The dotted path of the innermost key whose value holds `span` (where serde found a bad
+/// value), anywhere in the tree.
+fn key_at(
+    table: &toml::de::DeTable<'_>,
+    span: &std::ops::Range<usize>,
+    prefix: &str,
+) -> Option<String> {
+    for (k, v) in table.iter() {
+        let path = format!("{prefix}{}", k.get_ref());
+        let deeper = match v.get_ref() {
+            toml::de::DeValue::Table(t) => key_at(t, span, &format!("{path}.")),
+            toml::de::DeValue::Array(items) => items.iter().find_map(|item| match item.get_ref() {
+                toml::de::DeValue::Table(t) => key_at(t, span, &format!("{path}.")),
+                _ => None,
+            }),
+            _ => None,
+        };
+        if deeper.is_some() {
+            return deeper;
+        }
+        let held = v.span();
+        if !held.is_empty() && held.start <= span.start && span.end <= held.end {
+            return Some(path);
+        }
+    }
+    None
 }
 
 /// Removes the key whose name sits at `span`, anywhere in the tree; returns its dotted path.
@@ -594,43 +630,22 @@ fn parse_duration(
     }
 }
 
-fn rate_limit(raw: Option<RawRateLimit>, default: RateLimit) -> RateLimit {
-    match raw {
-        None => default,
-        Some(r) => RateLimit {
-            per_hour: r.per_hour,
-            per_day: r.per_day,
-        },
-    }
-}
-
 /// Validates a raw config into a `Config`. `source` names the file in errors.
 pub fn from_raw(
-    raw: RawConfig,
+    mut raw: RawConfig,
     source: Option<PathBuf>,
     overrides: &Overrides,
 ) -> Result<Config, ConfigError> {
     let path = source
         .clone()
         .unwrap_or_else(|| PathBuf::from("<defaults>"));
+    let mut warnings = Vec::new();
+    let approval_via = approval_via(&mut raw, &path, &mut warnings)?;
     let invalid = |key: &str, message: String| ConfigError::Invalid {
         path: path.clone(),
         key: key.to_string(),
         message,
     };
-    let secret = |key: &str, reference: &str| {
-        let resolved = if overrides.skip_secrets {
-            Secret::unresolved(reference)
-        } else {
-            Secret::resolve(reference)
-        };
-        resolved.map_err(|reason| ConfigError::Secret {
-            path: path.clone(),
-            key: key.to_string(),
-            reason,
-        })
-    };
-
     // Relative paths in a config file are relative to the file's folder.
     let base = source
         .as_ref()
@@ -817,231 +832,18 @@ pub fn from_raw(
         }
     }
 
-    let mut t = raw.tools;
-    let raw_command = std::mem::take(&mut t.command);
-    let vault_tools = crate::tools::vault::VaultToolsConfig::from_raw(
-        t.vault,
-        vec![
-            ("vault_search", t.vault_search),
-            ("vault_read", t.vault_read),
-            ("vault_list", t.vault_list),
-            ("vault_tasks", t.vault_tasks),
-            ("vault_create", t.vault_create),
-            ("vault_append", t.vault_append),
-            ("vault_set_properties", t.vault_set_properties),
-            ("vault_complete_task", t.vault_complete_task),
-            ("vault_move", t.vault_move),
-            ("vault_delete", t.vault_delete),
-            ("vault_undo", t.vault_undo),
-        ],
-        &vault,
-        &folders,
-        &path,
-    )?;
-
-    // search_web
-    let s = t.search_web;
-    let provider = match s.provider.as_deref() {
-        None | Some("duckduckgo") => SearchProvider::DuckDuckGo,
-        Some("searxng") => SearchProvider::Searxng,
-        Some("brave") => SearchProvider::Brave,
-        Some("tavily") => SearchProvider::Tavily,
-        Some(other) => {
-            return Err(invalid(
-                "tools.search_web.provider",
-                format!("`{other}` is not one of duckduckgo, searxng, brave, tavily"),
-            ));
-        }
+    let cx = TableContext {
+        path: &path,
+        base: &base,
+        state_dir: &state_dir,
+        skip_secrets: overrides.skip_secrets,
     };
-    if let Some(url) = &s.base_url
-        && reqwest::Url::parse(url).is_err()
-    {
-        return Err(invalid(
-            "tools.search_web.base_url",
-            format!("`{url}` is not a URL"),
-        ));
-    }
-    let api_key = match &s.api_key {
-        Some(r) => Some(secret("tools.search_web.api_key", r)?),
-        None => None,
-    };
-    let search_web = SearchWebConfig {
-        enabled: s.enabled.unwrap_or(true),
-        provider,
-        base_url: s.base_url,
-        api_key,
-        timeout: parse_duration(
-            &s.timeout,
-            "tools.search_web.timeout",
-            Duration::from_secs(30),
-            &path,
-        )?,
-        rate_limit: rate_limit(
-            s.rate_limit,
-            RateLimit {
-                per_hour: Some(120),
-                per_day: Some(1000),
-            },
-        ),
-    };
-
-    // send_notification
-    let n = t.send_notification;
-    let approval = match n.approval.as_deref() {
-        None | Some("unlisted") => Approval::Unlisted,
-        Some("never") => Approval::Never,
-        Some("always") => Approval::Always,
-        Some(other) => {
-            return Err(invalid(
-                "tools.send_notification.approval",
-                format!("`{other}` is not one of never, unlisted, always"),
-            ));
-        }
-    };
-    let approval_via = match n.approval_via.as_deref() {
-        None | Some("folder") => ApprovalVia::Folder,
-        Some("cli") => ApprovalVia::Cli,
-        Some(other) => {
-            return Err(invalid(
-                "tools.send_notification.approval_via",
-                format!("`{other}` is not one of folder, cli"),
-            ));
-        }
-    };
-    let allowed_recipients = n.allowed_recipients.unwrap_or_default();
-    for r in &allowed_recipients {
-        let ok = match r.strip_prefix("*@") {
-            Some(domain) => !domain.is_empty() && !domain.contains('@'),
-            None => r.contains('@'),
-        };
-        if !ok {
-            return Err(invalid(
-                "tools.send_notification.allowed_recipients",
-                format!("`{r}` is neither an address nor `*@domain`"),
-            ));
-        }
-    }
-    let e = n.email;
-    let starttls = match e.starttls.as_deref() {
-        None | Some("opportunistic") => StartTls::Opportunistic,
-        Some("required") => StartTls::Required,
-        Some(other) => {
-            return Err(invalid(
-                "tools.send_notification.email.starttls",
-                format!("`{other}` is not one of opportunistic, required"),
-            ));
-        }
-    };
-    let transport = match e.transport.as_deref() {
-        None | Some("file") => EmailTransport::File {
-            outbox: e
-                .outbox
-                .as_deref()
-                .map(config_path)
-                .unwrap_or_else(|| state_dir.join("outbox")),
-        },
-        Some("smtp") => {
-            let Some(url) = e.smtp_url.clone() else {
-                return Err(invalid(
-                    "tools.send_notification.email.smtp_url",
-                    "transport = \"smtp\" needs smtp_url = \"smtp://host:port\" or \"smtps://host:port\"".into(),
-                ));
-            };
-            let parsed = reqwest::Url::parse(&url).map_err(|err| {
-                invalid(
-                    "tools.send_notification.email.smtp_url",
-                    format!("`{url}` is not a URL: {err}"),
-                )
-            })?;
-            if !matches!(parsed.scheme(), "smtp" | "smtps") || parsed.host_str().is_none() {
-                return Err(invalid(
-                    "tools.send_notification.email.smtp_url",
-                    format!("`{url}` must be smtp://host[:port] or smtps://host[:port]"),
-                ));
-            }
-            if !parsed.username().is_empty() || parsed.password().is_some() {
-                return Err(invalid(
-                    "tools.send_notification.email.smtp_url",
-                    "put credentials in `username` and `password` (a secret reference), not in the URL".into(),
-                ));
-            }
-            let password = match &e.password {
-                Some(r) => Some(secret("tools.send_notification.email.password", r)?),
-                None => None,
-            };
-            EmailTransport::Smtp {
-                url,
-                starttls,
-                username: e.username.clone(),
-                password,
-            }
-        }
-        Some(other) => {
-            return Err(invalid(
-                "tools.send_notification.email.transport",
-                format!("`{other}` is not one of file, smtp"),
-            ));
-        }
-    };
-    let from = e
-        .from
-        .clone()
-        .unwrap_or_else(|| "vaultd <vaultd@localhost>".to_string());
-    if from.parse::<lettre::message::Mailbox>().is_err() {
-        return Err(invalid(
-            "tools.send_notification.email.from",
-            format!("`{from}` is not a mailbox like \"Name <a@b.org>\""),
-        ));
-    }
-    let message_id_host = e.message_id_host.clone().unwrap_or_else(local_hostname);
-    let mut slack = BTreeMap::new();
-    for (name, r) in &n.slack.webhooks {
-        slack.insert(
-            name.clone(),
-            secret(&format!("tools.send_notification.slack.webhooks.{name}"), r)?,
-        );
-    }
-    let mut discord = BTreeMap::new();
-    for (name, r) in &n.discord.webhooks {
-        discord.insert(
-            name.clone(),
-            secret(
-                &format!("tools.send_notification.discord.webhooks.{name}"),
-                r,
-            )?,
-        );
-    }
-    let send_notification = SendNotificationConfig {
-        enabled: n.enabled.unwrap_or(true),
-        approval,
-        approval_via,
-        allowed_recipients,
-        timeout: parse_duration(
-            &n.timeout,
-            "tools.send_notification.timeout",
-            Duration::from_secs(30),
-            &path,
-        )?,
-        rate_limit: rate_limit(
-            n.rate_limit,
-            RateLimit {
-                per_hour: Some(20),
-                per_day: Some(100),
-            },
-        ),
-        email: EmailConfig {
-            transport,
-            from,
-            message_id_host,
-        },
-        slack,
-        discord,
-    };
+    let tools = ToolsConfig::from_raw(raw.tools, &cx, &vault, &folders)?;
     let guard = crate::guard::config_from_raw(
         raw.note_budget,
         raw.notify,
         raw.circuit_breaker,
-        &send_notification,
+        &tools.send_notification,
         &path,
     )?;
 
@@ -1056,8 +858,6 @@ pub fn from_raw(
     }
     let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &path, config_path)?;
 
-    let command =
-        crate::tools::command::config::validate(raw_command, &path, &base, &vault, &state_dir)?;
     Ok(Config {
         source,
         vault,
@@ -1075,25 +875,50 @@ pub fn from_raw(
         stale_copy_window,
         runner_window,
         folders,
-        tools: ToolsConfig {
-            search_web,
-            send_notification,
-            command,
-            vault: vault_tools,
-        },
+        tools,
         max_result_bytes,
         tool_results,
         mcp,
         guard,
+        approval_via,
+        warnings,
     })
 }
 
-fn local_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".to_string())
+/// The top-level `approval_via`, or its old spelling under `[tools.send_notification]` (with
+/// a warning naming file:line and the new spelling). Both, and different: an error.
+fn approval_via(
+    raw: &mut RawConfig,
+    path: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<ApprovalVia, ConfigError> {
+    let top = raw.approval_via;
+    let Some(old) = raw.tools.send_notification.approval_via.take() else {
+        return Ok(top.unwrap_or(ApprovalVia::Folder));
+    };
+    let line = raw.line_of(old.span().start);
+    let old = *old.get_ref();
+    if let Some(top) = top
+        && top != old
+    {
+        return Err(ConfigError::InvalidAt {
+            path: path.to_path_buf(),
+            line,
+            key: "tools.send_notification.approval_via".to_string(),
+            message: format!(
+                "`{}` contradicts the top-level approval_via = \"{}\"; keep only the top-level key",
+                old.as_str(),
+                top.as_str()
+            ),
+        });
+    }
+    warnings.push(format!(
+        "{}:{line}: `approval_via` under [tools.send_notification] is the old spelling: it applies \
+         to every held call, so write `approval_via = \"{}\"` at the top of the file, before any [table]",
+        path.display(),
+        old.as_str()
+    ));
+    Ok(old)
 }
 
 impl ToolsConfig {
@@ -1111,6 +936,61 @@ impl ToolsConfig {
     }
 }
 
+impl Config {
+    /// The one redactor: every secret that any tool source or MCP server names.
+    pub fn redactor(&self) -> Redactor {
+        let mut holders = self.tools.secret_holders();
+        holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
+        Redactor::for_holders(&holders)
+    }
+}
+
+/// What a tool source needs to validate its table: the file (named in messages), the folder
+/// relative paths are resolved against, the state dir, and whether to read secrets.
+pub struct TableContext<'a> {
+    pub path: &'a Path,
+    /// The config file's folder: relative paths in it are relative to it.
+    pub base: &'a Path,
+    pub state_dir: &'a Path,
+    /// Commands that run no tool keep secret references unresolved ([`Overrides`]).
+    pub skip_secrets: bool,
+}
+
+impl TableContext<'_> {
+    /// A bad value: the file and the dotted key at fault.
+    pub fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The secret a reference names, resolved unless `skip_secrets`.
+    pub fn secret(&self, key: &str, reference: &str) -> Result<Secret, ConfigError> {
+        let resolved = if self.skip_secrets {
+            Secret::unresolved(reference)
+        } else {
+            Secret::resolve(reference)
+        };
+        resolved.map_err(|source| ConfigError::Secret {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            source,
+        })
+    }
+
+    /// A path as written in the file: `~` expanded, relative to the file's folder.
+    pub fn path(&self, p: &str) -> PathBuf {
+        let p = expand_tilde(p);
+        if p.is_relative() {
+            self.base.join(p)
+        } else {
+            p
+        }
+    }
+}
+
 fn tempfile_free_dir() -> PathBuf {
     std::env::temp_dir()
 }
@@ -1118,6 +998,8 @@ fn tempfile_free_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::builtin::search_web::config::SearchProvider;
+    use crate::tools::builtin::send_notification::config::{Approval, EmailTransport};
 
     fn load_str(text: &str, vault: &Path) -> Result<Config, ConfigError> {
         let path = PathBuf::from("test.toml");
@@ -1177,6 +1059,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("tools.search_web.timeout"), "{err}");
+        assert!(
+            err.contains("line 2") && err.contains("like \"30s\""),
+            "{err}"
+        );
         let err = load_str("[folders]\ndone = \"../x\"\n", dir.path())
             .unwrap_err()
             .to_string();
@@ -1193,6 +1079,77 @@ mod tests {
         .unwrap();
         assert_eq!(c.tools.search_web.rate_limit.per_hour, Some(2));
         assert_eq!(c.tools.search_web.rate_limit.per_day, None);
+    }
+
+    #[test]
+    fn approval_via_is_a_top_level_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = load_str("", dir.path()).unwrap();
+        assert_eq!(c.approval_via, ApprovalVia::Folder);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let c = load_str("approval_via = \"cli\"\n", dir.path()).unwrap();
+        assert_eq!(c.approval_via, ApprovalVia::Cli);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let err = load_str("approval_via = \"maybe\"\n", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("approval_via") && err.contains("maybe"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_old_approval_via_spelling_works_with_a_warning_naming_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = "workers = 2\n[tools.send_notification]\napproval_via = \"cli\"\n";
+        let c = load_str(old, dir.path()).unwrap();
+        assert_eq!(c.approval_via, ApprovalVia::Cli);
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        let w = &c.warnings[0];
+        assert!(w.starts_with("test.toml:3: "), "{w}");
+        assert!(
+            w.contains("approval_via = \"cli\"") && w.contains("top of the file"),
+            "{w}"
+        );
+        // Both spellings saying the same is fine (still a warning); saying different things
+        // is an error at the old key's line.
+        let both = format!("approval_via = \"cli\"\n{old}");
+        let c = load_str(&both, dir.path()).unwrap();
+        assert_eq!(c.approval_via, ApprovalVia::Cli);
+        assert_eq!(c.warnings.len(), 1);
+        let clash = format!("approval_via = \"folder\"\n{old}");
+        let err = load_str(&clash, dir.path()).unwrap_err().to_string();
+        assert!(err.contains("line 4"), "{err}");
+        assert!(
+            err.contains("tools.send_notification.approval_via"),
+            "{err}"
+        );
+        assert!(err.contains("contradicts"), "{err}");
+    }
+
+    #[test]
+    fn a_secret_error_keeps_its_cause_in_the_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load_str(
+            "[tools.search_web]\napi_key = \"file:/nonexistent/vaultd-key\"\n",
+            dir.path(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "bad config test.toml: key `tools.search_web.api_key`"
+        );
+        let secret = std::error::Error::source(&err).expect("the secret error");
+        assert_eq!(
+            secret.to_string(),
+            "cannot read secret file /nonexistent/vaultd-key"
+        );
+        let io = secret
+            .source()
+            .and_then(|e| e.downcast_ref::<std::io::Error>())
+            .expect("the io error");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
     }
 
     #[test]

@@ -259,24 +259,7 @@ pub fn http_client() -> Result<reqwest::Client, DaemonError> {
 
 /// The redactor for every secret in the config.
 pub fn redactor_for(config: &Config) -> Redactor {
-    let t = &config.tools;
-    let mut secrets = Vec::new();
-    secrets.extend(t.search_web.api_key.iter());
-    let mut usernames = Vec::new();
-    if let crate::config::EmailTransport::Smtp {
-        password, username, ..
-    } = &t.send_notification.email.transport
-    {
-        secrets.extend(password.iter());
-        usernames.extend(username.iter().map(String::as_str));
-    }
-    secrets.extend(t.send_notification.slack.values());
-    secrets.extend(t.send_notification.discord.values());
-    for server in &config.mcp {
-        secrets.extend(server.secrets());
-    }
-    secrets.extend(t.command.secrets());
-    Redactor::new(secrets, &usernames)
+    config.redactor()
 }
 
 /// Runs the daemon on `config` until `shutdown` resolves (Mode::Run) or until everything
@@ -548,7 +531,7 @@ impl Daemon {
     }
 
     fn approval_via_cli(&self) -> bool {
-        self.config.tools.send_notification.approval_via == ApprovalVia::Cli
+        self.config.approval_via == ApprovalVia::Cli
     }
 
     fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {

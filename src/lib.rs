@@ -17,6 +17,7 @@
 //! - [`cli`]: the command line.
 //! - [`config`]: TOML -> validated `Config`.
 //! - [`secret`]: secret references and the redactor.
+//! - [`home`]: `~` in paths a person writes.
 //! - [`private`]: files vaultd keeps for itself: 0600/0700, never through a symlink.
 //! - [`call`]: error codes, results: the shared vocabulary.
 //! - [`note`]: parse, render, atomic write of one note.
@@ -38,6 +39,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod guard;
+pub mod home;
 pub mod journal;
 pub mod note;
 pub mod private;

@@ -12,10 +12,11 @@ pub enum SecretError {
     NotAReference(String),
     #[error("environment variable {0} is not set or empty")]
     EnvMissing(String),
-    #[error("cannot read secret file {path}: {reason}")]
+    #[error("cannot read secret file {path}")]
     File {
         path: PathBuf,
-        reason: std::io::Error,
+        #[source]
+        source: std::io::Error,
     },
     #[error("credential:{0} needs $CREDENTIALS_DIRECTORY (set by systemd's LoadCredential=)")]
     NoCredentialsDirectory(String),
@@ -46,7 +47,7 @@ impl Secret {
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| SecretError::EnvMissing(name.to_string()))?
         } else if let Some(path) = reference.strip_prefix("file:") {
-            read_trimmed(crate::config::expand_tilde(path))?
+            read_trimmed(crate::home::expand_tilde(path))?
         } else if let Some(name) = reference.strip_prefix("credential:") {
             let dir = std::env::var_os("CREDENTIALS_DIRECTORY")
                 .filter(|v| !v.is_empty())
@@ -116,9 +117,9 @@ fn redact_literal(s: &str) -> String {
 }
 
 fn read_trimmed(path: PathBuf) -> Result<String, SecretError> {
-    let mut s = std::fs::read_to_string(&path).map_err(|reason| SecretError::File {
+    let mut s = std::fs::read_to_string(&path).map_err(|source| SecretError::File {
         path: path.clone(),
-        reason,
+        source,
     })?;
     if s.ends_with('\n') {
         s.pop();
@@ -127,6 +128,19 @@ fn read_trimmed(path: PathBuf) -> Result<String, SecretError> {
         }
     }
     Ok(s)
+}
+
+/// A part of the config that holds secrets (a tool source's table, an MCP server): it names
+/// them, and [`Redactor::for_holders`] collects them into the one redactor, so no other code
+/// needs to know where secrets live.
+pub trait SecretHolder {
+    /// Every secret this part holds.
+    fn secrets(&self) -> Vec<&Secret>;
+
+    /// User names sent beside a secret (SMTP AUTH): their encoded pairs are redacted too.
+    fn usernames(&self) -> Vec<&str> {
+        Vec::new()
+    }
 }
 
 /// Replaces every known secret — plain, URL-encoded, base64 (SMTP AUTH) — with `[redacted]`.
@@ -177,6 +191,13 @@ impl Redactor {
         needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
         needles.dedup();
         Redactor { needles }
+    }
+
+    /// The redactor for every secret the holders name.
+    pub fn for_holders(holders: &[&dyn SecretHolder]) -> Redactor {
+        let secrets: Vec<&Secret> = holders.iter().flat_map(|h| h.secrets()).collect();
+        let usernames: Vec<&str> = holders.iter().flat_map(|h| h.usernames()).collect();
+        Redactor::new(secrets, &usernames)
     }
 
     pub fn redact(&self, s: &str) -> String {

@@ -24,7 +24,7 @@ impl MailVault {
         probe.write_config(
             &search.base_url(),
             &format!(
-                "[tools.send_notification]\napproval_via = {approval_via:?}\nallowed_recipients = [\"*@example.org\"]\n[tools.send_notification.email]\ntransport = \"file\"\noutbox = {:?}\nfrom = \"Agent <agent@example.com>\"\n",
+                "approval_via = {approval_via:?}\n[tools.send_notification]\nallowed_recipients = [\"*@example.org\"]\n[tools.send_notification.email]\ntransport = \"file\"\noutbox = {:?}\nfrom = \"Agent <agent@example.com>\"\n",
                 outbox.display().to_string()
             ),
         );

@@ -233,6 +233,42 @@ fn every_unknown_key_is_reported_at_once_with_file_and_line() {
 }
 
 #[test]
+fn the_old_approval_via_spelling_still_works_with_a_warning_naming_file_and_line() {
+    let h = Home::with_vault();
+    let cfg = h.home.join("old.toml");
+    std::fs::write(
+        &cfg,
+        "[tools.send_notification]\napproval_via = \"cli\"\nallowed_recipients = [\"me@example.com\"]\n",
+    )
+    .unwrap();
+    let config = cfg.to_str().unwrap();
+    let out = h.vaultd(&["once", "--config", config]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:2: ", cfg.display())) && err.contains("approval_via = \"cli\""),
+        "{err}"
+    );
+    let out = h.vaultd(&["config", "--config", config]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let effective: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(effective["approval_via"], "cli");
+    // Both spellings, saying different things: refused at start, naming the line.
+    std::fs::write(
+        &cfg,
+        "approval_via = \"folder\"\n[tools.send_notification]\napproval_via = \"cli\"\n",
+    )
+    .unwrap();
+    let out = h.vaultd(&["once", "--config", config]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("line 3") && err.contains("contradicts"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_vault_that_does_not_exist_is_no_such_vault() {
     let h = Home::empty();
     let out = h.vaultd_in(&h.home, &["run", "--vault", "/nonexistent/vault"]);

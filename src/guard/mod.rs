@@ -9,7 +9,8 @@ pub mod dry_run;
 pub mod hold_alert;
 pub mod text;
 
-use crate::config::{ConfigError, SendNotificationConfig};
+use crate::config::ConfigError;
+use crate::tools::builtin::send_notification::SendNotificationConfig;
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Duration;

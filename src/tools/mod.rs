@@ -4,8 +4,10 @@
 //!
 //! Tools come from sources (DESIGN §10.1), one folder each: [`builtin`] (`search_web`,
 //! `send_notification`); vault, command and MCP sources register the same way. A source is a
-//! `register(config, …, &mut Registry)` function called from [`Registry::from_config`]; adding
-//! a tool to a source is one module plus one line in that source's `register`.
+//! `register(config, …, &mut Registry)` function called from [`Registry::from_config`]. Each
+//! source reads its own `[tools.*]` / `[mcp.*]` tables and names its secrets for the one
+//! redactor ([`crate::secret::SecretHolder`]). Adding a built-in tool is one file plus one
+//! line in `builtin::builtin_tools!` (see [`builtin`]).
 
 pub mod builtin;
 pub mod command;
@@ -298,6 +300,15 @@ pub enum RegistryError {
     Schema { tool: String, message: String },
     #[error("tool {tool}: {message}")]
     Setup { tool: String, message: String },
+    /// A library refused the setting (a URL, an address, TLS); its error is kept as the
+    /// source, and printed once after the message by the `{:#}` chain.
+    #[error("tool {tool}: {message}")]
+    SetupFailed {
+        tool: String,
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Says why an unregistered name is refused (`POLICY_DENIED` for an MCP tool left out of

@@ -1,11 +1,66 @@
-//! The built-in tool source: `search_web` and `send_notification`, each one module that owns
-//! its config table. Adding a built-in tool is one module here plus one line in [`register`].
+//! The built-in tool source: `search_web` and `send_notification`. Each tool is one module
+//! that owns its `[tools.NAME]` table (as written and validated), its secrets and its policy,
+//! through [`BuiltinTool`].
+//!
+//! # Adding a built-in tool
+//!
+//! One new file, `src/tools/builtin/word_of_the_day.rs`, holding the tool (a [`Tool`]), its
+//! table (`Raw`: serde, `deny_unknown_fields`; `Config`: validated, a [`SecretHolder`]) and
+//! `impl BuiltinTool for WordOfTheDay`; plus one line in `builtin_tools!`:
+//!
+//! ```text
+//!             word_of_the_day: word_of_the_day::WordOfTheDay,
+//! ```
+//!
+//! That line declares the module, adds `[tools.word_of_the_day]` to the config file (unknown
+//! keys reported with file:line like every other table), registers the tool with its policy,
+//! hands its secrets to the one redactor and its settings to `vaultd config`.
 
-pub mod search_web;
-pub mod send_notification;
+use crate::config::{ConfigError, TableContext, ToolsConfig};
+use crate::secret::SecretHolder;
+use crate::tools::{Policy, Registry, RegistryError, Tool};
 
-use crate::config::ToolsConfig;
-use crate::tools::{Policy, Registry, RegistryError};
+/// The one list of built-in tools, as `table: module::Tool`: calls `$then!` with it, so the
+/// config (`config::RawTools`, `config::ToolsConfig`), the modules and [`register`] are all
+/// made from it.
+macro_rules! builtin_tools {
+    ($then:ident) => {
+        $then! {
+            search_web: search_web::SearchWeb,
+            send_notification: send_notification::SendNotification,
+        }
+    };
+}
+pub(crate) use builtin_tools;
+
+macro_rules! declare_modules {
+    ($($name:ident: $module:ident::$tool:ident),* $(,)?) => {
+        $(pub mod $module;)*
+    };
+}
+builtin_tools!(declare_modules);
+
+mod retry;
+
+/// What the built-in source needs from each of its tools besides [`Tool`].
+pub trait BuiltinTool: Tool + Sized + 'static {
+    /// `[tools.NAME]` exactly as written: serde, unknown keys refused.
+    type Raw: serde::de::DeserializeOwned + Default + std::fmt::Debug;
+    /// The table validated, secrets resolved: nothing downstream re-checks it.
+    type Config: Clone + std::fmt::Debug + SecretHolder;
+
+    /// Validates the table; errors name the file and the key.
+    fn config(raw: Self::Raw, cx: &TableContext) -> Result<Self::Config, ConfigError>;
+
+    /// What `vaultd config` shows of the table (secrets as their references).
+    fn describe(config: &Self::Config) -> serde_json::Value;
+
+    /// Enabled, timeout, rate limit, approval.
+    fn policy(config: &Self::Config) -> Policy;
+
+    /// The tool, ready to run; the HTTP client is shared by every tool.
+    fn build(config: &Self::Config, http: reqwest::Client) -> Result<Self, RegistryError>;
+}
 
 /// Adds every built-in tool with its policy from the config.
 pub fn register(
@@ -13,26 +68,19 @@ pub fn register(
     http: reqwest::Client,
     registry: &mut Registry,
 ) -> Result<(), RegistryError> {
-    let s = &config.search_web;
-    registry.add(
-        Box::new(search_web::SearchWeb::new(s, http.clone())),
-        Policy {
-            enabled: s.enabled,
-            timeout: s.timeout,
-            rate_limit: s.rate_limit,
-            // send_notification-style recipient rules are the tool's own `admit`.
-            approval: None,
-        },
-    )?;
-    let n = &config.send_notification;
-    registry.add(
-        Box::new(send_notification::SendNotification::new(n, http)?),
-        Policy {
-            enabled: n.enabled,
-            timeout: n.timeout,
-            rate_limit: n.rate_limit,
-            approval: None,
-        },
-    )?;
+    macro_rules! add_each {
+        ($($name:ident: $module:ident::$tool:ident),* $(,)?) => {
+            $(add::<$module::$tool>(&config.$name, http.clone(), registry)?;)*
+        };
+    }
+    builtin_tools!(add_each);
     Ok(())
+}
+
+fn add<T: BuiltinTool>(
+    config: &T::Config,
+    http: reqwest::Client,
+    registry: &mut Registry,
+) -> Result<(), RegistryError> {
+    registry.add(Box::new(T::build(config, http)?), T::policy(config))
 }

@@ -152,9 +152,9 @@ pub struct CommandTools {
     pub scratch_root: PathBuf,
 }
 
-impl CommandTools {
-    /// Every secret in an `env` table, for the one redactor.
-    pub fn secrets(&self) -> impl Iterator<Item = &Secret> {
+/// Every secret in an `env` table, for the one redactor.
+impl crate::secret::SecretHolder for CommandTools {
+    fn secrets(&self) -> Vec<&Secret> {
         self.tools
             .iter()
             .flat_map(|t| t.env.values())
@@ -162,6 +162,7 @@ impl CommandTools {
                 EnvValue::Secret(s) => Some(s),
                 EnvValue::Plain(_) => None,
             })
+            .collect()
     }
 }
 
@@ -360,10 +361,10 @@ fn validate_one(
                 .any(|p| value.starts_with(p));
             let v = if is_reference {
                 EnvValue::Secret(
-                    Secret::resolve(&value).map_err(|reason| ConfigError::Secret {
+                    Secret::resolve(&value).map_err(|source| ConfigError::Secret {
                         path: at.path.to_path_buf(),
                         key: format!("tools.command.{name}.env.{key}"),
-                        reason,
+                        source,
                     })?,
                 )
             } else {
@@ -527,7 +528,7 @@ fn find_program(program: &str, base: &Path) -> Option<PathBuf> {
         return None;
     }
     if program.contains('/') {
-        let p = crate::config::expand_tilde(program);
+        let p = crate::home::expand_tilde(program);
         let p = if p.is_relative() { base.join(p) } else { p };
         return executable(&p).then(|| std::path::absolute(&p).unwrap_or(p));
     }

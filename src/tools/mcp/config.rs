@@ -123,9 +123,11 @@ impl McpServerConfig {
             timeout: self.timeout,
         })
     }
+}
 
-    /// Every secret of this server, for the one redactor.
-    pub fn secrets(&self) -> Vec<&Secret> {
+/// Every secret of this server, for the one redactor.
+impl crate::secret::SecretHolder for McpServerConfig {
+    fn secrets(&self) -> Vec<&Secret> {
         match &self.transport {
             Transport::Stdio { env, .. } => env.iter().map(|(_, s)| s).collect(),
             Transport::Http { headers, .. } => headers.iter().map(|(_, s)| s).collect(),
@@ -141,7 +143,8 @@ pub enum McpConfigError {
         key: String,
         message: String,
     },
-    #[error("bad config {path}: key `{key}`: {source}")]
+    // The cause is printed once, by the `{:#}` chain.
+    #[error("bad config {path}: key `{key}`")]
     Secret {
         path: PathBuf,
         key: String,

@@ -361,7 +361,7 @@ fn has_class(classes: &str, wanted: &str) -> bool {
 mod tests {
     use super::super::test_support::*;
     use super::*;
-    use crate::config::SearchProvider;
+    use crate::tools::builtin::search_web::SearchProvider;
     use serde_json::json;
     use wiremock::matchers::{header, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};

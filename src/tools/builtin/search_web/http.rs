@@ -1,25 +1,26 @@
 //! One HTTP exchange with a search provider, retried the way DESIGN §8.4 asks: 429 (honouring
-//! `Retry-After`), 5xx and failed connections are tried again with jittered exponential
-//! backoff, but never past the call's deadline; any other 4xx fails at once with the
+//! `Retry-After`), 5xx and failed connections are tried again with the shared backoff
+//! ([`crate::tools::builtin::retry`]), never past the call's deadline; any other 4xx fails at once with the
 //! provider's own message. Also turns bodies that are not what a provider documents into
 //! readable errors instead of panics.
 
 use crate::call::{CallError, ErrorCode};
-use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
+use crate::tools::builtin::retry::{self, Backoff, Decision, Stop};
+use reqwest::header::CONTENT_TYPE;
 use reqwest::{RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-/// First backoff step; doubled each retry up to [`MAX_DELAY`].
-const BASE_DELAY: Duration = Duration::from_millis(200);
-const MAX_DELAY: Duration = Duration::from_secs(5);
-/// An attempt that would start with less time than this before the deadline is not worth
-/// starting: it would only turn a clear "answered 500" into a vague TIMEOUT.
-const MIN_ATTEMPT_TIME: Duration = Duration::from_millis(250);
+/// 200 ms, 400 ms, 800 ms, … up to 5 s between attempts. Even with a long deadline, hammering
+/// a failing provider more than six times helps no one.
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(200),
+    max: Duration::from_secs(5),
+    max_attempts: 6,
+    min_attempt_time: Duration::from_millis(250),
+};
 /// A request timing out this close to the deadline timed out because of it.
 const DEADLINE_SLACK: Duration = Duration::from_millis(50);
-/// Even with a long deadline, hammering a failing provider more often than this helps no one.
-const MAX_ATTEMPTS: u32 = 6;
 /// Search answers are a few hundred KiB at most; anything bigger is not one.
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// How much of an error body is quoted in a message.
@@ -244,24 +245,23 @@ pub(super) async fn send(
             Failure::Status { retry_after, .. } => *retry_after,
             Failure::Transport(_) => None,
         };
-        let backoff = jittered(backoff_step(history.attempts));
         history.record(failure);
-        if history.attempts >= MAX_ATTEMPTS {
-            return Err(history.give_up(provider, None));
-        }
-        // Retry-After is the provider's minimum; our own backoff still spaces attempts out
-        // when it says 0.
-        let delay = retry_after.map_or(backoff, |r| r.max(backoff));
-        if Instant::now() + delay + MIN_ATTEMPT_TIME > deadline {
-            let why = match retry_after {
-                Some(r) if r >= backoff => format!(
-                    "Retry-After asked for {} s, past the call's deadline",
-                    r.as_secs()
-                ),
-                _ => "no time left to retry before the call's deadline".to_string(),
+        let delay =
+            match BACKOFF.after_failure(history.attempts, retry_after, Instant::now(), deadline) {
+                Decision::Wait(delay) => delay,
+                Decision::Stop(Stop::Attempts) => return Err(history.give_up(provider, None)),
+                Decision::Stop(Stop::Deadline { asked: Some(r) }) => {
+                    let why = format!(
+                        "Retry-After asked for {} s, past the call's deadline",
+                        r.as_secs()
+                    );
+                    return Err(history.give_up(provider, Some(why)));
+                }
+                Decision::Stop(Stop::Deadline { asked: None }) => {
+                    let why = "no time left to retry before the call's deadline".to_string();
+                    return Err(history.give_up(provider, Some(why)));
+                }
             };
-            return Err(history.give_up(provider, Some(why)));
-        }
         tokio::time::sleep(delay).await;
     }
 }
@@ -301,11 +301,7 @@ async fn exchange(request: RequestBuilder) -> Result<Exchange, reqwest::Error> {
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map_or_else(|| "no content type".to_string(), str::to_string);
-    let retry_after = response
-        .headers()
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_retry_after);
+    let retry_after = retry::retry_after(response.headers());
     let mut body = Vec::new();
     let mut truncated = false;
     while let Some(chunk) = response.chunk().await? {
@@ -353,30 +349,6 @@ fn rejected(endpoint: &Endpoint, reply: &Exchange) -> CallError {
     CallError::new(ErrorCode::ExecutionError, message).retryable(false)
 }
 
-/// `Retry-After` in seconds; the HTTP-date form is rare for APIs and falls back to backoff.
-fn parse_retry_after(value: &str) -> Option<Duration> {
-    let secs: u64 = value.trim().parse().ok()?;
-    Some(Duration::from_secs(secs.min(24 * 3600)))
-}
-
-/// 200 ms, 400 ms, 800 ms, … capped at 5 s.
-fn backoff_step(retries_so_far: u32) -> Duration {
-    BASE_DELAY
-        .saturating_mul(1u32 << retries_so_far.min(16))
-        .min(MAX_DELAY)
-}
-
-/// A delay between half and all of `step`, so that calls failing together do not retry
-/// together. The randomness comes from the clock's nanoseconds: no rand crate needed.
-fn jittered(step: Duration) -> Duration {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let mixed = u64::from(nanos).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
-    let fraction = mixed as f64 / (1u64 << 53) as f64;
-    step / 2 + step.mul_f64(fraction / 2.0)
-}
-
 /// "500 Internal Server Error", or just "432" for codes without a standard reason.
 fn status_text(status: StatusCode) -> String {
     match status.canonical_reason() {
@@ -422,30 +394,6 @@ mod tests {
             body: body.to_string(),
             retry_after: None,
         }
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() {
-        assert_eq!(backoff_step(0), Duration::from_millis(200));
-        assert_eq!(backoff_step(1), Duration::from_millis(400));
-        assert_eq!(backoff_step(4), Duration::from_millis(3200));
-        assert_eq!(backoff_step(5), MAX_DELAY);
-        assert_eq!(backoff_step(40), MAX_DELAY);
-        for _ in 0..100 {
-            let d = jittered(Duration::from_millis(400));
-            assert!(
-                d >= Duration::from_millis(200) && d <= Duration::from_millis(400),
-                "{d:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn retry_after_is_read_in_seconds() {
-        assert_eq!(parse_retry_after(" 3 "), Some(Duration::from_secs(3)));
-        assert_eq!(parse_retry_after("0"), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after("Wed, 21 Oct 2026 07:28:00 GMT"), None);
-        assert_eq!(parse_retry_after("-1"), None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! `{ "results": [ { "title", "url", "snippet" } ] }`.
 //!
 //! # Layout
+//! - `config.rs`: the `[tools.search_web]` table.
 //! - `mod.rs`: parameters, provider choice and configuration checks, the shared result type
 //!   and the HTML text clean-up Brave and DuckDuckGo both need.
 //! - `http.rs`: one request with retries bounded by the call's deadline (DESIGN §8.4).
@@ -9,15 +10,16 @@
 //!   (REFERENCE §6).
 
 mod brave;
+pub mod config;
 mod duckduckgo;
 mod http;
 mod searxng;
 mod tavily;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
-use crate::config::{SearchProvider, SearchWebConfig};
 use crate::secret::Redactor;
 use crate::tools::{Effect, Source, Tool, ToolCall, ToolFuture, ToolSpec};
+pub use config::{SearchProvider, SearchWebConfig};
 use reqwest::Url;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -61,7 +63,7 @@ impl SearchWeb {
             },
             config: config.clone(),
             http,
-            redactor: Redactor::new(config.api_key.iter(), &[]),
+            redactor: Redactor::for_holders(&[config]),
             duckduckgo_pacer: duckduckgo::Pacer::default(),
         }
     }
@@ -190,6 +192,38 @@ impl Tool for SearchWeb {
                 }
             }
         })
+    }
+}
+
+impl crate::tools::builtin::BuiltinTool for SearchWeb {
+    type Raw = config::RawSearchWeb;
+    type Config = SearchWebConfig;
+
+    fn config(
+        raw: Self::Raw,
+        cx: &crate::config::TableContext,
+    ) -> Result<SearchWebConfig, crate::config::ConfigError> {
+        SearchWebConfig::from_raw(raw, cx)
+    }
+
+    fn describe(config: &SearchWebConfig) -> Value {
+        config.describe()
+    }
+
+    fn policy(config: &SearchWebConfig) -> crate::tools::Policy {
+        crate::tools::Policy {
+            enabled: config.enabled,
+            timeout: config.timeout,
+            rate_limit: config.rate_limit,
+            approval: None,
+        }
+    }
+
+    fn build(
+        config: &SearchWebConfig,
+        http: reqwest::Client,
+    ) -> Result<SearchWeb, crate::tools::RegistryError> {
+        Ok(SearchWeb::new(config, http))
     }
 }
 

@@ -141,7 +141,7 @@ fn describe_engines(engines: &[Value]) -> String {
 mod tests {
     use super::super::test_support::*;
     use crate::call::ErrorCode;
-    use crate::config::SearchProvider;
+    use crate::tools::builtin::search_web::SearchProvider;
     use serde_json::{Value, json};
     use std::time::{Duration, Instant};
     use wiremock::matchers::{header, method, path, query_param};

@@ -109,7 +109,7 @@ fn hint(status: StatusCode) -> Option<&'static str> {
 mod tests {
     use super::super::test_support::*;
     use crate::call::ErrorCode;
-    use crate::config::SearchProvider;
+    use crate::tools::builtin::search_web::SearchProvider;
     use serde_json::json;
     use wiremock::matchers::{body_json, header, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};

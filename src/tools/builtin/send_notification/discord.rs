@@ -2,19 +2,16 @@
 //! `id` is the message_id (DESIGN §8.10). Mentions are switched off: note text must not be
 //! able to ping @everyone.
 
-use super::{
-    Webhook, request_error, retry_after_header, seconds, status_error, time_left, truncate_chars,
-    wait_for_retry,
-};
+use super::{WEBHOOK_BACKOFF, Webhook, request_error, status_error, time_left, truncate_chars};
 use crate::call::CallError;
 use crate::tools::ToolCall;
+use crate::tools::builtin::retry::{self, Decision};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use std::time::Instant;
 
 /// Discord refuses `content` longer than this many characters.
 const MAX_CONTENT_CHARS: usize = 2000;
-/// 429s waited out before giving up (each wait must also fit before the deadline).
-const MAX_ATTEMPTS: u32 = 4;
 
 /// Posts one message and returns Discord's message id.
 pub(super) async fn post(
@@ -44,16 +41,22 @@ pub(super) async fn post(
             return Ok(message_id(hook, json.as_ref(), call));
         }
         // A 429 means nothing was posted: waiting and posting again cannot duplicate.
-        if status == StatusCode::TOO_MANY_REQUESTS && attempt < MAX_ATTEMPTS {
+        if status == StatusCode::TOO_MANY_REQUESTS {
             let wait = json
                 .as_ref()
                 .and_then(|j| j.get("retry_after"))
                 .and_then(Value::as_f64)
-                .and_then(seconds)
-                .or_else(|| retry_after_header(&headers));
+                .and_then(retry::seconds)
+                .or_else(|| retry::retry_after(&headers));
             if let Some(wait) = wait
-                && wait_for_retry(wait, call.deadline).await
+                && let Decision::Wait(delay) = WEBHOOK_BACKOFF.after_failure(
+                    attempt,
+                    Some(wait),
+                    Instant::now(),
+                    call.deadline,
+                )
             {
+                tokio::time::sleep(delay).await;
                 attempt += 1;
                 continue;
             }

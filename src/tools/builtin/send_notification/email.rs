@@ -2,8 +2,8 @@
 //! SMTP with implicit TLS or STARTTLS. Every message carries `Message-ID: <call_id@host>` so
 //! a duplicate can always be told apart (DESIGN §4, §8.10).
 
+use super::{EmailConfig, EmailTransport, StartTls};
 use crate::call::{CallError, ErrorCode};
-use crate::config::{EmailConfig, EmailTransport, StartTls};
 use crate::tools::{RegistryError, ToolCall};
 use lettre::message::Mailbox;
 use lettre::message::header::ContentType;
@@ -128,10 +128,20 @@ impl Email {
             tool: TOOL.to_string(),
             message: format!("tools.send_notification.email.{key}: {message}"),
         };
-        let from: Mailbox = config
-            .from
-            .parse()
-            .map_err(|e| setup("from", format!("`{}` is not a mailbox: {e}", config.from)))?;
+        let setup_failed = |key: &str, message: String, source: Box<dyn std::error::Error + Send + Sync>| {
+            RegistryError::SetupFailed {
+                tool: TOOL.to_string(),
+                message: format!("tools.send_notification.email.{key}: {message}"),
+                source,
+            }
+        };
+        let from: Mailbox = config.from.parse().map_err(|e| {
+            setup_failed(
+                "from",
+                format!("`{}` is not a mailbox", config.from),
+                Box::new(e),
+            )
+        })?;
         let transport = match &config.transport {
             EmailTransport::File { outbox } => Transport::File {
                 outbox: outbox.clone(),
@@ -170,7 +180,9 @@ impl Email {
                             b.add_root_certificate(c.clone())
                         })
                         .build()
-                        .map_err(|e| setup("smtp_url", format!("TLS setup failed: {e}")))
+                        .map_err(|e| {
+                            setup_failed("smtp_url", "TLS setup failed".to_string(), Box::new(e))
+                        })
                 };
                 let tls = match plan.security {
                     Security::Implicit => Tls::Wrapper(tls_parameters()?),
@@ -424,9 +436,9 @@ mod tests {
         assert_eq!(p.security, Security::StartTlsRequired);
     }
 
+    use super::super::SendNotificationConfig;
     use super::super::tests_support::*;
     use crate::call::ErrorCode;
-    use crate::config::SendNotificationConfig;
     use base64::Engine;
     use mailin_embedded::response::{self, Response};
     use mailin_embedded::{AuthMechanism, Handler, Server, SslConfig};

@@ -6,16 +6,18 @@
 //! recipients must be addresses, and `approval` decides which sends wait for a person.
 //! Each method is one module: [`email`], [`slack`], [`discord`].
 
+pub mod config;
 mod discord;
 mod email;
 mod slack;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
-use crate::config::{Approval, SendNotificationConfig};
-use crate::secret::{Redactor, Secret};
+use crate::secret::{Redactor, Secret, SecretHolder};
+use crate::tools::builtin::retry::Backoff;
 use crate::tools::{
     Admission, Effect, RegistryError, Source, Tool, ToolCall, ToolFuture, ToolSpec,
 };
+pub use config::{Approval, EmailConfig, EmailTransport, SendNotificationConfig, StartTls};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -44,20 +46,7 @@ impl SendNotification {
         let slack = Webhooks::new("slack", &config.slack)?;
         let discord = Webhooks::new("discord", &config.discord)?;
         let email = email::Email::new(&config.email, config.timeout)?;
-        let mut usernames: Vec<&str> = Vec::new();
-        let mut secrets: Vec<&Secret> = config
-            .slack
-            .values()
-            .chain(config.discord.values())
-            .collect();
-        if let crate::config::EmailTransport::Smtp {
-            username, password, ..
-        } = &config.email.transport
-        {
-            usernames.extend(username.as_deref());
-            secrets.extend(password.as_ref());
-        }
-        let redactor = Redactor::new(secrets, &usernames);
+        let redactor = Redactor::for_holders(&[config as &dyn SecretHolder]);
         Ok(SendNotification {
             spec: ToolSpec {
                 name: TOOL.to_string(),
@@ -206,6 +195,39 @@ impl Tool for SendNotification {
     }
 }
 
+impl crate::tools::builtin::BuiltinTool for SendNotification {
+    type Raw = config::RawSendNotification;
+    type Config = SendNotificationConfig;
+
+    fn config(
+        raw: Self::Raw,
+        cx: &crate::config::TableContext,
+    ) -> Result<SendNotificationConfig, crate::config::ConfigError> {
+        SendNotificationConfig::from_raw(raw, cx)
+    }
+
+    fn describe(config: &SendNotificationConfig) -> Value {
+        config.describe()
+    }
+
+    fn policy(config: &SendNotificationConfig) -> crate::tools::Policy {
+        crate::tools::Policy {
+            enabled: config.enabled,
+            timeout: config.timeout,
+            rate_limit: config.rate_limit,
+            // The recipient rules are the tool's own `admit`.
+            approval: None,
+        }
+    }
+
+    fn build(
+        config: &SendNotificationConfig,
+        http: reqwest::Client,
+    ) -> Result<SendNotification, RegistryError> {
+        SendNotification::new(config, http)
+    }
+}
+
 /// Where a send goes, once checked against the config.
 enum Target<'t> {
     Email(lettre::Address),
@@ -350,8 +372,13 @@ impl Webhooks {
                 tool: TOOL.to_string(),
                 message: format!("{kind} webhook `{name}` ({}) {why}", secret.reference()),
             };
-            let url = reqwest::Url::parse(secret.expose())
-                .map_err(|e| setup(format!("is not a URL: {e}")))?;
+            let url = reqwest::Url::parse(secret.expose()).map_err(|e| {
+                RegistryError::SetupFailed {
+                    tool: TOOL.to_string(),
+                    message: format!("{kind} webhook `{name}` ({}) is not a URL", secret.reference()),
+                    source: Box::new(e),
+                }
+            })?;
             if !matches!(url.scheme(), "https" | "http") {
                 return Err(setup("must be an https:// (or http://) URL".to_string()));
             }
@@ -449,29 +476,15 @@ fn status_error(hook: &Webhook, status: reqwest::StatusCode, detail: &str) -> Ca
     CallError::new(ErrorCode::ExecutionError, message).retryable(retryable)
 }
 
-/// After a 429, waits out `wait` and says yes when a retry still fits before the deadline
-/// (with a little room for the request itself); says no at once otherwise.
-async fn wait_for_retry(wait: Duration, deadline: Instant) -> bool {
-    const ROOM_FOR_THE_REQUEST: Duration = Duration::from_millis(200);
-    let Some(resume) = Instant::now().checked_add(wait) else {
-        return false;
-    };
-    if resume + ROOM_FOR_THE_REQUEST >= deadline {
-        return false;
-    }
-    tokio::time::sleep_until(tokio::time::Instant::from_std(resume)).await;
-    true
-}
-
-/// `Retry-After` in seconds (integer or decimal); the HTTP-date form is not used by these APIs.
-fn retry_after_header(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    seconds(value.trim().parse::<f64>().ok()?)
-}
-
-fn seconds(s: f64) -> Option<Duration> {
-    Duration::try_from_secs_f64(s).ok()
-}
+/// Webhooks retry only a 429 (a 5xx may already have posted), waiting exactly what the server
+/// asks (no backoff of our own), at most four attempts, and only when the wait leaves room
+/// for the request before the deadline.
+const WEBHOOK_BACKOFF: Backoff = Backoff {
+    base: Duration::ZERO,
+    max: Duration::ZERO,
+    max_attempts: 4,
+    min_attempt_time: Duration::from_millis(200),
+};
 
 /// The time left before the deadline, or TIMEOUT when none is.
 fn time_left(hook: &Webhook, deadline: Instant) -> Result<Duration, CallError> {
@@ -530,10 +543,9 @@ fn truncate_chars(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests_support {
     use super::SendNotification;
+    use super::{Approval, EmailConfig, EmailTransport, SendNotificationConfig};
     use crate::call::{CallError, ToolOutput};
-    use crate::config::{
-        Approval, ApprovalVia, EmailConfig, EmailTransport, RateLimit, SendNotificationConfig,
-    };
+    use crate::config::RateLimit;
     use crate::secret::Secret;
     use crate::tools::{Tool, ToolCall};
     use serde_json::{Map, Value, json};
@@ -546,7 +558,6 @@ mod tests_support {
         SendNotificationConfig {
             enabled: true,
             approval: Approval::Never,
-            approval_via: ApprovalVia::Folder,
             allowed_recipients: Vec::new(),
             timeout: Duration::from_secs(10),
             rate_limit: RateLimit::default(),

@@ -2,14 +2,13 @@
 //! plain strings (`invalid_payload`, `no_service`, …). The webhook returns no message id, so
 //! the call id stands in for one (DESIGN §8.10).
 
-use super::{Webhook, request_error, retry_after_header, status_error, time_left, wait_for_retry};
+use super::{WEBHOOK_BACKOFF, Webhook, request_error, status_error, time_left};
 use crate::call::CallError;
 use crate::tools::ToolCall;
+use crate::tools::builtin::retry::{self, Decision};
 use reqwest::StatusCode;
 use serde_json::json;
-
-/// 429s waited out before giving up (each wait must also fit before the deadline).
-const MAX_ATTEMPTS: u32 = 4;
+use std::time::Instant;
 
 /// Posts one message and returns its message_id (the call id).
 pub(super) async fn post(
@@ -45,10 +44,11 @@ pub(super) async fn post(
         }
         // A 429 means nothing was posted: waiting and posting again cannot duplicate.
         if status == StatusCode::TOO_MANY_REQUESTS
-            && attempt < MAX_ATTEMPTS
-            && let Some(wait) = retry_after_header(&headers)
-            && wait_for_retry(wait, call.deadline).await
+            && let Some(wait) = retry::retry_after(&headers)
+            && let Decision::Wait(delay) =
+                WEBHOOK_BACKOFF.after_failure(attempt, Some(wait), Instant::now(), call.deadline)
         {
+            tokio::time::sleep(delay).await;
             attempt += 1;
             continue;
         }
