@@ -38,7 +38,11 @@ impl Journal {
         params_hash: &str,
         decision: Decision,
     ) -> Result<(), JournalError> {
-        self.write(|tx| {
+        let (note, call_id, params_hash) =
+            (note.to_owned(), call_id.to_owned(), params_hash.to_owned());
+        self.write(move |tx| {
+            let (note, call_id, params_hash) =
+                (note.as_str(), call_id.as_str(), params_hash.as_str());
             let now = now_ms();
             exec(
                 tx,
@@ -93,7 +97,9 @@ impl Journal {
         call_id: &str,
         params_hash: &str,
     ) -> Result<Option<Decision>, JournalError> {
-        self.write(|tx| {
+        let (call_id, params_hash) = (call_id.to_owned(), params_hash.to_owned());
+        self.write(move |tx| {
+            let (call_id, params_hash) = (call_id.as_str(), params_hash.as_str());
             let decision = lookup_approval(tx, call_id, params_hash)?;
             if decision.is_some() {
                 exec(

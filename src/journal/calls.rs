@@ -4,10 +4,10 @@
 use super::events::{EventFields, event};
 use super::runs::{record_move, run_note};
 use super::{
-    Failure, Journal, JournalError, RunId, Tx, exec, from_ms, from_ns, now_ms, query_one, to_ms,
-    to_ns, undo,
+    Failure, Journal, JournalError, RunId, Tx, attach, exec, from_ms, from_ns, now_ms, query_one,
+    to_ms, to_ns, undo,
 };
-use crate::call::{CallError, CallResult, ToolOutput};
+use crate::call::{CallError, CallResult, ToolOutput, UndoRecord};
 use crate::tools::Effect;
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
@@ -52,13 +52,15 @@ impl Journal {
         effect: Effect,
         params: &Value,
     ) -> Result<(), JournalError> {
-        self.write(|tx| insert_start(tx, now_ms(), run, call_id, tool, effect, params))
+        let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
+        self.write(move |tx| insert_start(tx, now_ms(), run, &call_id, &tool, effect, &params))
     }
 
     /// Records a call's outcome. A call that never started (validation, policy, quota, rate
     /// limit) gets a row of its own that rate limits do not count.
     pub fn call_finished(&self, run: RunId, result: &CallResult) -> Result<(), JournalError> {
-        self.write(|tx| record_outcome(tx, run, result))
+        let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
+        self.write(move |tx| record_outcome(tx, run, &outcome))
     }
 
     /// [`call_finished`](Self::call_finished) for many results in one transaction: the
@@ -68,9 +70,14 @@ impl Journal {
         if results.is_empty() {
             return Ok(());
         }
-        self.write(|tx| {
-            for result in results {
-                record_outcome(tx, run, result)?;
+        let outcomes = results
+            .iter()
+            .map(EncodedOutcome::new)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| attach(self.path(), e))?;
+        self.write(move |tx| {
+            for outcome in &outcomes {
+                record_outcome(tx, run, outcome)?;
             }
             Ok(())
         })
@@ -79,7 +86,8 @@ impl Journal {
     /// Records that the result blocks of `call_ids` are in the note. Ids without a recorded
     /// outcome are skipped with a warning: there is nothing of theirs that was written.
     pub fn results_written(&self, run: RunId, call_ids: &[&str]) -> Result<(), JournalError> {
-        self.write(|tx| mark_written(tx, run, call_ids))
+        let call_ids = owned_ids(call_ids);
+        self.write(move |tx| mark_written(tx, run, &call_ids))
     }
 
     /// [`results_written`](Self::results_written) and [`note_moved`](Self::note_moved) in one
@@ -92,9 +100,10 @@ impl Journal {
         to: &str,
         ends_run: bool,
     ) -> Result<(), JournalError> {
-        self.write(|tx| {
-            mark_written(tx, run, call_ids)?;
-            record_move(tx, run, to, ends_run)
+        let (call_ids, to) = (owned_ids(call_ids), to.to_owned());
+        self.write(move |tx| {
+            mark_written(tx, run, &call_ids)?;
+            record_move(tx, run, &to, ends_run)
         })
     }
 
@@ -129,17 +138,56 @@ impl Journal {
     }
 }
 
+fn owned_ids(call_ids: &[&str]) -> Vec<String> {
+    call_ids.iter().map(|id| id.to_string()).collect()
+}
+
+/// A call's outcome as its row stores it, encoded on the caller's thread so that the writer
+/// thread, which every note's writes go through, only runs SQL.
+pub(super) struct EncodedOutcome {
+    call_id: String,
+    name: String,
+    /// `calls.result_json`.
+    stored: String,
+    /// None when ok.
+    error_code: Option<&'static str>,
+    message: Option<String>,
+    ended_ms: i64,
+    duration_ms: u64,
+    /// A vault change to confirm in the same transaction (DESIGN §11.3).
+    undo: Option<UndoRecord>,
+}
+
+impl EncodedOutcome {
+    fn new(result: &CallResult) -> Result<EncodedOutcome, Failure> {
+        let stored = serde_json::to_string(&StoredResult::from_result(result))
+            .map_err(|e| Failure::Other(format!("cannot encode result: {e}")))?;
+        let (error_code, message, undo) = match &result.outcome {
+            Ok(out) => (None, None, out.undo.clone()),
+            Err(e) => (Some(e.code.as_str()), Some(e.message.clone()), None),
+        };
+        Ok(EncodedOutcome {
+            call_id: result.call_id.clone(),
+            name: result.name.clone(),
+            stored,
+            error_code,
+            message,
+            ended_ms: to_ms(result.ended_at),
+            duration_ms: result.duration_ms(),
+            undo,
+        })
+    }
+}
+
 /// Records one call's outcome (see [`Journal::call_finished`]).
-pub(super) fn record_outcome(tx: &Tx<'_>, run: RunId, result: &CallResult) -> Result<(), Failure> {
+pub(super) fn record_outcome(
+    tx: &Tx<'_>,
+    run: RunId,
+    result: &EncodedOutcome,
+) -> Result<(), Failure> {
     let note = run_note(tx, run)?;
-    let stored = serde_json::to_string(&StoredResult::from_result(result))
-        .map_err(|e| Failure::Other(format!("cannot encode result: {e}")))?;
-    let (outcome, message) = match &result.outcome {
-        Ok(_) => ("ok", None),
-        Err(e) => (e.code.as_str(), Some(e.message.clone())),
-    };
-    let error_code = result.outcome.as_ref().err().map(|e| e.code.as_str());
-    let ended = to_ms(result.ended_at);
+    let (stored, error_code, ended) = (&result.stored, result.error_code, result.ended_ms);
+    let (outcome, message) = (error_code.unwrap_or("ok"), &result.message);
     // The outcome belongs to the newest start of the call, if that one has none yet;
     // otherwise (never started, or an outcome already recorded) it is a row of its own.
     let newest: Option<(i64, bool)> = query_one(
@@ -165,17 +213,14 @@ pub(super) fn record_outcome(tx: &Tx<'_>, run: RunId, result: &CallResult) -> Re
             params![run, result.call_id, result.name, ended, stored, error_code],
         )?,
     };
-    if let Ok(ToolOutput {
-        undo: Some(record), ..
-    }) = &result.outcome
-    {
+    if let Some(record) = &result.undo {
         undo::confirm(tx, &result.call_id, &note, &result.name, record)?;
     }
     let fields = EventFields {
         call_id: Some(&result.call_id),
         tool: Some(&result.name),
         outcome: Some(outcome),
-        duration_ms: Some(result.duration_ms()),
+        duration_ms: Some(result.duration_ms),
         detail: message.as_deref(),
     };
     event(tx, now_ms(), "call_end", Some(run), &note, &fields)
@@ -183,7 +228,7 @@ pub(super) fn record_outcome(tx: &Tx<'_>, run: RunId, result: &CallResult) -> Re
 
 /// Marks the newest recorded outcome of each call as written into the note: of the note
 /// (by its id, whichever run recorded it, §9.3), or of the run for a note without an id.
-pub(super) fn mark_written(tx: &Tx<'_>, run: RunId, call_ids: &[&str]) -> Result<(), Failure> {
+pub(super) fn mark_written(tx: &Tx<'_>, run: RunId, call_ids: &[String]) -> Result<(), Failure> {
     let note = run_note(tx, run)?;
     let note_id: Option<String> = query_one(
         tx,
@@ -225,7 +270,7 @@ pub(super) fn mark_written(tx: &Tx<'_>, run: RunId, call_ids: &[&str]) -> Result
             params![now, id],
         )?;
         let fields = EventFields {
-            call_id: Some(call_id),
+            call_id: Some(call_id.as_str()),
             tool: Some(&tool),
             ..EventFields::default()
         };
@@ -241,14 +286,14 @@ pub(super) fn insert_start(
     call_id: &str,
     tool: &str,
     effect: Effect,
-    params: &Value,
+    params_json: &str,
 ) -> Result<(), Failure> {
     let note = run_note(tx, run)?;
     exec(
         tx,
         "INSERT INTO calls (run_id, call_id, tool, effect, params_json, started_at_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![run, call_id, tool, effect.as_str(), params.to_string(), now],
+        params![run, call_id, tool, effect.as_str(), params_json, now],
     )?;
     let fields = EventFields {
         call_id: Some(call_id),

@@ -37,7 +37,9 @@ impl Journal {
     /// problem found again by a later scan, with nothing else recorded about the note in
     /// between, is not recorded twice.
     pub fn record_problem(&self, note: &str, message: &str) -> Result<(), JournalError> {
-        self.write(|tx| {
+        let (note, message) = (note.to_owned(), message.to_owned());
+        self.write(move |tx| {
+            let (note, message) = (note.as_str(), message.as_str());
             let last: Option<(String, Option<String>)> = query_one(
                 tx,
                 "SELECT event, detail FROM events WHERE note = ?1 ORDER BY id DESC LIMIT 1",

@@ -3,11 +3,15 @@
 //! restarts without losing a note, running a side effect twice or writing a result twice.
 //! The only SQL in the crate lives here.
 //!
-//! Every method is one transaction, committed (and, with `synchronous=FULL`, on disk) before
-//! it returns: a "call started" row exists before the tool runs. Methods are synchronous; the
-//! daemon calls them from `spawn_blocking`. The CLI (`status`, `log`, `approve`) opens the same
-//! file while the daemon runs: WAL lets it read while the daemon writes, and the 5 s busy
-//! timeout plus `BEGIN IMMEDIATE` for every write serialise two writers instead of failing.
+//! Every write method is committed (and, with `synchronous=FULL`, on disk) before it returns:
+//! a "call started" row exists before the tool runs. Writes go through one writer thread that
+//! owns the write connection ([`writer`], group commit): the writes that arrive while a commit
+//! is on its way to the disk share the next transaction, each in its own savepoint, and each
+//! caller returns once its group's commit is durable. Reads run on a second connection and
+//! see every write whose method has returned. Methods are synchronous; the daemon calls them
+//! from `spawn_blocking`. The CLI (`status`, `log`, `approve`) opens the same file while the
+//! daemon runs: WAL lets it read while the daemon writes, and the 5 s busy timeout plus
+//! `BEGIN IMMEDIATE` for every group serialise two writers instead of failing.
 //!
 //! # Tables (schema version 2, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
@@ -32,7 +36,8 @@
 //! One file per table, its queries and its tests: `runs.rs`, `calls.rs`, `rates.rs` (rate
 //! limits, counted from the start records in `calls`), `events.rs` (`vaultd log` and `status`),
 //! `approvals.rs`, `undo.rs`, `catalog.rs` (MCP pins), `runners.rs` (synced vaults);
-//! `schema.rs` holds the migrations and pragmas; this file the handle and its transactions.
+//! `schema.rs` holds the migrations and pragmas; `writer.rs` the group commit; this file the
+//! handle and its transactions.
 
 mod approvals;
 mod calls;
@@ -45,6 +50,7 @@ mod schema;
 #[cfg(test)]
 mod testing;
 pub mod undo;
+mod writer;
 
 pub use approvals::Decision;
 pub use calls::{CallProgress, JournalCall};
@@ -52,7 +58,7 @@ pub use events::{LogEntry, LogFilter};
 pub use rates::{RateUse, RateWindow, StartAdmission};
 pub use runs::{Claim, OpenRun, RunId};
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rusqlite::{Connection, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -74,8 +80,11 @@ pub enum JournalError {
 pub struct Journal {
     /// The database file, named in every error.
     path: PathBuf,
-    /// One connection; the mutex makes `Journal` `Sync` and serialises this process's writes.
-    conn: Mutex<Connection>,
+    /// The writer thread, owner of the write connection: every write goes through it.
+    writer: writer::Writer,
+    /// The connection reads use (WAL: they never wait for the writer); the mutex makes
+    /// `Journal` `Sync`.
+    reader: Mutex<Connection>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -96,7 +105,26 @@ impl From<rusqlite::Error> for Failure {
     }
 }
 
-type Tx<'a> = Transaction<'a>;
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Sql(e) => e.fmt(f),
+            Failure::Other(message) => f.write_str(message),
+        }
+    }
+}
+
+/// The connection a journal query runs on, inside its transaction (a savepoint of the
+/// writer's group transaction, or a read transaction).
+struct Tx<'a>(&'a Connection);
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.0
+    }
+}
 
 impl Journal {
     /// Opens (creating if needed) `state_dir/journal.sqlite` and brings its schema up to date.
@@ -127,9 +155,18 @@ impl Journal {
         undo::ensure_schema(&conn).map_err(wrap)?;
         conn.execute_batch(runners::TABLES)
             .map_err(|e| wrap(e.into()))?;
+        // Opened after the writer's connection set WAL mode and migrated the schema.
+        let reader = Connection::open(&path).map_err(|e| wrap(e.into()))?;
+        schema::configure_reader(&reader).map_err(wrap)?;
+        let writer =
+            writer::Writer::start(conn, path.clone()).map_err(|e| JournalError::Other {
+                path: path.clone(),
+                message: format!("cannot start the journal's writer thread: {e}"),
+            })?;
         Ok(Journal {
             path,
-            conn: Mutex::new(conn),
+            writer,
+            reader: Mutex::new(reader),
         })
     }
 
@@ -138,32 +175,29 @@ impl Journal {
         &self.path
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
+    fn reader(&self) -> MutexGuard<'_, Connection> {
         // A panic while the lock was held dropped its transaction, which rolled back: the
         // connection is fine to use again.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One write transaction, `BEGIN IMMEDIATE` so a second writer waits for the busy timeout
-    /// instead of failing when it upgrades a read lock.
-    fn write<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
-        self.transaction(TransactionBehavior::Immediate, f)
-    }
-
-    /// One read transaction: one consistent snapshot across its queries.
-    fn read<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
-        self.transaction(TransactionBehavior::Deferred, f)
-    }
-
-    fn transaction<T>(
+    /// One write, returning once it is durable: it runs in the writer thread's next group
+    /// transaction (`BEGIN IMMEDIATE`, so another process's writer waits for the busy timeout
+    /// instead of failing) and the caller waits for that group's commit.
+    fn write<T: Send + 'static>(
         &self,
-        behavior: TransactionBehavior,
-        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, JournalError> {
-        let mut conn = self.lock();
+        self.writer.submit(f).map_err(|e| attach(&self.path, e))
+    }
+
+    /// One read transaction: one consistent snapshot across its queries, on the reader
+    /// connection. It sees every write whose method has returned.
+    fn read<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
+        let mut conn = self.reader();
         let run = || {
-            let tx = conn.transaction_with_behavior(behavior)?;
-            let out = f(&tx)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let out = f(&Tx(&tx))?;
             tx.commit()?;
             Ok(out)
         };
@@ -246,7 +280,7 @@ mod tests {
     fn open_sets_wal_and_schema_version() {
         let (dir, journal) = fresh_journal();
         assert_eq!(journal.path(), dir.path().join("journal.sqlite"));
-        let conn = journal.lock();
+        let conn = journal.reader();
         let mode: String = conn
             .pragma_query_value(None, "journal_mode", |r| r.get(0))
             .unwrap();

@@ -47,10 +47,13 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
-        self.write(|tx| {
+        let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
+        let limits = limits.to_vec();
+        self.write(move |tx| {
+            let (call_id, tool, params) = (call_id.as_str(), tool.as_str(), params.as_str());
             let now = now_ms();
             let mut worst: Option<(RateWindow, i64)> = None;
-            for &window in limits {
+            for &window in &limits {
                 if let Some(reset_at) = window_reset(tx, tool, window, now)?
                     && worst.is_none_or(|(_, r)| reset_at > r)
                 {

@@ -50,7 +50,13 @@ impl Journal {
         claimed_from: Option<&str>,
         copy_of: Option<(&str, bool)>,
     ) -> Result<RunId, JournalError> {
-        self.write(|tx| {
+        let note = note.to_owned();
+        let (note_id, claimed_from) = (note_id.map(str::to_owned), claimed_from.map(str::to_owned));
+        let copy_of = copy_of.map(|(of, grace)| (of.to_owned(), grace));
+        self.write(move |tx| {
+            let (note, note_id, claimed_from) =
+                (note.as_str(), note_id.as_deref(), claimed_from.as_deref());
+            let copy_of = copy_of.as_ref().map(|(of, grace)| (of.as_str(), *grace));
             let now = now_ms();
             let stale = exec(
                 tx,
@@ -85,13 +91,16 @@ impl Journal {
     /// (Done, Failed, Rejected, Pending_Approval): a later claim of the note is a new run.
     /// Otherwise the run stays open at its new path.
     pub fn note_moved(&self, run: RunId, to: &str, ends_run: bool) -> Result<(), JournalError> {
-        self.write(|tx| record_move(tx, run, to, ends_run))
+        let to = to.to_owned();
+        self.write(move |tx| record_move(tx, run, &to, ends_run))
     }
 
     /// Closes a run whose note is gone from In_Progress without a recorded move (a person
     /// moved or deleted it), recording `reason` as a problem.
     pub fn abandon_run(&self, run: RunId, reason: &str) -> Result<(), JournalError> {
-        self.write(|tx| {
+        let reason = reason.to_owned();
+        self.write(move |tx| {
+            let reason = reason.as_str();
             let note = run_note(tx, run)?;
             let now = now_ms();
             exec(
@@ -157,7 +166,9 @@ impl Journal {
     /// Gives a run recorded without a note id (a version 1 journal) the identity its note now
     /// carries, so its calls are found by note id from now on.
     pub fn adopt_run(&self, run: RunId, note_id: &str) -> Result<(), JournalError> {
-        self.write(|tx| {
+        let note_id = note_id.to_owned();
+        self.write(move |tx| {
+            let note_id = note_id.as_str();
             exec(
                 tx,
                 "UPDATE runs SET note_id = ?1 WHERE id = ?2 AND note_id IS NULL",

@@ -66,6 +66,14 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_by_claimed_from ON runs (claimed_from);",
 ];
 
+/// The read connection: waits for a writer like the write connection, and refuses to write.
+pub(super) fn configure_reader(conn: &Connection) -> Result<(), Failure> {
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.set_prepared_statement_cache_capacity(32);
+    conn.pragma_update(None, "query_only", true)?;
+    Ok(())
+}
+
 /// Pragmas, then the migrations the file has not seen yet.
 pub(super) fn configure(conn: &mut Connection) -> Result<(), Failure> {
     // First, so that everything after it waits for a CLI or daemon holding the lock.
@@ -127,7 +135,7 @@ mod tests {
         }
         let journal = Journal::open(dir.path()).unwrap();
         let version: i64 = journal
-            .lock()
+            .reader()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, 2);
@@ -146,9 +154,9 @@ mod tests {
     #[test]
     fn open_refuses_a_newer_schema() {
         let (dir, journal) = fresh_journal();
+        // Through the writer: the reader connection refuses to write.
         journal
-            .lock()
-            .pragma_update(None, "user_version", 99)
+            .write(|tx| Ok(tx.pragma_update(None, "user_version", 99)?))
             .unwrap();
         drop(journal);
         let err = Journal::open(dir.path()).expect_err("newer schema");
