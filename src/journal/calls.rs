@@ -42,8 +42,10 @@ pub struct JournalCall {
 }
 
 impl Journal {
-    /// Records that a call is about to run. Committed before it returns: only then may the
-    /// tool run. `params` are stored as given: the caller redacts them.
+    /// Records that a call is about to run. `params` are stored as given: the caller redacts
+    /// them. A call with effects is committed before this returns: only then may the tool
+    /// run. A `read_only` call's start is queued for the next group commit and not waited
+    /// for (see the module doc: a crash runs it again).
     pub fn call_started(
         &self,
         run: RunId,
@@ -53,7 +55,13 @@ impl Journal {
         params: &Value,
     ) -> Result<(), JournalError> {
         let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
-        self.write(move |tx| insert_start(tx, now_ms(), run, &call_id, &tool, effect, &params))
+        let now = now_ms();
+        let start = move |tx: &Tx<'_>| insert_start(tx, now, run, &call_id, &tool, effect, &params);
+        if needs_durable_start(effect) {
+            self.write(start)
+        } else {
+            self.write_queued("a read_only call's start", start)
+        }
     }
 
     /// Records a call's outcome. A call that never started (validation, policy, quota, rate
@@ -135,6 +143,15 @@ impl Journal {
             )?;
             Ok(u64::try_from(n).unwrap_or(0))
         })
+    }
+}
+
+/// Whether a call's start record must be on disk before the tool runs (module doc, "Per-effect
+/// durability"): decided by the effect, so a `read_only` call never waits for an fsync.
+pub(super) fn needs_durable_start(effect: Effect) -> bool {
+    match effect {
+        Effect::ReadOnly => false,
+        Effect::StateChange | Effect::ExternalSideEffect => true,
     }
 }
 

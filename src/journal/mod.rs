@@ -13,6 +13,27 @@
 //! daemon runs: WAL lets it read while the daemon writes, and the 5 s busy timeout plus
 //! `BEGIN IMMEDIATE` for every group serialise two writers instead of failing.
 //!
+//! # Per-effect durability
+//! A call's start record exists so that recovery never runs a side effect twice (DESIGN §9.3):
+//! "started, no outcome" turns an `external_side_effect` or `state_change` call into
+//! UNKNOWN_OUTCOME (or a §11.3 undo record) instead of a second run. Those starts stay durable
+//! before the tool runs. A `read_only` call needs no such guard: started with no outcome,
+//! recovery runs it again anyway, and a call with no start record at all is simply pending in
+//! its note (recovery of a run, §8.15, and the next claim both run pending calls). So its
+//! start is queued and not waited for (it joins the next group commit); a kill before that
+//! commit loses the record and the call runs again — never lost. It is never written twice
+//! either: its outcome (`call_finished`) is durable before its result block is written into the
+//! note, and the single writer runs jobs in order, so a durable outcome implies its start
+//! committed too, and a written result block makes the call no longer pending.
+//!
+//! Rate limits count start records. A `read_only` call with limits waits until its start ran
+//! in the writer's transaction (admission check and insert in one job, serialised with every
+//! other start and seen by the next one in the same transaction: exact), just not for the
+//! commit. What a kill can cost is the starts of the last, uncommitted group: those calls ran
+//! once without being counted, and run again (and count) on recovery. The note budget (§12.2)
+//! counts the same way. Reads (another connection) see a `read_only` start once its group
+//! committed: at the latest when any later durable write has returned ([`Journal::flush`]).
+//!
 //! # Tables (schema version 2, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
@@ -175,6 +196,12 @@ impl Journal {
         &self.path
     }
 
+    /// Returns once every write made before it is durable, `read_only` starts included
+    /// (whose methods return before their group commits): what a read made after it sees.
+    pub fn flush(&self) -> Result<(), JournalError> {
+        self.write(|_| Ok(()))
+    }
+
     fn reader(&self) -> MutexGuard<'_, Connection> {
         // A panic while the lock was held dropped its transaction, which rolled back: the
         // connection is fine to use again.
@@ -188,11 +215,38 @@ impl Journal {
         &self,
         f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, JournalError> {
-        self.writer.submit(f).map_err(|e| attach(&self.path, e))
+        self.writer
+            .submit(writer::Wait::Durable, f)
+            .map_err(|e| attach(&self.path, e))
+    }
+
+    /// [`write`](Self::write) returning as soon as it ran, before its group commits.
+    fn write_executed<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        self.writer
+            .submit(writer::Wait::Executed, f)
+            .map_err(|e| attach(&self.path, e))
+    }
+
+    /// One write nobody waits for: queued, it joins the next group commit; its errors are
+    /// logged as `what`.
+    fn write_queued(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
+    ) -> Result<(), JournalError> {
+        self.writer
+            .enqueue(what, f)
+            .map_err(|e| attach(&self.path, e))
     }
 
     /// One read transaction: one consistent snapshot across its queries, on the reader
-    /// connection. It sees every write whose method has returned.
+    /// connection. It sees every write whose method has returned, except those of
+    /// [`write_queued`](Self::write_queued) and [`write_executed`](Self::write_executed)
+    /// (`read_only` starts) until their group commits: at the latest, once any later
+    /// durable write has returned.
     fn read<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
         let mut conn = self.reader();
         let run = || {

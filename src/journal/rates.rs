@@ -1,7 +1,7 @@
 //! Rate limits (DESIGN §5): counted from the start records in `calls`, checked and recorded
 //! in one transaction so two calls cannot both take the last slot.
 
-use super::calls::insert_start;
+use super::calls::{insert_start, needs_durable_start};
 use super::{Journal, JournalError, RunId, Tx, from_ms, now_ms, query_one, to_ms};
 use crate::tools::Effect;
 use rusqlite::{OptionalExtension, params};
@@ -38,6 +38,11 @@ impl Journal {
     /// [`call_started`](Self::call_started) unless a rate limit of `tool` is full, checked in
     /// the same transaction so concurrent calls cannot both take the last slot. When limited,
     /// nothing is recorded; the caller records the RATE_LIMITED result with `call_finished`.
+    ///
+    /// Durability follows the effect as for `call_started`: a `read_only` call's admission
+    /// is answered once it ran in the writer's transaction (atomic with every other start,
+    /// so the count is exact), without waiting for that transaction's commit; with no limit
+    /// to check, it is only queued.
     pub fn call_started_within(
         &self,
         run: RunId,
@@ -49,9 +54,15 @@ impl Journal {
     ) -> Result<StartAdmission, JournalError> {
         let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
         let limits = limits.to_vec();
-        self.write(move |tx| {
+        let now = now_ms();
+        if !needs_durable_start(effect) && limits.is_empty() {
+            self.write_queued("a read_only call's start", move |tx| {
+                insert_start(tx, now, run, &call_id, &tool, effect, &params)
+            })?;
+            return Ok(StartAdmission::Started);
+        }
+        let admit = move |tx: &Tx<'_>| {
             let (call_id, tool, params) = (call_id.as_str(), tool.as_str(), params.as_str());
-            let now = now_ms();
             let mut worst: Option<(RateWindow, i64)> = None;
             for &window in &limits {
                 if let Some(reset_at) = window_reset(tx, tool, window, now)?
@@ -70,7 +81,12 @@ impl Journal {
                     Ok(StartAdmission::Started)
                 }
             }
-        })
+        };
+        if needs_durable_start(effect) {
+            self.write(admit)
+        } else {
+            self.write_executed(admit)
+        }
     }
 
     /// How many calls of `tool` started at or after `since`, across all runs.
@@ -254,6 +270,8 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(start("c-1"), StartAdmission::Started);
+        // The admission counts unflushed starts; a read sees them once flushed.
+        journal.flush().unwrap();
         let first = journal
             .oldest_call_since("search_web", UNIX_EPOCH)
             .unwrap()
@@ -267,6 +285,7 @@ mod tests {
             other => panic!("expected RateLimited, got {other:?}"),
         }
         // Nothing was recorded for the refused call.
+        journal.flush().unwrap();
         assert_eq!(
             journal
                 .calls_started_since("search_web", UNIX_EPOCH)

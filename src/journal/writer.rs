@@ -24,6 +24,17 @@ const QUEUE: usize = 1024;
 /// At most this many jobs share one transaction, so one group's latency stays bounded.
 const MAX_GROUP: usize = 512;
 
+/// What a caller waits for before its journal method returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// Until the transaction holding the write is durable (`synchronous=FULL`): the default,
+    /// and what every record that must precede a side effect needs.
+    Durable,
+    /// Until the write ran in the writer's open transaction (its answer, such as a rate-limit
+    /// admission, is known and is atomic with every other write), not until it commits.
+    Executed,
+}
+
 /// Called once the group's commit is known: `Ok` when it is durable.
 type AfterCommit = Box<dyn FnOnce(Result<(), Failure>) + Send>;
 
@@ -69,10 +80,11 @@ impl Writer {
         self.groups.load(Ordering::SeqCst)
     }
 
-    /// Runs `f` in the writer's next group transaction and returns its answer once that
-    /// transaction is durable.
+    /// Runs `f` in the writer's next group transaction and returns its answer once `wait`
+    /// is met.
     pub(super) fn submit<T: Send + 'static>(
         &self,
+        wait: Wait,
         f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, Failure> {
         let (reply, answer) = sync_channel::<Result<T, Failure>>(1);
@@ -81,12 +93,33 @@ impl Writer {
                 let _ = reply.send(Err(e));
                 Ran::Failed
             }
+            Ok(out) if wait == Wait::Executed => {
+                let _ = reply.send(Ok(out));
+                Ran::Done(None)
+            }
             Ok(out) => Ran::Done(Some(Box::new(move |commit: Result<(), Failure>| {
                 let _ = reply.send(commit.map(|()| out));
             }))),
         });
         self.send(job)?;
         answer.recv().map_err(|_| stopped())?
+    }
+
+    /// Queues `f` and returns at once: it joins the next group commit. Its errors, and a
+    /// failed commit, are logged, since nobody waits for them.
+    pub(super) fn enqueue(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
+    ) -> Result<(), Failure> {
+        let job: Job = Box::new(move |tx| match tx.and_then(f) {
+            Ok(()) => Ran::Done(None),
+            Err(e) => {
+                tracing::error!("journal: {what} not recorded: {e}");
+                Ran::Failed
+            }
+        });
+        self.send(job)
     }
 
     fn send(&self, job: Job) -> Result<(), Failure> {
@@ -262,22 +295,30 @@ mod tests {
                     let note = format!("In_Progress/{t}.md");
                     let run = journal.begin_run(&note).unwrap();
                     for c in 0..CALLS {
+                        // A side effect's start: durable, so on the other connection, when
+                        // the method returns.
+                        start_send(journal, run, &format!("s-{t}-{c}"));
+                        let calls = journal.run_for_note(&note).unwrap().unwrap().calls;
+                        assert_eq!(calls.len(), 2 * c + 1, "s-{t}-{c}");
+                        // A read_only start is not waited for; the outcome recorded after it
+                        // is, and commits it too.
                         let id = format!("c-{t}-{c}");
                         start_search(journal, run, &id);
-                        // Read on the other connection right after the return: there.
-                        let calls = journal.run_for_note(&note).unwrap().unwrap().calls;
-                        assert_eq!(calls.len(), c + 1, "{id}");
                         journal.call_finished(run, &search_ok(&id)).unwrap();
                         let calls = journal.run_for_note(&note).unwrap().unwrap().calls;
+                        assert_eq!(calls.len(), 2 * c + 2, "{id}");
                         assert!(
-                            matches!(calls[c].progress, crate::journal::CallProgress::Finished(_)),
+                            matches!(
+                                calls[2 * c + 1].progress,
+                                crate::journal::CallProgress::Finished(_)
+                            ),
                             "{id}"
                         );
                     }
                 });
             }
         });
-        let writes = (THREADS * (1 + 2 * CALLS)) as u64;
+        let writes = (THREADS * (1 + 3 * CALLS)) as u64;
         let groups = journal.writer.groups() - before;
         assert!(groups <= writes, "{groups} groups for {writes} writes");
         let log = journal.log(&LogFilter::default()).unwrap();
@@ -389,5 +430,88 @@ mod tests {
         assert!(!dir.path().join("journal.sqlite-wal").exists());
         let journal = Journal::open(dir.path()).unwrap();
         assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod per_effect {
+    use crate::journal::testing::*;
+    use crate::journal::{Journal, RateWindow, StartAdmission};
+    use crate::tools::Effect;
+    use serde_json::json;
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn queued_read_only_starts_commit_before_the_journal_closes() {
+        let (dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        for i in 0..50 {
+            start_search(&journal, run, &format!("c-{i}"));
+        }
+        drop(journal);
+        let journal = Journal::open(dir.path()).unwrap();
+        assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 50);
+        assert_eq!(
+            journal
+                .calls_started_since("search_web", UNIX_EPOCH)
+                .unwrap(),
+            50
+        );
+    }
+
+    #[test]
+    fn read_only_admissions_stay_exact_under_concurrency() {
+        let (_dir, journal) = fresh_journal();
+        let journal = Arc::new(journal);
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let hour = RateWindow {
+            max: 7,
+            length: Duration::from_secs(3600),
+        };
+        let threads: Vec<_> = (0..24)
+            .map(|i| {
+                let j = journal.clone();
+                std::thread::spawn(move || {
+                    j.call_started_within(
+                        run,
+                        &format!("c-{i}"),
+                        "search_web",
+                        Effect::ReadOnly,
+                        &json!({}),
+                        &[hour],
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        let admitted = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|a| *a == StartAdmission::Started)
+            .count();
+        assert_eq!(admitted, 7);
+        journal.flush().unwrap();
+        assert_eq!(
+            journal
+                .calls_started_since("search_web", UNIX_EPOCH)
+                .unwrap(),
+            7
+        );
+    }
+
+    #[test]
+    fn a_read_only_start_is_seen_once_a_later_durable_write_returns() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, run, "c-1");
+        start_send(&journal, run, "c-2");
+        let calls = journal.run_for_note("In_Progress/a.md").unwrap().unwrap();
+        assert_eq!(
+            calls.calls.len(),
+            2,
+            "the send waited, and the search before it"
+        );
+        assert_eq!(calls.calls[0].effect, Effect::ReadOnly);
     }
 }
