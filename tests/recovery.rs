@@ -7,19 +7,30 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// The name of torture note `i` and its queries (every third note has two calls).
-fn torture_note(i: usize) -> (String, Vec<String>) {
+/// The name of torture note `i`, its queries (every third note has two) and whether it sends
+/// an email too (every other note, before its searches in every fourth): read_only calls,
+/// whose starts are not waited for, beside side effects, whose starts are.
+fn torture_note(i: usize) -> (String, Vec<String>, bool) {
     let queries = if i.is_multiple_of(3) {
         vec![format!("q{i} first"), format!("q{i} second")]
     } else {
         vec![format!("q{i}")]
     };
-    (format!("t{i:02}.md"), queries)
+    (format!("t{i:02}.md"), queries, i.is_multiple_of(2))
+}
+
+fn torture_send(i: usize) -> serde_json::Value {
+    json!({ "name": "send_notification", "parameters": {
+        "recipient": "bob@example.org", "subject": format!("t{i}"), "body": "once" } })
 }
 
 fn drop_torture_note(vault: &TestVault, i: usize) {
-    let (name, queries) = torture_note(i);
-    let calls: Vec<_> = queries.iter().map(|q| search_call(q)).collect();
+    let (name, queries, sends) = torture_note(i);
+    let mut calls: Vec<_> = queries.iter().map(|q| search_call(q)).collect();
+    if sends {
+        let at = if i.is_multiple_of(4) { 0 } else { calls.len() };
+        calls.insert(at, torture_send(i));
+    }
     vault.drop_note(&name, &note_with_calls(&name, &calls));
 }
 
@@ -44,7 +55,15 @@ fn leftover_temp_files(vault: &TestVault) -> Vec<String> {
 async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once() {
     let began = Instant::now();
     let server = SearxServer::start(Duration::from_millis(100)).await;
-    let vault = TestVault::new(&server.base_url(), "workers = 4\n");
+    let vault = TestVault::new(&server.base_url(), "");
+    let outbox = vault.dir.path().join("outbox");
+    vault.write_config(
+        &server.base_url(),
+        &format!(
+            "workers = 4\n[tools.send_notification]\nallowed_recipients = [\"*@example.org\"]\n[tools.send_notification.email]\ntransport = \"file\"\noutbox = {:?}\n",
+            outbox.display().to_string()
+        ),
+    );
     const NOTES: usize = 30;
     // Half the notes wait in the inbox before the first start; the rest arrive while the
     // daemon runs, between kills.
@@ -91,31 +110,55 @@ async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once()
     assert!(vault.notes_in("Needs_Action").is_empty(), "{notes:#?}");
     assert!(vault.notes_in("In_Progress").is_empty(), "{notes:#?}");
     assert_eq!(notes.len(), NOTES, "each note exactly once: {notes:#?}");
+    // 0 duplicate sends: every Message-ID at most once in the outbox.
+    let sent = outbox_message_ids(&outbox);
+    assert!(sent.values().all(|&c| c == 1), "sent twice: {sent:#?}");
+    let (mut sends_ok, mut sends_unknown) = (0, 0);
     for i in 0..NOTES {
-        let (name, queries) = torture_note(i);
+        let (name, queries, sends) = torture_note(i);
         let folder = ["Done", "Failed"]
             .into_iter()
             .find(|f| vault.exists(f, &name))
             .unwrap_or_else(|| panic!("{name} lost; vault: {notes:#?}"));
         let text = vault.read(folder, &name);
+        let calls = queries.len() + usize::from(sends);
         let counts = result_counts(&text);
-        assert_eq!(counts.len(), queries.len(), "{name}: {text}");
+        assert_eq!(counts.len(), calls, "{name}: {text}");
         assert!(
             counts.values().all(|&n| n == 1),
             "{name}: a call with more than one result: {counts:?}\n{text}"
         );
         let results = results_in(&text);
-        for (r, q) in results.iter().zip(&queries) {
+        let (send, searches): (Vec<_>, Vec<_>) = results
+            .iter()
+            .partition(|r| r["name"] == "send_notification");
+        // A read_only call is never lost: run again after any kill, it always succeeds.
+        for (r, q) in searches.iter().zip(&queries) {
             assert_eq!(r["ok"], true, "{name}: {r}");
             assert_eq!(r["data"]["results"][0]["title"], format!("{q} result 1"));
         }
-        assert_eq!(folder, "Done", "{name}: every search succeeded");
-        assert_eq!(
-            property(&text, "tool_calls"),
-            Some(queries.len().to_string())
-        );
+        // A send ran once (its email in the outbox) or was cut off by a kill after its
+        // durable start: UNKNOWN_OUTCOME, never a second send.
+        let mut all_ok = true;
+        for r in &send {
+            if r["ok"] == true {
+                sends_ok += 1;
+                let id = r["data"]["message_id"].as_str().unwrap_or_default();
+                let id = format!("<{}>", id.trim_matches(|c| c == '<' || c == '>'));
+                assert_eq!(sent.get(&id), Some(&1), "{name}: {id} not in {sent:#?}");
+            } else {
+                sends_unknown += 1;
+                all_ok = false;
+                assert_eq!(r["error"]["code"], "UNKNOWN_OUTCOME", "{name}: {r}");
+            }
+        }
+        assert_eq!(send.len(), usize::from(sends), "{name}: {text}");
+        let expected = if all_ok { "Done" } else { "Failed" };
+        assert_eq!(folder, expected, "{name}: {text}");
+        assert_eq!(property(&text, "tool_calls"), Some(calls.to_string()));
         assert_eq!(text.matches("tool_status:").count(), 1, "{text}");
     }
+    assert!(sent.len() <= NOTES.div_ceil(2), "{sent:#?}");
     assert_journal_closed(&vault);
     assert!(
         leftover_temp_files(&vault).is_empty(),
@@ -123,7 +166,7 @@ async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once()
         leftover_temp_files(&vault)
     );
     eprintln!(
-        "torture: {kills} kills, {} search requests for 40 calls, {:?}",
+        "torture: {kills} kills, {} search requests for 40 searches, {sends_ok} sends, {sends_unknown} unknown outcomes, {:?}",
         server.requests(),
         began.elapsed()
     );

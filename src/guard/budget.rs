@@ -72,6 +72,8 @@ mod tests {
             &serde_json::json!({}),
         )
         .unwrap();
+        // A read_only start is not waited for (journal module doc): visible once flushed.
+        j.flush().unwrap();
         assert_eq!(calls_started(&j, "n-00000000loop").unwrap(), 3);
         assert_eq!(calls_started(&j, "n-0000000other").unwrap(), 1);
         assert_eq!(remaining(2, 3), 0);

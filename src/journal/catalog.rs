@@ -73,7 +73,9 @@ impl Journal {
         tools: &[ListedTool],
         others: &[ListedTool],
     ) -> Result<Vec<PinState>, JournalError> {
-        self.write(|tx| {
+        let (server, tools, others) = (server.to_owned(), tools.to_vec(), others.to_vec());
+        self.write(move |tx| {
+            let (server, tools, others) = (server.as_str(), &tools, &others);
             let now = now_ms();
             let first: bool = tx
                 .query_row(
@@ -112,7 +114,9 @@ impl Journal {
     /// Pins the catalog's current definition of `server`'s `tool` (`vaultd tools accept`).
     /// Returns false when the catalog does not hold that tool.
     pub fn accept_mcp_tool(&self, server: &str, tool: &str) -> Result<bool, JournalError> {
-        self.write(|tx| {
+        let (server, tool) = (server.to_owned(), tool.to_owned());
+        self.write(move |tx| {
+            let (server, tool) = (server.as_str(), tool.as_str());
             let listed: Option<(String, String)> = tx
                 .query_row(
                     "SELECT definition, hash FROM mcp_catalog WHERE server = ?1 AND tool = ?2",

@@ -39,7 +39,8 @@ impl Journal {
     /// Records a take-over by `runner` now and returns its time: notes of other runners
     /// updated up to it are history from now on.
     pub fn record_take_over(&self, runner: &str) -> Result<SystemTime, JournalError> {
-        self.write(|tx| {
+        let runner = runner.to_owned();
+        self.write(move |tx| {
             let at = now_ms();
             tx.execute(
                 "INSERT INTO runner_takeovers (at_ms, runner) VALUES (?1, ?2)",
@@ -63,7 +64,8 @@ impl Journal {
     /// Records that this daemon paused claiming because of `other`'s note `note` (one pause
     /// at a time; the first one seen is kept).
     pub fn record_pause(&self, runner: &str, other: &str, note: &str) -> Result<(), JournalError> {
-        self.write(|tx| {
+        let (runner, other, note) = (runner.to_owned(), other.to_owned(), note.to_owned());
+        self.write(move |tx| {
             tx.execute(
                 "INSERT OR IGNORE INTO runner_pause (id, at_ms, runner, other, note)
                  VALUES (1, ?1, ?2, ?3, ?4)",

@@ -82,7 +82,9 @@ impl Journal {
         tool: &str,
         changes: &[VaultChange],
     ) -> Result<i64, JournalError> {
-        self.write(|tx| insert_record(tx, call_id, note, tool, "prepared", changes))
+        let (call_id, note, tool) = (call_id.to_owned(), note.to_owned(), tool.to_owned());
+        let changes = changes.to_vec();
+        self.write(move |tx| insert_record(tx, &call_id, &note, &tool, "prepared", &changes))
     }
 
     /// Records a change made outside the runner (`vaultd undo`): prepared and confirmed in
@@ -94,7 +96,9 @@ impl Journal {
         tool: &str,
         record: &UndoRecord,
     ) -> Result<(), JournalError> {
-        self.write(|tx| confirm(tx, call_id, note, tool, record))
+        let (call_id, note, tool) = (call_id.to_owned(), note.to_owned(), tool.to_owned());
+        let record = record.clone();
+        self.write(move |tx| confirm(tx, &call_id, &note, &tool, &record))
     }
 
     /// Not-yet-undone records of `call_id`, newest first.
@@ -125,7 +129,7 @@ impl Journal {
     /// Drops pre-images older than `before` (`undo_keep`). Returns how many records went.
     pub fn prune_undo(&self, before: SystemTime) -> Result<usize, JournalError> {
         let cutoff = super::to_ms(before);
-        self.write(|tx| {
+        self.write(move |tx| {
             exec(
                 tx,
                 "DELETE FROM undo_changes WHERE record_id IN

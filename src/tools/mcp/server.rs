@@ -2,6 +2,15 @@
 //! dies with vaultd, or a streamable HTTP session), its tools listed to the last page and
 //! pinned, restarted with backoff when it fails or exits, its stderr sent to the log, and
 //! stopped on shutdown (close stdin, SIGTERM, SIGKILL after 2 s).
+//!
+//! Pins are checked at every call (twice: at admission and at run), so the accepted ones are
+//! cached in memory, by definition hash. Only a pin that was found accepted is cached: every
+//! other answer (changed, new) is read from the journal again at the next call, so a
+//! `vaultd tools accept` made by another process while the daemon runs counts at once. What
+//! can make an accepted definition unaccepted is a new listing, which this daemon records
+//! itself (start, restart, `notifications/tools/list_changed`): the cache is rebuilt from that
+//! listing's pin states. A cached hash that no longer matches the listed definition is a miss.
+//! (This assumes one daemon records a state dir's catalog, as one daemon runs per vault.)
 
 use super::config::{INHERITED_ENV, McpServerConfig, Transport};
 use super::pin;
@@ -54,6 +63,9 @@ pub struct McpServer {
     link: watch::Sender<Link>,
     /// The allowed tools of the last listing (or of the catalog, before the first).
     tools: Mutex<HashMap<String, Listed>>,
+    /// Tool name -> the definition hash found accepted: the pin check without SQLite (see the
+    /// module doc for when it is refreshed).
+    accepted: Mutex<HashMap<String, String>>,
     /// Set on shutdown.
     stop: watch::Sender<bool>,
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -74,6 +86,7 @@ impl McpServer {
             journal,
             link: watch::channel(Link::default()).0,
             tools: Mutex::new(HashMap::new()),
+            accepted: Mutex::new(HashMap::new()),
             stop: watch::channel(false).0,
             supervisor: Mutex::new(None),
             http,
@@ -336,6 +349,7 @@ impl McpServer {
         .await
         .map_err(|e| format!("journal task failed: {e}"))?
         .map_err(|e| format!("cannot record the tool listing: {e}"))?;
+        self.remember_accepted(&listed, &states);
         for (l, state) in listed.iter().zip(&states) {
             let full = super::tool_name(self.name(), &l.tool);
             match state {
@@ -359,16 +373,36 @@ impl McpServer {
         Ok(())
     }
 
-    /// The pin state of `tool`'s current definition (read from the journal at call time, so
-    /// an accept made while the daemon runs counts at once). None: the server no longer
-    /// offers the tool.
+    /// The pin state of `tool`'s current definition: from the cache when it was found
+    /// accepted, else read from the journal at call time, so an accept made while the daemon
+    /// runs counts at once (module doc). None: the server no longer offers the tool.
     pub fn pin_state(&self, tool: &str) -> Option<Result<PinState, String>> {
         let listed = self.tool(tool)?;
-        Some(
-            self.journal
-                .mcp_pin_state(self.name(), &listed.listed)
-                .map_err(|e| e.to_string()),
-        )
+        let hash = &listed.listed.hash;
+        if self.accepted.lock().expect("accepted lock").get(tool) == Some(hash) {
+            return Some(Ok(PinState::Accepted));
+        }
+        let state = self
+            .journal
+            .mcp_pin_state(self.name(), &listed.listed)
+            .map_err(|e| e.to_string());
+        if state == Ok(PinState::Accepted) {
+            self.accepted
+                .lock()
+                .expect("accepted lock")
+                .insert(tool.to_string(), hash.clone());
+        }
+        Some(state)
+    }
+
+    /// Replaces the cache of accepted pins with what a new listing found.
+    fn remember_accepted(&self, listed: &[ListedTool], states: &[PinState]) {
+        *self.accepted.lock().expect("accepted lock") = listed
+            .iter()
+            .zip(states)
+            .filter(|(_, state)| **state == PinState::Accepted)
+            .map(|(l, _)| (l.tool.clone(), l.hash.clone()))
+            .collect();
     }
 
     /// A connected peer. `wait_past`: wait (until `deadline`) for a connection newer than
@@ -592,5 +626,71 @@ impl ClientHandler for VaultdClient {
                 tracing::error!(server = server.name(), "{e}");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::mcp::config::{RawServer, from_raw};
+    use std::collections::BTreeMap;
+
+    fn server(journal: Arc<Journal>) -> Arc<McpServer> {
+        let raw: BTreeMap<String, RawServer> =
+            toml::from_str("[files]\ncommand = [\"srv\"]\nallow = [\"a\"]\n").unwrap();
+        let config = from_raw(raw, std::path::Path::new("t.toml"), |p: &str| {
+            std::path::PathBuf::from(p)
+        })
+        .unwrap()
+        .remove(0);
+        McpServer::new(config, journal, reqwest::Client::new(), "/".into())
+    }
+
+    fn def(text: &str) -> ListedTool {
+        pin::listed(
+            "a",
+            &serde_json::json!({ "name": "a", "description": text }),
+        )
+    }
+
+    #[test]
+    fn accepted_pins_are_cached_and_others_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Arc::new(Journal::open(dir.path()).unwrap());
+        journal
+            .record_mcp_listing("files", &[def("v1")], &[])
+            .unwrap();
+        // The definition changed since it was accepted.
+        let states = journal
+            .record_mcp_listing("files", &[def("v2")], &[])
+            .unwrap();
+        assert!(matches!(states[0], PinState::Changed { .. }));
+        let srv = server(journal.clone());
+        assert!(matches!(
+            srv.pin_state("a"),
+            Some(Ok(PinState::Changed { .. }))
+        ));
+
+        // `vaultd tools accept` in another process: the next call sees it.
+        let cli = Journal::open(dir.path()).unwrap();
+        assert!(cli.accept_mcp_tool("files", "a").unwrap());
+        assert_eq!(srv.pin_state("a"), Some(Ok(PinState::Accepted)));
+
+        // From now on from memory: a pin changed behind the daemon's back (which only its own
+        // listing does) is not read again...
+        cli.record_mcp_listing("files", &[def("v3")], &[]).unwrap();
+        cli.accept_mcp_tool("files", "a").unwrap();
+        assert_eq!(srv.pin_state("a"), Some(Ok(PinState::Accepted)));
+        // ...until a listing of this daemon says what is accepted now.
+        srv.remember_accepted(
+            &[def("v2")],
+            &[PinState::Changed {
+                accepted_definition: def("v3").definition,
+            }],
+        );
+        assert!(matches!(
+            srv.pin_state("a"),
+            Some(Ok(PinState::Changed { .. }))
+        ));
     }
 }

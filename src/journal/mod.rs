@@ -1,0 +1,489 @@
+//! The journal: one SQLite file (WAL, synchronous=FULL) in the state dir recording every
+//! claim, call start, call outcome, result write and move, so a daemon killed at any instant
+//! restarts without losing a note, running a side effect twice or writing a result twice.
+//! The only SQL in the crate lives here.
+//!
+//! Every write method is committed (and, with `synchronous=FULL`, on disk) before it returns:
+//! a "call started" row exists before the tool runs. Writes go through one writer thread that
+//! owns the write connection ([`writer`], group commit): the writes that arrive while a commit
+//! is on its way to the disk share the next transaction, each in its own savepoint, and each
+//! caller returns once its group's commit is durable. Reads run on a second connection and
+//! see every write whose method has returned. Methods are synchronous; the daemon calls them
+//! from `spawn_blocking`. The CLI (`status`, `log`, `approve`) opens the same file while the
+//! daemon runs: WAL lets it read while the daemon writes, and the 5 s busy timeout plus
+//! `BEGIN IMMEDIATE` for every group serialise two writers instead of failing.
+//!
+//! # Per-effect durability
+//! A call's start record exists so that recovery never runs a side effect twice (DESIGN §9.3):
+//! "started, no outcome" turns an `external_side_effect` or `state_change` call into
+//! UNKNOWN_OUTCOME (or a §11.3 undo record) instead of a second run. Those starts stay durable
+//! before the tool runs. A `read_only` call needs no such guard: started with no outcome,
+//! recovery runs it again anyway, and a call with no start record at all is simply pending in
+//! its note (recovery of a run, §8.15, and the next claim both run pending calls). So its
+//! start is queued and not waited for (it joins the next group commit); a kill before that
+//! commit loses the record and the call runs again — never lost. It is never written twice
+//! either: its outcome (`call_finished`) is durable before its result block is written into the
+//! note, and the single writer runs jobs in order, so a durable outcome implies its start
+//! committed too, and a written result block makes the call no longer pending.
+//!
+//! Rate limits count start records. A `read_only` call with limits waits until its start ran
+//! in the writer's transaction (admission check and insert in one job, serialised with every
+//! other start and seen by the next one in the same transaction: exact), just not for the
+//! commit. What a kill can cost is the starts of the last, uncommitted group: those calls ran
+//! once without being counted, and run again (and count) on recovery. The note budget (§12.2)
+//! counts the same way. Reads (another connection) see a `read_only` start once its group
+//! committed: at the latest when any later durable write has returned ([`Journal::flush`]).
+//!
+//! # Tables (schema version 3, kept in `PRAGMA user_version`)
+//! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
+//!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
+//!   the note's identity (its `tool_note` property, DESIGN §9.2) and `claimed_from` the path it
+//!   was claimed from (the stale-copy rule, §9.6); `copy_of` the note a stale copy stands for
+//!   (kept, so a copy killed or moved mid-run still never runs that note's calls again).
+//!   Version 1 journals get these columns, empty, in place; a run without a note id is given one when its note is next seen.
+//!   Calls are keyed by (note id, call id) through their run: what a note's call did is known
+//!   whatever path the note has now.
+//! - `calls`: one row per start (or per outcome recorded without a start: validation, policy,
+//!   quota, rate limit). Rate limits count rows with a `started_at_ms`. A call run again in the
+//!   same run (a `read_only` call after a crash) gets a new row; the newest row per call id is
+//!   its progress.
+//! - `events`: what `vaultd log` shows, in order.
+//! - `approvals`: `vaultd approve`/`reject` decisions, bound to the call id and the hash of the
+//!   exact parameters shown.
+//! - `undo_records`/`undo_changes`, `mcp_*`, `runner_*`: self-contained tables, created at open
+//!   (see their modules).
+//!
+//! # Layout
+//! One file per table, its queries and its tests: `runs.rs`, `calls.rs`, `rates.rs` (rate
+//! limits, counted from the start records in `calls`), `events.rs` (`vaultd log` and `status`),
+//! `approvals.rs`, `undo.rs`, `catalog.rs` (MCP pins), `runners.rs` (synced vaults);
+//! `schema.rs` holds the migrations and pragmas; `writer.rs` the group commit; this file the
+//! handle and its transactions.
+
+mod approvals;
+mod calls;
+pub mod catalog;
+mod events;
+mod rates;
+pub mod runners;
+mod runs;
+mod schema;
+#[cfg(test)]
+mod testing;
+pub mod undo;
+mod writer;
+
+pub use approvals::Decision;
+pub use calls::{CallProgress, JournalCall};
+pub use events::{LogEntry, LogFilter};
+pub use rates::{RateUse, RateWindow, StartAdmission};
+pub use runs::{Claim, OpenRun, RunId};
+
+use rusqlite::{Connection, TransactionBehavior};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal {path}: {source}")]
+    Sqlite {
+        path: std::path::PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("journal {path}: {message}")]
+    Other {
+        path: std::path::PathBuf,
+        message: String,
+    },
+}
+
+pub struct Journal {
+    /// The database file, named in every error.
+    path: PathBuf,
+    /// The writer thread, owner of the write connection: every write goes through it.
+    writer: writer::Writer,
+    /// The connection reads use (WAL: they never wait for the writer); the mutex makes
+    /// `Journal` `Sync`.
+    reader: Mutex<Connection>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("path", &self.path).finish()
+    }
+}
+
+/// An error inside a transaction, before the journal's path is attached.
+enum Failure {
+    Sql(rusqlite::Error),
+    Other(String),
+}
+
+impl From<rusqlite::Error> for Failure {
+    fn from(e: rusqlite::Error) -> Self {
+        Failure::Sql(e)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Sql(e) => e.fmt(f),
+            Failure::Other(message) => f.write_str(message),
+        }
+    }
+}
+
+/// The connection a journal query runs on, inside its transaction (a savepoint of the
+/// writer's group transaction, or a read transaction).
+struct Tx<'a>(&'a Connection);
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.0
+    }
+}
+
+impl Journal {
+    /// Opens (creating if needed) `state_dir/journal.sqlite` and brings its schema up to date.
+    ///
+    /// The journal holds what calls sent (email bodies): the state dir is created 0700 and the
+    /// database 0600 whatever the umask (§9.5); SQLite gives its `-wal`/`-shm` the mode of the
+    /// database. Files an older release left readable by others are narrowed.
+    pub fn open(state_dir: &Path) -> Result<Journal, JournalError> {
+        crate::private::create_dir(state_dir).map_err(|e| JournalError::Other {
+            path: state_dir.to_path_buf(),
+            message: format!("cannot create the state directory: {e}"),
+        })?;
+        let path = state_dir.join("journal.sqlite");
+        crate::private::touch_file(&path).map_err(|e| JournalError::Other {
+            path: path.clone(),
+            message: format!("cannot create the journal: {e}"),
+        })?;
+        for suffix in ["-wal", "-shm"] {
+            let mut side = path.clone().into_os_string();
+            side.push(suffix);
+            crate::private::narrow(Path::new(&side));
+        }
+        let wrap = |f: Failure| attach(&path, f);
+        let mut conn = Connection::open(&path).map_err(|e| wrap(e.into()))?;
+        schema::configure(&mut conn).map_err(wrap)?;
+        conn.execute_batch(catalog::TABLES)
+            .map_err(|e| wrap(e.into()))?;
+        undo::ensure_schema(&conn).map_err(wrap)?;
+        conn.execute_batch(runners::TABLES)
+            .map_err(|e| wrap(e.into()))?;
+        // Opened after the writer's connection set WAL mode and migrated the schema.
+        let reader = Connection::open(&path).map_err(|e| wrap(e.into()))?;
+        schema::configure_reader(&reader).map_err(wrap)?;
+        let writer =
+            writer::Writer::start(conn, path.clone()).map_err(|e| JournalError::Other {
+                path: path.clone(),
+                message: format!("cannot start the journal's writer thread: {e}"),
+            })?;
+        Ok(Journal {
+            path,
+            writer,
+            reader: Mutex::new(reader),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Returns once every write made before it is durable, `read_only` starts included
+    /// (whose methods return before their group commits): what a read made after it sees.
+    pub fn flush(&self) -> Result<(), JournalError> {
+        self.write(|_| Ok(()))
+    }
+
+    fn reader(&self) -> MutexGuard<'_, Connection> {
+        // A panic while the lock was held dropped its transaction, which rolled back: the
+        // connection is fine to use again.
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One write, returning once it is durable: it runs in the writer thread's next group
+    /// transaction (`BEGIN IMMEDIATE`, so another process's writer waits for the busy timeout
+    /// instead of failing) and the caller waits for that group's commit.
+    fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        self.writer
+            .submit(writer::Wait::Durable, f)
+            .map_err(|e| attach(&self.path, e))
+    }
+
+    /// [`write`](Self::write) returning as soon as it ran, before its group commits.
+    fn write_executed<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        self.writer
+            .submit(writer::Wait::Executed, f)
+            .map_err(|e| attach(&self.path, e))
+    }
+
+    /// One write nobody waits for: queued, it joins the next group commit; its errors are
+    /// logged as `what`.
+    fn write_queued(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
+    ) -> Result<(), JournalError> {
+        self.writer
+            .enqueue(what, f)
+            .map_err(|e| attach(&self.path, e))
+    }
+
+    /// One read transaction: one consistent snapshot across its queries, on the reader
+    /// connection. It sees every write whose method has returned, except those of
+    /// [`write_queued`](Self::write_queued) and [`write_executed`](Self::write_executed)
+    /// (`read_only` starts) until their group commits: at the latest, once any later
+    /// durable write has returned.
+    fn read<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
+        let mut conn = self.reader();
+        let run = || {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let out = f(&Tx(&tx))?;
+            tx.commit()?;
+            Ok(out)
+        };
+        run().map_err(|e| attach(&self.path, e))
+    }
+}
+
+fn attach(path: &Path, failure: Failure) -> JournalError {
+    match failure {
+        Failure::Sql(source) => JournalError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        },
+        Failure::Other(message) => JournalError::Other {
+            path: path.to_path_buf(),
+            message,
+        },
+    }
+}
+
+/// Runs one statement through the connection's statement cache. The hot paths run the same
+/// dozen statements for every note; preparing them anew each time was a tenth of the CPU
+/// of `vaultd once` (BENCHMARKS.md).
+fn exec(tx: &Tx<'_>, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    tx.prepare_cached(sql)?.execute(params)
+}
+
+/// `query_row` through the statement cache (see [`exec`]).
+fn query_one<T>(
+    tx: &Tx<'_>,
+    sql: &str,
+    params: impl rusqlite::Params,
+    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    tx.prepare_cached(sql)?.query_row(params, f)
+}
+
+fn now_ms() -> i64 {
+    to_ms(SystemTime::now())
+}
+
+/// Unix milliseconds, negative before 1970 (clocks set that far back still order correctly).
+fn to_ms(t: SystemTime) -> i64 {
+    to_ns(t).div_euclid(1_000_000)
+}
+
+fn from_ms(ms: i64) -> SystemTime {
+    from_ns(ms.saturating_mul(1_000_000))
+}
+
+fn to_ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_nanos()).unwrap_or(i64::MAX),
+    }
+}
+
+fn from_ns(ns: i64) -> SystemTime {
+    let d = Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        UNIX_EPOCH + d
+    } else {
+        UNIX_EPOCH - d
+    }
+}
+
+fn rfc3339(ms: i64) -> String {
+    // humantime cannot format times before 1970; a clock that wrong shows as the epoch.
+    humantime::format_rfc3339_millis(from_ms(ms.max(0))).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::schema::MIGRATIONS;
+    use super::testing::*;
+    use super::*;
+    use crate::tools::Effect;
+
+    #[test]
+    fn open_sets_wal_and_schema_version() {
+        let (dir, journal) = fresh_journal();
+        assert_eq!(journal.path(), dir.path().join("journal.sqlite"));
+        let conn = journal.reader();
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn the_journal_is_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, journal) = fresh_journal();
+        start_search(
+            &journal,
+            journal.begin_run("In_Progress/a.md").unwrap(),
+            "c-1",
+        );
+        for name in ["journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"] {
+            let mode = std::fs::metadata(dir.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}");
+        }
+    }
+
+    #[test]
+    fn open_creates_missing_state_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("a/b/state");
+        Journal::open(&state).expect("open");
+        assert!(state.join("journal.sqlite").is_file());
+    }
+
+    #[test]
+    fn errors_name_the_journal_file() {
+        let (dir, journal) = fresh_journal();
+        let err = journal
+            .call_finished(42, &timed_out("c-1"))
+            .expect_err("no such run");
+        assert!(
+            err.to_string()
+                .contains(&dir.path().join("journal.sqlite").display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn everything_survives_a_restart() {
+        let (dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_send(&journal, run, "c-send");
+        start_search(&journal, run, "c-search");
+        let result = search_ok("c-search");
+        journal.call_finished(run, &result).unwrap();
+        journal
+            .record_approval("Pending_Approval/b.md", "c-b", "h1", Decision::Approved)
+            .unwrap();
+        journal
+            .record_problem("Needs_Action/big.md", "over max_note_bytes")
+            .unwrap();
+        let before = journal.log(&LogFilter::default()).unwrap();
+        drop(journal); // the daemon is killed
+
+        let journal = Journal::open(dir.path()).expect("reopen");
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(
+            shape(&open[0].calls),
+            vec![
+                (
+                    "c-send".to_string(),
+                    "send_notification".to_string(),
+                    Effect::ExternalSideEffect,
+                    CallProgress::Started
+                ),
+                (
+                    "c-search".to_string(),
+                    "search_web".to_string(),
+                    Effect::ReadOnly,
+                    CallProgress::Finished(result)
+                ),
+            ]
+        );
+        assert_eq!(
+            journal.approval("c-b", "h1").unwrap(),
+            Some(Decision::Approved)
+        );
+        assert_eq!(journal.problems(5).unwrap().len(), 1);
+        assert_eq!(journal.log(&LogFilter::default()).unwrap(), before);
+        assert_eq!(
+            journal
+                .calls_started_since("send_notification", UNIX_EPOCH)
+                .unwrap(),
+            1
+        );
+        // And the run carries on after the restart.
+        journal.results_written(run, &["c-search"]).unwrap();
+        journal.note_moved(run, "Failed/a.md", true).unwrap();
+        assert!(journal.open_runs().unwrap().is_empty());
+    }
+
+    #[test]
+    fn two_handles_on_one_file_write_and_read_concurrently() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = Journal::open(dir.path()).unwrap();
+        let cli = Journal::open(dir.path()).unwrap();
+        const CALLS: usize = 100;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let run = daemon.begin_run("In_Progress/a.md").unwrap();
+                for i in 0..CALLS {
+                    let id = format!("c-{i}");
+                    start_search(&daemon, run, &id);
+                    daemon.call_finished(run, &search_ok(&id)).unwrap();
+                }
+            });
+            s.spawn(|| {
+                // The CLI reads while the daemon writes, and writes too (`vaultd approve`).
+                for i in 0..CALLS {
+                    cli.log(&LogFilter::default()).unwrap();
+                    cli.open_runs().unwrap();
+                    cli.record_approval(
+                        "Pending_Approval/b.md",
+                        &format!("c-{i}"),
+                        "h",
+                        Decision::Approved,
+                    )
+                    .unwrap();
+                }
+            });
+        });
+        assert_eq!(
+            cli.calls_started_since("search_web", UNIX_EPOCH).unwrap(),
+            CALLS as u64
+        );
+        assert_eq!(
+            daemon.approval("c-99", "h").unwrap(),
+            Some(Decision::Approved)
+        );
+        let runs = cli.open_runs().unwrap();
+        assert_eq!(runs[0].calls.len(), CALLS);
+    }
+
+    #[test]
+    fn journal_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Journal>();
+    }
+}

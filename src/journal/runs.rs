@@ -1,0 +1,406 @@
+//! The `runs` table: one claim of one note, from the rename into In_Progress to the move
+//! out of it, and what the note identity rules (DESIGN §9.2, §9.6) ask of claims.
+
+use super::calls::run_calls;
+use super::events::{EventFields, event};
+use super::{
+    Failure, Journal, JournalCall, JournalError, Tx, exec, from_ms, now_ms, query_one, to_ms,
+};
+use rusqlite::{OptionalExtension, params};
+use std::time::SystemTime;
+
+/// One claim of one note: from the rename into In_Progress to the move out of it.
+pub type RunId = i64;
+
+/// The newest claim made from one path (DESIGN §9.6): which note it was and where it is now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    pub note_id: String,
+    pub claimed_at: SystemTime,
+    /// The vault-relative path the note has now (as far as the journal knows).
+    pub note: String,
+}
+
+/// A run whose note has not been moved out of In_Progress yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenRun {
+    pub run_id: RunId,
+    /// Vault-relative path of the note in In_Progress.
+    pub note: String,
+    /// The note's identity; None for a run recorded by a version 1 journal.
+    pub note_id: Option<String>,
+    pub calls: Vec<JournalCall>,
+}
+
+impl Journal {
+    /// Records the claim of `note` (its vault-relative path in In_Progress).
+    ///
+    /// An open run already at that path is stale (its note moved out without the move being
+    /// recorded, as a crash between rename and record leaves it): it is closed as
+    /// `superseded`, since one path holds one note.
+    pub fn begin_run(&self, note: &str) -> Result<RunId, JournalError> {
+        self.begin_note_run(note, None, None, None)
+    }
+
+    /// [`begin_run`](Self::begin_run) of the note with identity `note_id`, claimed from the
+    /// vault-relative path `claimed_from` (None for a note found in In_Progress); `copy_of`
+    /// is the note a stale copy stands for, and whether it came within the grace (§9.6).
+    pub fn begin_note_run(
+        &self,
+        note: &str,
+        note_id: Option<&str>,
+        claimed_from: Option<&str>,
+        copy_of: Option<(&str, bool)>,
+    ) -> Result<RunId, JournalError> {
+        self.begin_claim(note, note_id, claimed_from, copy_of, None)
+    }
+
+    /// [`begin_note_run`](Self::begin_note_run) of a note claimed by hard link, whose first
+    /// name (`claimed_from`) still names the file `left_behind` (a `FileKey` encoded by the
+    /// vault) until the daemon drops it. Recorded with the claim, so that a restart after a
+    /// crash in between knows that name for what it is: the claimed note, not a new one.
+    pub fn begin_linked_run(
+        &self,
+        note: &str,
+        note_id: &str,
+        claimed_from: &str,
+        copy_of: Option<(&str, bool)>,
+        left_behind: &str,
+    ) -> Result<RunId, JournalError> {
+        self.begin_claim(
+            note,
+            Some(note_id),
+            Some(claimed_from),
+            copy_of,
+            Some(left_behind),
+        )
+    }
+
+    /// Names left behind by link claims since `since`: (the vault-relative name, its file
+    /// key). The daemon checks them at start-up (see [`begin_linked_run`](Self::begin_linked_run)).
+    pub fn left_behind_since(
+        &self,
+        since: SystemTime,
+    ) -> Result<Vec<(String, String)>, JournalError> {
+        self.read(|tx| {
+            let mut st = tx.prepare_cached(
+                "SELECT claimed_from, left_behind FROM runs
+                 WHERE left_behind IS NOT NULL AND claimed_at_ms >= ?1",
+            )?;
+            let rows = st.query_map(params![to_ms(since)], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn begin_claim(
+        &self,
+        note: &str,
+        note_id: Option<&str>,
+        claimed_from: Option<&str>,
+        copy_of: Option<(&str, bool)>,
+        left_behind: Option<&str>,
+    ) -> Result<RunId, JournalError> {
+        let note = note.to_owned();
+        let (note_id, claimed_from) = (note_id.map(str::to_owned), claimed_from.map(str::to_owned));
+        let copy_of = copy_of.map(|(of, grace)| (of.to_owned(), grace));
+        let left_behind = left_behind.map(str::to_owned);
+        self.write(move |tx| {
+            let (note, note_id, claimed_from) =
+                (note.as_str(), note_id.as_deref(), claimed_from.as_deref());
+            let copy_of = copy_of.as_ref().map(|(of, grace)| (of.as_str(), *grace));
+            let now = now_ms();
+            let stale = exec(
+                tx,
+                "UPDATE runs SET ended_at_ms = ?1, final_state = 'superseded'
+                 WHERE note = ?2 AND ended_at_ms IS NULL",
+                params![now, note],
+            )?;
+            if stale > 0 {
+                tracing::warn!(note, "journal: closing a stale open run of the same note");
+            }
+            exec(
+                tx,
+                "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
+                                   copy_within_grace, left_behind)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    note,
+                    now,
+                    note_id,
+                    claimed_from,
+                    copy_of.map(|c| c.0),
+                    copy_of.map(|c| c.1),
+                    left_behind
+                ],
+            )?;
+            let run = tx.last_insert_rowid();
+            event(tx, now, "claim", Some(run), note, &EventFields::default())?;
+            Ok(run)
+        })
+    }
+
+    /// Records a rename of the run's note to `to` (vault-relative). `ends_run` closes the run
+    /// (Done, Failed, Rejected, Pending_Approval): a later claim of the note is a new run.
+    /// Otherwise the run stays open at its new path.
+    pub fn note_moved(&self, run: RunId, to: &str, ends_run: bool) -> Result<(), JournalError> {
+        let to = to.to_owned();
+        self.write(move |tx| record_move(tx, run, &to, ends_run))
+    }
+
+    /// Closes a run whose note is gone from In_Progress without a recorded move (a person
+    /// moved or deleted it), recording `reason` as a problem.
+    pub fn abandon_run(&self, run: RunId, reason: &str) -> Result<(), JournalError> {
+        let reason = reason.to_owned();
+        self.write(move |tx| {
+            let reason = reason.as_str();
+            let note = run_note(tx, run)?;
+            let now = now_ms();
+            exec(
+                tx,
+                "UPDATE runs SET ended_at_ms = ?1, final_state = 'abandoned'
+                 WHERE id = ?2 AND ended_at_ms IS NULL",
+                params![now, run],
+            )?;
+            let fields = EventFields {
+                detail: Some(reason),
+                ..EventFields::default()
+            };
+            event(tx, now, "problem", Some(run), &note, &fields)
+        })
+    }
+
+    /// Every run not yet moved out of In_Progress, oldest first, with its calls in start order.
+    pub fn open_runs(&self) -> Result<Vec<OpenRun>, JournalError> {
+        self.read(|tx| {
+            let runs: Vec<(RunId, String, Option<String>)> = {
+                let mut stmt = tx.prepare(
+                    "SELECT id, note, note_id FROM runs WHERE ended_at_ms IS NULL ORDER BY id",
+                )?;
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect::<Result<_, _>>()?
+            };
+            runs.into_iter()
+                .map(|(run_id, note, note_id)| {
+                    Ok(OpenRun {
+                        run_id,
+                        note,
+                        note_id,
+                        calls: run_calls(tx, run_id)?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// The open run whose note is now at `note`, if any.
+    pub fn run_for_note(&self, note: &str) -> Result<Option<OpenRun>, JournalError> {
+        self.read(|tx| {
+            let run: Option<(RunId, Option<String>)> = query_one(
+                tx,
+                "SELECT id, note_id FROM runs WHERE note = ?1 AND ended_at_ms IS NULL
+                     ORDER BY id DESC LIMIT 1",
+                params![note],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+            run.map(|(run_id, note_id)| {
+                Ok(OpenRun {
+                    run_id,
+                    note: note.to_string(),
+                    note_id,
+                    calls: run_calls(tx, run_id)?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    /// Gives a run recorded without a note id (a version 1 journal) the identity its note now
+    /// carries, so its calls are found by note id from now on.
+    pub fn adopt_run(&self, run: RunId, note_id: &str) -> Result<(), JournalError> {
+        let note_id = note_id.to_owned();
+        self.write(move |tx| {
+            let note_id = note_id.as_str();
+            exec(
+                tx,
+                "UPDATE runs SET note_id = ?1 WHERE id = ?2 AND note_id IS NULL",
+                params![note_id, run],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The newest claim of a note with an identity from the vault-relative path `from`.
+    pub fn last_claim_from(&self, from: &str) -> Result<Option<Claim>, JournalError> {
+        self.read(|tx| {
+            let row: Option<(String, i64, String)> = query_one(
+                tx,
+                "SELECT note_id, claimed_at_ms, note FROM runs
+                 WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+                params![from],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+            Ok(row.map(|(note_id, at, note)| Claim {
+                note_id,
+                claimed_at: from_ms(at),
+                note,
+            }))
+        })
+    }
+
+    /// The note the note `note_id` is a stale copy of, if it is one (its first claim said so),
+    /// and whether it came within the grace (DESIGN §9.6).
+    pub fn copy_of(&self, note_id: &str) -> Result<Option<(String, bool)>, JournalError> {
+        self.read(|tx| {
+            Ok(query_one(
+                tx,
+                "SELECT copy_of, copy_within_grace FROM runs
+                 WHERE note_id = ?1 AND copy_of IS NOT NULL ORDER BY id LIMIT 1",
+                params![note_id],
+                |r| Ok((r.get(0)?, r.get::<_, Option<bool>>(1)?.unwrap_or(false))),
+            )
+            .optional()?)
+        })
+    }
+
+    /// The path the note `note_id` had at its newest run's last recorded move or claim.
+    pub fn note_path(&self, note_id: &str) -> Result<Option<String>, JournalError> {
+        self.read(|tx| {
+            Ok(query_one(
+                tx,
+                "SELECT note FROM runs WHERE note_id = ?1 ORDER BY id DESC LIMIT 1",
+                params![note_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+    }
+}
+
+/// Records the run's note now at `to`; `ends_run` closes the run.
+pub(super) fn record_move(
+    tx: &Tx<'_>,
+    run: RunId,
+    to: &str,
+    ends_run: bool,
+) -> Result<(), Failure> {
+    let from = run_note(tx, run)?;
+    let now = now_ms();
+    if ends_run {
+        let state = to.split('/').next().unwrap_or(to);
+        exec(
+            tx,
+            "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3 WHERE id = ?4",
+            params![to, now, state, run],
+        )?;
+    } else {
+        exec(
+            tx,
+            "UPDATE runs SET note = ?1 WHERE id = ?2",
+            params![to, run],
+        )?;
+    }
+    let fields = EventFields {
+        detail: Some(to),
+        ..EventFields::default()
+    };
+    event(tx, now, "move", Some(run), &from, &fields)
+}
+
+pub(super) fn run_note(tx: &Tx<'_>, run: RunId) -> Result<String, Failure> {
+    query_one(
+        tx,
+        "SELECT note FROM runs WHERE id = ?1",
+        params![run],
+        |r| r.get(0),
+    )
+    .optional()?
+    .ok_or_else(|| Failure::Other(format!("no run {run}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::journal::testing::*;
+    use crate::journal::*;
+
+    #[test]
+    fn ending_move_closes_the_run_and_a_new_claim_starts_another() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, run, "c-1");
+        journal
+            .note_moved(run, "Done/a.md", true)
+            .expect("note_moved");
+        assert!(journal.open_runs().unwrap().is_empty());
+        assert!(journal.run_for_note("In_Progress/a.md").unwrap().is_none());
+        assert!(journal.run_for_note("Done/a.md").unwrap().is_none());
+        assert!(journal.running_calls().unwrap().is_empty());
+
+        let again = journal.begin_run("In_Progress/a.md").unwrap();
+        assert_ne!(again, run);
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].run_id, again);
+        assert!(open[0].calls.is_empty());
+    }
+
+    #[test]
+    fn non_ending_move_keeps_the_run_at_its_new_path() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, run, "c-1");
+        journal
+            .note_moved(run, "In_Progress/a (2).md", false)
+            .unwrap();
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].note, "In_Progress/a (2).md");
+        assert!(journal.run_for_note("In_Progress/a.md").unwrap().is_none());
+        let found = journal
+            .run_for_note("In_Progress/a (2).md")
+            .unwrap()
+            .expect("open run at new path");
+        assert_eq!(found.run_id, run);
+        assert_eq!(found.calls.len(), 1);
+
+        let moves: Vec<_> = journal
+            .log(&LogFilter::default())
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event == "move")
+            .map(|e| (e.note, e.detail))
+            .collect();
+        assert_eq!(
+            moves,
+            vec![(
+                "In_Progress/a.md".to_string(),
+                Some("In_Progress/a (2).md".to_string())
+            )]
+        );
+    }
+
+    #[test]
+    fn a_second_claim_of_the_same_path_supersedes_a_stale_run() {
+        let (_dir, journal) = fresh_journal();
+        let stale = journal.begin_run("In_Progress/a.md").unwrap();
+        let fresh = journal.begin_run("In_Progress/a.md").unwrap();
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].run_id, fresh);
+        assert_ne!(stale, fresh);
+    }
+
+    #[test]
+    fn abandoned_run_is_closed_and_reported() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/gone.md").unwrap();
+        journal
+            .abandon_run(run, "note no longer in In_Progress")
+            .unwrap();
+        assert!(journal.open_runs().unwrap().is_empty());
+        let problems = journal.problems(10).unwrap();
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].note, "In_Progress/gone.md");
+    }
+}

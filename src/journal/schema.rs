@@ -1,0 +1,169 @@
+//! The journal's schema: the numbered migrations (`PRAGMA user_version` says how many a
+//! file has seen) and the pragmas every connection is opened with.
+
+use super::Failure;
+use rusqlite::{Connection, TransactionBehavior};
+use std::time::Duration;
+
+/// The schema, one entry per version; `PRAGMA user_version` says how many have been applied.
+pub(super) const MIGRATIONS: &[&str] = &[
+    // Version 1.
+    "CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        note TEXT NOT NULL,
+        claimed_at_ms INTEGER NOT NULL,
+        ended_at_ms INTEGER,
+        final_state TEXT
+    );
+    CREATE INDEX runs_open ON runs (note) WHERE ended_at_ms IS NULL;
+
+    CREATE TABLE calls (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs (id),
+        call_id TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        effect TEXT,
+        params_json TEXT,
+        started_at_ms INTEGER,
+        ended_at_ms INTEGER,
+        result_json TEXT,
+        error_code TEXT,
+        written_at_ms INTEGER
+    );
+    CREATE INDEX calls_by_run ON calls (run_id, call_id);
+    CREATE INDEX calls_by_tool ON calls (tool, started_at_ms);
+
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        at_ms INTEGER NOT NULL,
+        event TEXT NOT NULL,
+        run_id INTEGER,
+        note TEXT NOT NULL,
+        call_id TEXT,
+        tool TEXT,
+        outcome TEXT,
+        duration_ms INTEGER,
+        detail TEXT
+    );
+    CREATE INDEX events_at ON events (at_ms);
+    CREATE INDEX events_kind ON events (event, id);
+
+    CREATE TABLE approvals (
+        call_id TEXT NOT NULL,
+        params_hash TEXT NOT NULL,
+        note TEXT NOT NULL,
+        decision TEXT NOT NULL,
+        at_ms INTEGER NOT NULL,
+        consumed_at_ms INTEGER,
+        PRIMARY KEY (call_id, params_hash)
+    );",
+    // Version 2: note identity (DESIGN §9.2, §9.6).
+    "ALTER TABLE runs ADD COLUMN note_id TEXT;
+    ALTER TABLE runs ADD COLUMN claimed_from TEXT;
+    ALTER TABLE runs ADD COLUMN copy_of TEXT;
+    ALTER TABLE runs ADD COLUMN copy_within_grace INTEGER;
+    CREATE INDEX runs_by_note_id ON runs (note_id);
+    CREATE INDEX runs_by_claimed_from ON runs (claimed_from);",
+    // Version 3: the first name a hard-link claim leaves behind for `moved_in_grace`.
+    "ALTER TABLE runs ADD COLUMN left_behind TEXT;",
+];
+
+/// The read connection: waits for a writer like the write connection, and refuses to write.
+pub(super) fn configure_reader(conn: &Connection) -> Result<(), Failure> {
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.set_prepared_statement_cache_capacity(32);
+    conn.pragma_update(None, "query_only", true)?;
+    Ok(())
+}
+
+/// Pragmas, then the migrations the file has not seen yet.
+pub(super) fn configure(conn: &mut Connection) -> Result<(), Failure> {
+    // First, so that everything after it waits for a CLI or daemon holding the lock.
+    conn.busy_timeout(Duration::from_secs(5))?;
+    // Room for every statement of the hot paths (about 15), so none is prepared twice.
+    conn.set_prepared_statement_cache_capacity(32);
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Failure::Other(format!(
+            "cannot switch to WAL mode (the file system gave {mode})"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(Failure::Other(format!(
+            "schema version {version} was written by a newer vaultd (this one knows up to {known})"
+        )));
+    }
+    for migration in &MIGRATIONS[version as usize..] {
+        tx.execute_batch(migration)?;
+    }
+    if version < known {
+        tx.pragma_update(None, "user_version", known)?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::testing::*;
+    use crate::journal::{CallProgress, Journal};
+    use crate::tools::Effect;
+
+    #[test]
+    fn a_version_1_journal_is_migrated_in_place_keeping_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(dir.path().join("journal.sqlite")).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute(
+                "INSERT INTO runs (id, note, claimed_at_ms) VALUES (7, 'In_Progress/a.md', 1)",
+                [],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO calls (run_id, call_id, tool, effect, started_at_ms)
+                 VALUES (7, 'c-send', 'send_notification', 'external_side_effect', 2)",
+                [],
+            )
+            .unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+        }
+        let journal = Journal::open(dir.path()).unwrap();
+        let version: i64 = journal
+            .reader()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+        let open = journal.open_runs().unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].note_id, None);
+        assert!(journal.note_calls("n-a").unwrap().is_empty());
+        journal.adopt_run(7, "n-a").unwrap();
+        let calls = journal.note_calls("n-a").unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].effect, Effect::ExternalSideEffect);
+        assert_eq!(calls[0].progress, CallProgress::Started);
+        assert_eq!(journal.calls_started_for_note("n-a").unwrap(), 1);
+    }
+
+    #[test]
+    fn open_refuses_a_newer_schema() {
+        let (dir, journal) = fresh_journal();
+        // Through the writer: the reader connection refuses to write.
+        journal
+            .write(|tx| Ok(tx.pragma_update(None, "user_version", 99)?))
+            .unwrap();
+        drop(journal);
+        let err = Journal::open(dir.path()).expect_err("newer schema");
+        let text = err.to_string();
+        assert!(text.contains("journal.sqlite"), "{text}");
+        assert!(text.contains("newer vaultd"), "{text}");
+    }
+}

@@ -1,0 +1,517 @@
+//! Group commit: the one thread that owns the journal's write connection. Writes arrive as
+//! jobs on a bounded channel; every job that arrived while the previous commit was on its way
+//! to the disk joins the next transaction, so many notes in flight share one fsync.
+//!
+//! Each job runs inside its own `SAVEPOINT`: a job that fails is rolled back alone and its
+//! error goes to its caller only; the others of its group commit. A commit that fails reaches
+//! every caller waiting on that group. The thread ends when the channel closes (the
+//! [`Journal`](super::Journal) was dropped), after the jobs still queued have run and
+//! committed, and closes the connection.
+
+use super::{Failure, Tx};
+use rusqlite::Connection;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::thread::JoinHandle;
+
+/// Jobs that may wait for the writer before a caller blocks on sending: backpressure, so a
+/// flood of writes nobody waits for cannot grow without bound.
+const QUEUE: usize = 1024;
+
+/// At most this many jobs share one transaction, so one group's latency stays bounded.
+const MAX_GROUP: usize = 512;
+
+/// What a caller waits for before its journal method returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// Until the transaction holding the write is durable (`synchronous=FULL`): the default,
+    /// and what every record that must precede a side effect needs.
+    Durable,
+    /// Until the write ran in the writer's open transaction (its answer, such as a rate-limit
+    /// admission, is known and is atomic with every other write), not until it commits.
+    Executed,
+}
+
+/// Called once the group's commit is known: `Ok` when it is durable.
+type AfterCommit = Box<dyn FnOnce(Result<(), Failure>) + Send>;
+
+/// What a job did inside the group's transaction.
+enum Ran {
+    /// It succeeded; its caller may still be waiting for the commit.
+    Done(Option<AfterCommit>),
+    /// It failed and its caller has the error: roll back its savepoint.
+    Failed,
+}
+
+/// One write: given the group's transaction (or the reason there is none), it runs and says
+/// how it went.
+type Job = Box<dyn FnOnce(Result<&Tx<'_>, Failure>) -> Ran + Send>;
+
+/// The sending side, held by the [`Journal`](super::Journal).
+pub(super) struct Writer {
+    /// None once dropped: closing it ends the thread.
+    jobs: Option<SyncSender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    /// How many group transactions the thread has run (tests prove grouping with it).
+    groups: Arc<AtomicU64>,
+}
+
+impl Writer {
+    /// Starts the writer thread on `conn` (already configured and migrated).
+    pub(super) fn start(conn: Connection, path: PathBuf) -> std::io::Result<Writer> {
+        let (jobs, queue) = sync_channel::<Job>(QUEUE);
+        let groups = Arc::new(AtomicU64::new(0));
+        let counter = groups.clone();
+        let thread = std::thread::Builder::new()
+            .name("journal-writer".into())
+            .spawn(move || write_groups(&conn, &queue, &path, &counter))?;
+        Ok(Writer {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            groups,
+        })
+    }
+
+    #[cfg(test)]
+    pub(super) fn groups(&self) -> u64 {
+        self.groups.load(Ordering::SeqCst)
+    }
+
+    /// Runs `f` in the writer's next group transaction and returns its answer once `wait`
+    /// is met.
+    pub(super) fn submit<T: Send + 'static>(
+        &self,
+        wait: Wait,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let (reply, answer) = sync_channel::<Result<T, Failure>>(1);
+        let job: Job = Box::new(move |tx| match tx.and_then(f) {
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                Ran::Failed
+            }
+            Ok(out) if wait == Wait::Executed => {
+                let _ = reply.send(Ok(out));
+                Ran::Done(None)
+            }
+            Ok(out) => Ran::Done(Some(Box::new(move |commit: Result<(), Failure>| {
+                let _ = reply.send(commit.map(|()| out));
+            }))),
+        });
+        self.send(job)?;
+        answer.recv().map_err(|_| stopped())?
+    }
+
+    /// Queues `f` and returns at once: it joins the next group commit. Its errors, and a
+    /// failed commit, are logged, since nobody waits for them.
+    pub(super) fn enqueue(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
+    ) -> Result<(), Failure> {
+        let job: Job = Box::new(move |tx| match tx.and_then(f) {
+            Ok(()) => Ran::Done(None),
+            Err(e) => {
+                tracing::error!("journal: {what} not recorded: {e}");
+                Ran::Failed
+            }
+        });
+        self.send(job)
+    }
+
+    fn send(&self, job: Job) -> Result<(), Failure> {
+        let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
+        jobs.send(job).map_err(|_| stopped())
+    }
+}
+
+impl Drop for Writer {
+    /// Closes the channel and waits for the thread: the jobs still queued commit, and the
+    /// connection is closed when `drop` returns (a reopen sees everything).
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        tracing::debug!(
+            groups = self.groups.load(Ordering::SeqCst),
+            "journal: writer stopping"
+        );
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("journal: the writer thread panicked");
+        }
+    }
+}
+
+fn stopped() -> Failure {
+    Failure::Other("the journal's writer has stopped".to_string())
+}
+
+/// The writer thread: one transaction per group of jobs, until the channel closes.
+fn write_groups(
+    conn: &Connection,
+    queue: &Receiver<Job>,
+    path: &std::path::Path,
+    groups: &AtomicU64,
+) {
+    while let Ok(first) = queue.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match queue.try_recv() {
+                Ok(job) => group.push(job),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        commit_group(conn, group, path);
+        groups.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs `group` in one `BEGIN IMMEDIATE` transaction, each job in its own savepoint, then
+/// commits and tells every waiting caller how the commit went.
+fn commit_group(conn: &Connection, group: Vec<Job>, path: &std::path::Path) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        tracing::error!(path = %path.display(), "journal: cannot begin a transaction: {e}");
+        for job in group {
+            job(Err(shared(&e)));
+        }
+        return;
+    }
+    let tx = Tx(conn);
+    let mut waiting: Vec<AfterCommit> = Vec::with_capacity(group.len());
+    for job in group {
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            job(Err(shared(&e)));
+            continue;
+        }
+        // A panicking job (a bug) is rolled back like a failed one; its caller sees the
+        // writer drop its reply.
+        let ran = catch_unwind(AssertUnwindSafe(|| job(Ok(&tx)))).unwrap_or_else(|_| {
+            tracing::error!("journal: a write panicked; rolled back");
+            Ran::Failed
+        });
+        let end = match ran {
+            Ran::Done(after) => {
+                waiting.extend(after);
+                "RELEASE job"
+            }
+            Ran::Failed => "ROLLBACK TO job; RELEASE job",
+        };
+        if let Err(e) = conn.execute_batch(end) {
+            tracing::error!("journal: cannot end a savepoint: {e}");
+        }
+    }
+    let commit = conn.execute_batch("COMMIT");
+    if let Err(e) = &commit {
+        tracing::error!(path = %path.display(), "journal: commit failed: {e}");
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+    }
+    for after in waiting {
+        after(commit.as_ref().map(|_| ()).map_err(shared));
+    }
+}
+
+/// A copy of `e` for each caller it must reach (`rusqlite::Error` is not `Clone`).
+fn shared(e: &rusqlite::Error) -> Failure {
+    match e {
+        rusqlite::Error::SqliteFailure(code, message) => {
+            Failure::Sql(rusqlite::Error::SqliteFailure(*code, message.clone()))
+        }
+        other => Failure::Other(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::journal::testing::*;
+    use crate::journal::{Failure, Journal, JournalError, LogFilter};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    /// Holds the writer thread inside a job until the returned sender is dropped or sent
+    /// to, so that the writes made meanwhile all queue for the next group.
+    fn hold_the_writer(journal: &Arc<Journal>) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (release, released) = mpsc::channel::<()>();
+        let (running, is_running) = mpsc::channel::<()>();
+        let j = journal.clone();
+        let holder = std::thread::spawn(move || {
+            j.write(move |_tx| {
+                running.send(()).unwrap();
+                let _ = released.recv();
+                Ok(())
+            })
+            .unwrap();
+        });
+        is_running.recv().expect("the holding job runs");
+        (release, holder)
+    }
+
+    /// Starts `n` threads, each running `write(i)`, and returns once every one of them is
+    /// about to call into the journal (and a little longer, for the send itself).
+    fn writers<T: Send + 'static>(
+        n: usize,
+        write: impl Fn(usize) -> Result<T, JournalError> + Send + Sync + 'static,
+    ) -> Vec<std::thread::JoinHandle<Result<T, JournalError>>> {
+        let write = Arc::new(write);
+        let entered = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..n)
+            .map(|i| {
+                let (write, entered) = (write.clone(), entered.clone());
+                std::thread::spawn(move || {
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    write(i)
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while entered.load(Ordering::SeqCst) < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        threads
+    }
+
+    fn shared_journal() -> (tempfile::TempDir, Arc<Journal>) {
+        let (dir, journal) = fresh_journal();
+        (dir, Arc::new(journal))
+    }
+
+    #[test]
+    fn many_threads_writing_at_once_each_see_their_own_writes() {
+        let (_dir, journal) = shared_journal();
+        const THREADS: usize = 8;
+        const CALLS: usize = 25;
+        let before = journal.writer.groups();
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let journal = &journal;
+                s.spawn(move || {
+                    let note = format!("In_Progress/{t}.md");
+                    let run = journal.begin_run(&note).unwrap();
+                    for c in 0..CALLS {
+                        // A side effect's start: durable, so on the other connection, when
+                        // the method returns.
+                        start_send(journal, run, &format!("s-{t}-{c}"));
+                        let calls = journal.run_for_note(&note).unwrap().unwrap().calls;
+                        assert_eq!(calls.len(), 2 * c + 1, "s-{t}-{c}");
+                        // A read_only start is not waited for; the outcome recorded after it
+                        // is, and commits it too.
+                        let id = format!("c-{t}-{c}");
+                        start_search(journal, run, &id);
+                        journal.call_finished(run, &search_ok(&id)).unwrap();
+                        let calls = journal.run_for_note(&note).unwrap().unwrap().calls;
+                        assert_eq!(calls.len(), 2 * c + 2, "{id}");
+                        assert!(
+                            matches!(
+                                calls[2 * c + 1].progress,
+                                crate::journal::CallProgress::Finished(_)
+                            ),
+                            "{id}"
+                        );
+                    }
+                });
+            }
+        });
+        let writes = (THREADS * (1 + 3 * CALLS)) as u64;
+        let groups = journal.writer.groups() - before;
+        assert!(groups <= writes, "{groups} groups for {writes} writes");
+        let log = journal.log(&LogFilter::default()).unwrap();
+        assert_eq!(log.len() as u64, writes);
+    }
+
+    #[test]
+    fn writes_that_arrive_during_a_commit_share_the_next_one() {
+        let (_dir, journal) = shared_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let before = journal.writer.groups();
+        let (release, holder) = hold_the_writer(&journal);
+        let j = journal.clone();
+        let threads = writers(16, move |i| {
+            j.call_started(
+                run,
+                &format!("c-{i}"),
+                "send_notification",
+                crate::tools::Effect::ExternalSideEffect,
+                &serde_json::json!({}),
+            )
+        });
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        for t in threads {
+            t.join().unwrap().expect("each write committed");
+        }
+        // The holding job's group, then one group for all sixteen.
+        assert_eq!(journal.writer.groups() - before, 2);
+        assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 16);
+    }
+
+    #[test]
+    fn a_failing_write_is_rolled_back_alone_and_its_group_commits() {
+        let (_dir, journal) = shared_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let (release, holder) = hold_the_writer(&journal);
+        let j = journal.clone();
+        let threads = writers(9, move |i| {
+            if i == 4 {
+                // Writes, then fails: what it wrote must go with it.
+                return j.write(|tx| {
+                    tx.execute(
+                        "INSERT INTO events (at_ms, event, note) VALUES (0, 'doomed', 'x')",
+                        [],
+                    )?;
+                    Err(Failure::Other("this job fails".into()))
+                });
+            }
+            j.call_finished(run, &search_ok(&format!("c-{i}")))
+        });
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        for (i, t) in threads.into_iter().enumerate() {
+            let result = t.join().unwrap();
+            if i == 4 {
+                let err = result.expect_err("the failing job gets its error");
+                assert!(err.to_string().contains("this job fails"), "{err}");
+            } else {
+                result.expect("the others commit");
+            }
+        }
+        let log = journal.log(&LogFilter::default()).unwrap();
+        assert!(log.iter().all(|e| e.event != "doomed"), "rolled back");
+        assert_eq!(log.iter().filter(|e| e.event == "call_end").count(), 8);
+    }
+
+    #[test]
+    fn a_failed_commit_reaches_every_caller_of_its_group() {
+        let (_dir, journal) = shared_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let (release, holder) = hold_the_writer(&journal);
+        let j = journal.clone();
+        let threads = writers(6, move |i| {
+            if i == 0 {
+                // A real commit failure: a foreign key checked only at COMMIT, as a full
+                // disk or an I/O error would fail it, after every job of the group ran.
+                return j.write(|tx| {
+                    tx.execute_batch("PRAGMA defer_foreign_keys = ON")?;
+                    tx.execute(
+                        "INSERT INTO calls (run_id, call_id, tool) VALUES (999, 'c-x', 't')",
+                        [],
+                    )?;
+                    Ok(())
+                });
+            }
+            j.call_finished(run, &search_ok(&format!("c-{i}")))
+        });
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        for t in threads {
+            let err = t.join().unwrap().expect_err("the commit failed for all");
+            assert!(err.to_string().contains("FOREIGN KEY"), "{err}");
+        }
+        let log = journal.log(&LogFilter::default()).unwrap();
+        assert_eq!(log.iter().filter(|e| e.event == "call_end").count(), 0);
+        // The writer carries on with the next group.
+        journal.call_finished(run, &search_ok("c-after")).unwrap();
+        assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 1);
+    }
+
+    #[test]
+    fn dropping_the_journal_ends_the_writer_and_closes_the_file() {
+        let (dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, run, "c-1");
+        drop(journal);
+        // Closed by the last connection: SQLite checkpointed and removed the WAL.
+        assert!(!dir.path().join("journal.sqlite-wal").exists());
+        let journal = Journal::open(dir.path()).unwrap();
+        assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod per_effect {
+    use crate::journal::testing::*;
+    use crate::journal::{Journal, RateWindow, StartAdmission};
+    use crate::tools::Effect;
+    use serde_json::json;
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn queued_read_only_starts_commit_before_the_journal_closes() {
+        let (dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        for i in 0..50 {
+            start_search(&journal, run, &format!("c-{i}"));
+        }
+        drop(journal);
+        let journal = Journal::open(dir.path()).unwrap();
+        assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 50);
+        assert_eq!(
+            journal
+                .calls_started_since("search_web", UNIX_EPOCH)
+                .unwrap(),
+            50
+        );
+    }
+
+    #[test]
+    fn read_only_admissions_stay_exact_under_concurrency() {
+        let (_dir, journal) = fresh_journal();
+        let journal = Arc::new(journal);
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let hour = RateWindow {
+            max: 7,
+            length: Duration::from_secs(3600),
+        };
+        let threads: Vec<_> = (0..24)
+            .map(|i| {
+                let j = journal.clone();
+                std::thread::spawn(move || {
+                    j.call_started_within(
+                        run,
+                        &format!("c-{i}"),
+                        "search_web",
+                        Effect::ReadOnly,
+                        &json!({}),
+                        &[hour],
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        let admitted = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|a| *a == StartAdmission::Started)
+            .count();
+        assert_eq!(admitted, 7);
+        journal.flush().unwrap();
+        assert_eq!(
+            journal
+                .calls_started_since("search_web", UNIX_EPOCH)
+                .unwrap(),
+            7
+        );
+    }
+
+    #[test]
+    fn a_read_only_start_is_seen_once_a_later_durable_write_returns() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        start_search(&journal, run, "c-1");
+        start_send(&journal, run, "c-2");
+        let calls = journal.run_for_note("In_Progress/a.md").unwrap().unwrap();
+        assert_eq!(
+            calls.calls.len(),
+            2,
+            "the send waited, and the search before it"
+        );
+        assert_eq!(calls.calls[0].effect, Effect::ReadOnly);
+    }
+}
