@@ -26,7 +26,8 @@
 //! - [`results`]: results too big for a note, saved to `Tool_Results/`.
 //! - [`journal`]: the SQLite record of every claim, call and move.
 //! - [`tools`]: the registry and the tool sources (built-in, MCP servers).
-//! - [`daemon`]: the pipeline, start-up recovery and shutdown.
+//! - [`daemon`]: run, supervise and drain; intake and settle, the claim, recovery.
+//! - [`pipeline`]: one claimed note: execute its calls, write back, move it on.
 //! - [`guard`]: dry run, note budget, circuit breaker, hold alerts, untrusted text.
 //! - [`approval`]: `vaultd approve` / `vaultd reject`, decisions bound to parameters.
 
@@ -38,6 +39,7 @@ pub mod daemon;
 pub mod guard;
 pub mod journal;
 pub mod note;
+pub mod pipeline;
 pub mod private;
 pub mod results;
 pub mod runner;

@@ -1,0 +1,427 @@
+//! The pipeline. Start-up takes the vault lock, prepares the folders, opens the journal and
+//! finishes whatever a previous daemon left in `In_Progress/`; then the watcher and periodic
+//! scans feed note tasks. A note task claims its note by rename, runs its pending calls
+//! (through the [`Runner`]), writes the results back and moves the note to its new state.
+//! Shutdown stops claiming and lets running calls finish within the grace period.
+
+use crate::config::{ApprovalVia, Config};
+use crate::guard::breaker::Breakers;
+use crate::guard::hold_alert::HoldAlerts;
+use crate::journal::{Claim, Journal, JournalCall, JournalError};
+use crate::results::ResultStore;
+use crate::runner::Runner;
+use crate::secret::Redactor;
+use crate::synced::{RunnerId, RunnerWatch};
+use crate::tools::Registry;
+use crate::tools::mcp::McpSource;
+use crate::vault::{State, Vault, VaultError};
+use crate::watch::{self, Hint};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+pub(crate) mod claim;
+pub(crate) mod intake;
+mod lock;
+pub(crate) mod recover;
+
+pub use lock::{VaultLock, lock_vault, running_daemon};
+
+/// Folders only vaultd moves notes into: another runner's claims and finished notes show up
+/// here by sync (DESIGN §9.9).
+pub(crate) const RUNNER_STATES: [State; 4] = [
+    State::InProgress,
+    State::PendingApproval,
+    State::Done,
+    State::Failed,
+];
+
+/// A start-up backlog this large gets progress reports in the log.
+const PROGRESS_FROM: usize = 500;
+
+/// On a terminal, a backlog this large gets a progress bar (indicatif) instead.
+const PROGRESS_BAR_FROM: usize = 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
+    Watch(#[from] watch::WatchError),
+    #[error(transparent)]
+    Registry(#[from] crate::tools::RegistryError),
+    #[error("{0}")]
+    Locked(String),
+    #[error("cannot lock the vault ({path}): {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot build the HTTP client: {0}")]
+    Http(String),
+    /// Another runner's recent notes are in the vault (DESIGN §9.9).
+    #[error("{0}")]
+    SecondRunner(String),
+    #[error("cannot read or create this daemon's runner id in {dir}: {source}")]
+    RunnerId {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// `run` watches until shut down; `once` processes everything pending and returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Run,
+    Once,
+}
+
+/// What a note task is doing with a note.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Claimed from Needs_Action.
+    Fresh,
+    /// Claimed from Approved: the held calls run.
+    Approved,
+    /// Found in In_Progress at start-up; `known` when the journal has its run.
+    Recover { known: bool },
+}
+
+/// Who a claimed note is and what the journal knows of its calls (DESIGN §9.2, §9.3, §9.6).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Identity {
+    /// The note's `tool_note`.
+    pub(crate) note_id: String,
+    /// The newest record of each call of this note (or, for a stale copy, of the note it
+    /// copies), by call id.
+    pub(crate) prior: HashMap<String, JournalCall>,
+    /// Calls recorded by the run being continued (recovery): results of theirs already in the
+    /// note count for Done or Failed.
+    pub(crate) this_run: HashSet<String>,
+    /// A note without `tool_note` found at a path a note was recently claimed from.
+    pub(crate) stale: Option<StaleCopy>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct StaleCopy {
+    /// The claim it is a copy of.
+    pub(crate) of: Claim,
+    /// Within `stale_copy_grace`: it is that note; later: its started side effects are held.
+    pub(crate) within_grace: bool,
+}
+
+/// Everything a note task needs, shared.
+pub struct Daemon {
+    pub(crate) config: Config,
+    /// Where results too big for a note go (§10.6), also used to keep a note under
+    /// `max_note_bytes` (§9.8).
+    pub(crate) results: ResultStore,
+    pub(crate) vault: Vault,
+    pub(crate) runner: Runner,
+    pub(crate) journal: Arc<Journal>,
+    /// Notes being looked at now; `true` = another hint came meanwhile, look again after.
+    pub(crate) inflight: Mutex<HashMap<PathBuf, bool>>,
+    /// Bounds how many notes are held in memory and processed at once.
+    pub(crate) note_slots: Semaphore,
+    /// Set on shutdown: no new claims.
+    pub(crate) stopping: AtomicBool,
+    /// Note looks finished since start, for start-up progress reports.
+    pub(crate) looked_at: std::sync::atomic::AtomicUsize,
+    /// Problems already reported, so a periodic scan does not repeat them.
+    pub(crate) reported: Mutex<HashSet<(PathBuf, u64, SystemTime)>>,
+    /// Note ids with a run in this daemon now; woken when it ends. A note that comes back
+    /// (moved back by hand, or an editor's stale copy) waits for its running calls (§9.3).
+    pub(crate) active: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Notes being waited on until their writer is done (§9.1): one wait per path.
+    pub(crate) settling: Mutex<HashSet<PathBuf>>,
+    /// `once` judges an unfinished last block at once: it is run when the writer is done.
+    pub(crate) mode: Mode,
+    /// `[notify] on_hold`: one message per held note (DESIGN §12.4).
+    pub(crate) hold_alerts: HoldAlerts,
+    /// This daemon's `tool_runner`, and whether a second runner paused claiming (§9.9).
+    pub(crate) runners: RunnerWatch,
+}
+
+/// The shared HTTP client: one connection pool for every tool.
+pub fn http_client() -> Result<reqwest::Client, DaemonError> {
+    reqwest::Client::builder()
+        .user_agent(concat!("vaultd/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(10))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| DaemonError::Http(e.without_url().to_string()))
+}
+
+/// The redactor for every secret in the config.
+pub fn redactor_for(config: &Config) -> Redactor {
+    let t = &config.tools;
+    let mut secrets = Vec::new();
+    secrets.extend(t.search_web.api_key.iter());
+    let mut usernames = Vec::new();
+    if let crate::config::EmailTransport::Smtp {
+        password, username, ..
+    } = &t.send_notification.email.transport
+    {
+        secrets.extend(password.iter());
+        usernames.extend(username.iter().map(String::as_str));
+    }
+    secrets.extend(t.send_notification.slack.values());
+    secrets.extend(t.send_notification.discord.values());
+    for server in &config.mcp {
+        secrets.extend(server.secrets());
+    }
+    secrets.extend(t.command.secrets());
+    Redactor::new(secrets, &usernames)
+}
+
+/// Runs the daemon on `config` until `shutdown` resolves (Mode::Run) or until everything
+/// pending is processed (Mode::Once).
+pub async fn run(
+    config: Config,
+    mode: Mode,
+    redactor: Arc<Redactor>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    run_with(config, mode, false, redactor, shutdown).await
+}
+
+/// [`run`], with `take_over` (`--take-over`, DESIGN §9.9): another runner's notes up to now
+/// are history.
+pub async fn run_with(
+    config: Config,
+    mode: Mode,
+    take_over: bool,
+    redactor: Arc<Redactor>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let vault = Vault::new(config.vault.clone(), config.folders.clone());
+    // Before `prepare`, which would create missing folders through a symlink.
+    vault.refuse_symlinked_folders()?;
+    vault.prepare()?;
+    let _lock = lock_vault(vault.root())?;
+    let journal = Arc::new(Journal::open(&config.state_dir)?);
+    let runners = one_runner(&config, &vault, &journal, take_over)?;
+    let http = http_client()?;
+    let results = ResultStore::new(
+        config.vault.clone(),
+        config.tool_results.clone(),
+        config.max_result_bytes,
+    );
+    // Servers start in parallel; each delays start-up by at most its start_timeout.
+    let mcp = McpSource::start(
+        &config.mcp,
+        journal.clone(),
+        http.clone(),
+        &config.state_dir,
+        results.clone(),
+    )
+    .await;
+    let mut registry = Registry::from_config(&config.tools, http, Some(journal.clone()))?;
+    mcp.register(&mut registry)?;
+    let mut runner = Runner::new(
+        Arc::new(registry),
+        journal.clone(),
+        redactor,
+        config.workers,
+    )
+    .with_results(results.clone());
+    runner.breakers =
+        Arc::new(Breakers::new(config.guard.breaker).with_state_file(&config.state_dir));
+    let hold_alerts = HoldAlerts::new(config.guard.on_hold.clone(), config.guard.on_hold_per_hour);
+    let daemon = Arc::new(Daemon {
+        results,
+        hold_alerts,
+        note_slots: Semaphore::new(config.workers * 4),
+        config,
+        vault,
+        runner,
+        journal,
+        inflight: Mutex::new(HashMap::new()),
+        stopping: AtomicBool::new(false),
+        looked_at: std::sync::atomic::AtomicUsize::new(0),
+        reported: Mutex::new(HashSet::new()),
+        active: Mutex::new(HashMap::new()),
+        settling: Mutex::new(HashSet::new()),
+        mode,
+        runners,
+    });
+    let outcome = daemon.supervise(mode, shutdown).await;
+    // No server outlives vaultd.
+    mcp.shutdown().await;
+    outcome
+}
+
+/// The start-up check of DESIGN §9.9: with `take_over`, records that other runners' notes up
+/// to now are history; then refuses to start while a note of another runner is younger than
+/// `runner_window`. Reads only notes whose mtime is inside the window.
+fn one_runner(
+    config: &Config,
+    vault: &Vault,
+    journal: &Journal,
+    take_over: bool,
+) -> Result<RunnerWatch, DaemonError> {
+    let me =
+        RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+    if take_over {
+        let at = journal.record_take_over(me.as_str())?;
+        tracing::warn!(
+            runner = %me,
+            "--take-over: notes other runners updated up to {} are history; this daemon runs the vault",
+            humantime::format_rfc3339_seconds(at)
+        );
+    }
+    let taken_over_at = journal.taken_over_at()?;
+    let found = crate::synced::foreign_notes(
+        vault,
+        &me,
+        config.runner_window,
+        taken_over_at,
+        config.max_note_bytes,
+        SystemTime::now(),
+    );
+    if !found.is_empty() {
+        return Err(DaemonError::SecondRunner(crate::synced::refusal(
+            &found,
+            vault,
+            config.runner_window,
+        )));
+    }
+    journal.clear_pause()?;
+    tracing::debug!(runner = %me, "this daemon's tool_runner");
+    Ok(RunnerWatch::new(me, config.runner_window, taken_over_at))
+}
+
+impl Daemon {
+    pub(crate) async fn supervise(
+        self: &Arc<Self>,
+        mode: Mode,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), DaemonError> {
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        tokio::pin!(shutdown);
+
+        // Watch before the first scan, so nothing that arrives during the scan is missed.
+        let (tx, mut rx) = mpsc::channel::<Hint>(4096);
+        let watcher = if mode == Mode::Run {
+            let mut folders = self.watched_folders();
+            // Where another runner's claims and finished notes show up (§9.9).
+            folders.extend(RUNNER_STATES.iter().map(|s| self.vault.folder(*s)));
+            Some(watch::start(&folders, self.config.watch, tx.clone())?)
+        } else {
+            None
+        };
+
+        self.recover(&mut tasks).await?;
+        let (looked, queued) = self.scan_all(&mut tasks);
+        tracing::info!(
+            vault = %self.vault.root().display(),
+            queued,
+            "vaultd started"
+        );
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
+            && std::env::var_os("JOURNAL_STREAM").is_none();
+        let progress = if (bar && queued >= PROGRESS_BAR_FROM) || queued >= PROGRESS_FROM {
+            Some(tokio::spawn(self.clone().report_progress(looked, bar)))
+        } else {
+            None
+        };
+
+        if mode == Mode::Once {
+            tokio::select! {
+                _ = async { while tasks.join_next().await.is_some() {} } => {}
+                _ = &mut shutdown => { self.drain(&mut tasks).await; }
+            }
+            // The next tick draws the finished bar; bounded, since a note that no task
+            // looked at (it left its folder meanwhile) would keep the count short.
+            if let Some(p) = progress {
+                let _ = tokio::time::timeout(Duration::from_millis(500), p).await;
+            }
+            return Ok(());
+        }
+
+        let _ = sd_notify::notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&format!("watching {}", self.vault.root().display())),
+        ]);
+        let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
+        let mut watchdog_tick =
+            tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+        let mut rescan_tick = tokio::time::interval(self.config.rescan_interval);
+        rescan_tick.tick().await; // the first tick is immediate; the start-up scan just ran
+
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(hint) = rx.recv() => self.on_hint(hint, &mut tasks),
+                _ = rescan_tick.tick() => { self.scan_all(&mut tasks); }
+                _ = watchdog_tick.tick(), if watchdog.is_some() => {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Err(e) = done && e.is_panic() {
+                        tracing::error!("a note task panicked: {e}");
+                    }
+                }
+            }
+            if let Some(w) = &watcher
+                && w.overflowed.swap(false, Ordering::SeqCst)
+            {
+                tracing::warn!("too many file events at once; scanning all folders");
+                self.scan_all(&mut tasks);
+            }
+        }
+        // Ask systemd for the grace period plus a margin, so a `shutdown_grace` above the
+        // unit's TimeoutStopSec= does not get running calls killed.
+        let extend = (self.config.shutdown_grace + Duration::from_secs(5)).as_micros();
+        let _ = sd_notify::notify(&[
+            sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::ExtendTimeoutUsec(u32::try_from(extend).unwrap_or(u32::MAX)),
+            sd_notify::NotifyState::Status("stopping: letting running calls finish"),
+        ]);
+        drop(watcher);
+        self.drain(&mut tasks).await;
+        Ok(())
+    }
+
+    /// Stops claiming and waits for running notes up to the grace period; what is still
+    /// running then is left to start-up recovery (the journal knows which calls started).
+    pub(crate) async fn drain(&self, tasks: &mut JoinSet<()>) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let grace = self.config.shutdown_grace;
+        let finished =
+            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        if finished.is_err() {
+            tracing::warn!(
+                left = tasks.len(),
+                "shutdown grace of {} passed; interrupted calls are finished at the next start",
+                humantime::format_duration(grace)
+            );
+            tasks.abort_all();
+        }
+        tracing::info!("vaultd stopped");
+    }
+
+    pub(crate) fn approval_via_cli(&self) -> bool {
+        self.config.tools.send_notification.approval_via == ApprovalVia::Cli
+    }
+
+    pub(crate) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Journal) -> Result<T, JournalError> + Send + 'static,
+    ) -> Result<T, DaemonError> {
+        let j = self.journal.clone();
+        Ok(tokio::task::spawn_blocking(move || f(&j))
+            .await
+            .expect("journal task does not panic")?)
+    }
+}
