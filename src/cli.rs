@@ -4,7 +4,8 @@
 use crate::config::{self, Config, Overrides};
 use crate::daemon::{self, Mode};
 use crate::journal::Decision;
-use crate::note::{CallBody, parse_note};
+use crate::note::parse_note;
+use crate::pipeline::plan::{self, Facts, Rules, Step};
 use crate::secret::Redactor;
 use crate::tools::Registry;
 use crate::tools::mcp::McpSource;
@@ -574,32 +575,27 @@ fn resolve_note(config: &Config, arg: &Path, folders: &[crate::vault::State]) ->
     }
 }
 
-/// What would happen to a call that is still pending (DESIGN §12.1's decision): its
-/// `check` status, the decision and the error when it is not run.
-fn decision_of(
-    registry: &Registry,
-    body: &CallBody,
-) -> (&'static str, Value, Option<crate::call::CallError>) {
-    use crate::tools::Admission;
-    let not_run = |action: &str, e: crate::call::CallError| {
-        let decision = json!({ "action": action, "reason": e.message });
-        ("invalid", decision, Some(e))
-    };
-    match body {
-        CallBody::Broken(e) => not_run("invalid", e.clone()),
-        CallBody::Call { name, parameters } => match registry.resolve(name, parameters) {
-            Err(e) if e.code == crate::call::ErrorCode::PolicyDenied => not_run("denied", e),
-            Err(e) => not_run("invalid", e),
-            Ok(tool) => match tool.admit(parameters) {
-                Admission::Run => ("pending", json!({ "action": "run" }), None),
-                Admission::Hold { reason } => (
-                    "pending",
-                    json!({ "action": "held", "reason": reason }),
-                    None,
-                ),
-                Admission::Deny(e) => not_run("denied", e),
-            },
-        },
+/// What would happen to a call that is still pending, as the daemon's plan decides it (DESIGN
+/// §12.1's decision): its `check` status, the decision and the error when it is not run.
+fn decision_of(step: &Step) -> (&'static str, Value, Option<&crate::call::CallError>) {
+    fn not_run<'a>(
+        action: &str,
+        r: &'a crate::call::CallResult,
+    ) -> (&'static str, Value, Option<&'a crate::call::CallError>) {
+        let e = r.outcome.as_ref().err();
+        let reason = e.map_or("", |e| e.message.as_str());
+        ("invalid", json!({ "action": action, "reason": reason }), e)
+    }
+    match step {
+        Step::Run(_) => ("pending", json!({ "action": "run" }), None),
+        Step::Ask(h) | Step::Waiting(h) => (
+            "pending",
+            json!({ "action": "held", "reason": h.reason }),
+            None,
+        ),
+        Step::Denied(r) => not_run("denied", r),
+        Step::Fail(r) => not_run("invalid", r),
+        Step::Recorded(_) => ("done", Value::Null, None),
     }
 }
 
@@ -644,6 +640,9 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
                 mcp_servers.insert(server.to_string());
             }
         }
+        let plan = plan::plan(&parsed, &registry, &Rules::check(), &Facts::default());
+        let steps: std::collections::HashMap<&str, &Step> =
+            plan.steps.iter().map(|(id, s)| (id.as_str(), s)).collect();
         let mut calls = Vec::new();
         for call in &parsed.calls {
             let mut entry = json!({
@@ -651,15 +650,15 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
                 "name": call.name,
                 "line": call.line,
             });
-            if parsed.has_result(&call.call_id) {
-                entry["status"] = json!("done");
-            } else {
-                let (status, decision, error) = decision_of(&registry, &call.body);
+            if let Some(step) = steps.get(call.call_id.as_str()) {
+                let (status, decision, error) = decision_of(step);
                 entry["status"] = json!(status);
                 entry["decision"] = decision;
                 if let Some(e) = error {
                     entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
                 }
+            } else {
+                entry["status"] = json!("done");
             }
             any_invalid |= entry["status"] == "invalid";
             calls.push(entry);

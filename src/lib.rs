@@ -27,7 +27,7 @@
 //! - [`journal`]: the SQLite record of every claim, call and move.
 //! - [`tools`]: the registry and the tool sources (built-in, MCP servers).
 //! - [`daemon`]: run, supervise and drain; intake and settle, the claim, recovery.
-//! - [`pipeline`]: one claimed note: execute its calls, write back, move it on.
+//! - [`pipeline`]: one claimed note: plan its calls (pure), execute them, write back, move it on.
 //! - [`guard`]: dry run, note budget, circuit breaker, hold alerts, untrusted text.
 //! - [`approval`]: `vaultd approve` / `vaultd reject`, decisions bound to parameters.
 

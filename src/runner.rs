@@ -8,11 +8,11 @@ use crate::guard::breaker::{Breakers, Gate, circuit_key};
 use crate::journal::{Journal, RateWindow, RunId, StartAdmission};
 use crate::results::ResultStore;
 use crate::secret::Redactor;
-use crate::tools::{Registry, ToolCall};
-use serde_json::{Map, Value};
+use crate::tools::{Registry, ToolCall, ValidCall};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub struct Runner {
     pub registry: Arc<Registry>,
@@ -65,29 +65,32 @@ impl Runner {
         }
     }
 
-    /// Runs one validated call of `run` and returns its result (never an `Err`: failures are
-    /// results). `parameters` must have passed `Registry::resolve`.
+    /// A slot of the global worker cap; taken before a call's task is spawned (STYLE habit 3)
+    /// and handed to [`Runner::run_call`], which gives it back as soon as the tool is done.
+    pub async fn permit(&self) -> OwnedSemaphorePermit {
+        self.permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the worker semaphore is never closed")
+    }
+
+    /// Runs one validated call of `run` under `permit` and returns its result (never an
+    /// `Err`: failures are results).
     pub async fn run_call(
         &self,
         run: RunId,
         note: &str,
         note_id: &str,
-        call_id: &str,
-        name: &str,
-        parameters: &Map<String, Value>,
+        call: &ValidCall,
+        permit: OwnedSemaphorePermit,
     ) -> CallResult {
-        let Some(tool) = self.registry.get(name) else {
-            return CallResult::failed_now(
-                call_id,
-                name,
-                CallError::new(ErrorCode::UnknownTool, format!("no tool named `{name}`")),
-            );
-        };
-        let permit = self
-            .permits
-            .acquire()
-            .await
-            .expect("the worker semaphore is never closed");
+        let (tool, call_id, name, parameters) = (
+            &call.tool,
+            call.call_id.as_str(),
+            call.name(),
+            &call.parameters,
+        );
         // An open circuit fails the call at once: no rate limit spent, no start record.
         // Asked with the permit in hand, so calls that queued for a worker while the circuit
         // opened do not go on to hammer the failing service.

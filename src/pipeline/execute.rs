@@ -1,30 +1,34 @@
-//! Execute: the pending calls of a claimed note are decided, run (concurrently, results in
-//! call order) and handed to the write back.
+//! Execute: the journal facts of a claimed note are read, its calls planned
+//! ([`plan`](crate::pipeline::plan)), their decisions spent, what may run is run (a worker
+//! permit taken before each call task is spawned; results in call order) and the outcome is
+//! handed to the write back.
 
-use crate::call::{CallError, CallResult, ErrorCode, HeldCall};
-use crate::daemon::Daemon;
+use crate::call::{CallResult, HeldCall};
 use crate::daemon::intake::stamp;
-use crate::daemon::{DaemonError, Identity, Pass};
+use crate::daemon::{Daemon, DaemonError, Identity, Pass};
 use crate::guard::budget;
 use crate::guard::hold_alert::HeldSummary;
-use crate::journal::{CallProgress, Decision, JournalCall, RunId};
-use crate::note::{self, CallBody, ParsedNote, parse_note};
-use crate::pipeline::next_state::{WriteBack, outcome_reason};
-use crate::tools::Admission;
+use crate::journal::RunId;
+use crate::note::{self, ParsedNote, parse_note};
+use crate::pipeline::next_state::{WriteBack, next_state, outcome_reason};
+use crate::pipeline::plan::{self, Approval, Facts, Plan, Rules, Step};
+use crate::tools::Effect;
 use crate::vault::State;
-use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use tokio::task::JoinHandle;
 
-/// What becomes of a held call in this pass.
-pub(crate) enum HeldDecision {
-    Run,
-    Rejected,
-    /// Asked already, with these exact parameters; no decision yet.
-    Waiting,
-    /// Not asked yet with these parameters: write a `[!question]`.
-    Ask,
+/// What the steps of a note came to, in call order.
+#[derive(Default)]
+pub(crate) struct Outcome {
+    pub(crate) results: Vec<CallResult>,
+    /// Calls asked about now: their `[!question]` is written.
+    pub(crate) held: Vec<HeldCall>,
+    /// Some call waits for a person: the note goes to Pending_Approval.
+    pub(crate) waiting: bool,
+    /// Results recorded for the note a stale copy copies, not for this one (§9.6).
+    pub(crate) foreign: HashSet<String>,
 }
 
 impl Daemon {
@@ -34,18 +38,36 @@ impl Daemon {
         run: RunId,
         path: &Path,
         pass: Pass,
-        ident: Identity,
+        mut ident: Identity,
     ) -> Result<(), DaemonError> {
-        let prior = &ident.prior;
+        let Some(text) = self.read_claimed(run, path).await? else {
+            return Ok(());
+        };
+        let parsed = parse_note(&text);
+        let facts = self.facts_for(&parsed, pass, &mut ident).await?;
+        let plan = plan::plan(&parsed, &self.runner.registry, &self.rules(pass), &facts);
+        self.spend_decisions(&plan).await?;
+        self.report_left_pending(path, plan.left_pending).await;
+        let calls = self
+            .start_calls(run, path, &ident.note_id, &plan.steps)
+            .await;
+        let outcome = self.gather(run, plan.steps, calls, &ident).await?;
+        self.write_and_move(run, path, &text, &parsed, &ident, outcome)
+            .await
+    }
+
+    /// The claimed note's text, read once its writer is done; None when there is nothing to
+    /// run (gone, not UTF-8 any more, unreadable for now).
+    async fn read_claimed(&self, run: RunId, path: &Path) -> Result<Option<String>, DaemonError> {
         let read = {
             let path = path.to_path_buf();
             tokio::task::spawn_blocking(move || note::read_settled(&path))
                 .await
                 .expect("read task does not panic")
         };
-        let text = match read {
+        match read {
             Ok(bytes) => match String::from_utf8(bytes) {
-                Ok(s) => s,
+                Ok(s) => Ok(Some(s)),
                 Err(e) => {
                     // Became non-UTF-8 after the claim: give it back untouched.
                     let (len, mtime) = stamp(path);
@@ -58,291 +80,215 @@ impl Daemon {
                             e.utf8_error().valid_up_to()
                         ),
                     );
-                    return self
-                        .finish_run(
-                            run,
-                            path,
-                            State::Failed,
-                            Vec::new(),
-                            "the note is not UTF-8",
-                        )
-                        .await
-                        .map(|_| ());
+                    self.finish_run(
+                        run,
+                        path,
+                        State::Failed,
+                        Vec::new(),
+                        "the note is not UTF-8",
+                    )
+                    .await?;
+                    Ok(None)
                 }
             },
             Err(note::WriteError::Gone(_)) => {
-                return self.abandon(run, path).await;
+                self.abandon(run, path).await?;
+                Ok(None)
             }
             Err(e) => {
                 // Unreadable now (permissions changed?): leave it, the run stays open and is
                 // retried at the next scan.
                 tracing::error!(note = %self.vault.relative(path), "cannot read the claimed note: {e}");
-                return Ok(());
+                Ok(None)
             }
+        }
+    }
+
+    /// What planning needs from the journal, read now (DESIGN §9.3, §12.2, §4).
+    async fn facts_for(
+        &self,
+        parsed: &ParsedNote,
+        pass: Pass,
+        ident: &mut Identity,
+    ) -> Result<Facts, DaemonError> {
+        let decisions = if self.approval_via_cli() {
+            let questions = Facts::questions(parsed);
+            self.blocking(move |j| {
+                let mut found = HashMap::new();
+                for (call_id, hash) in questions {
+                    if let Some(d) = j.approval(&call_id, &hash)? {
+                        found.insert((call_id, hash), d);
+                    }
+                }
+                Ok(found)
+            })
+            .await?
+        } else {
+            HashMap::new()
         };
-        let parsed = parse_note(&text);
-        let registry = &self.runner.registry;
+        let key = ident.note_id.clone();
+        let calls_started = self
+            .blocking(move |j| budget::calls_started(j, &key))
+            .await?;
+        Ok(Facts {
+            prior: std::mem::take(&mut ident.prior),
+            stale: ident.stale.as_ref().map(|s| s.within_grace),
+            unknown_to_journal: pass == (Pass::Recover { known: false }),
+            decisions,
+            calls_started,
+        })
+    }
+
+    fn rules(&self, pass: Pass) -> Rules {
+        Rules {
+            max_calls: self.config.max_calls_per_note,
+            note_budget: Some(self.config.guard.note_budget),
+            approval: if self.approval_via_cli() {
+                Approval::Cli
+            } else {
+                Approval::Folder {
+                    in_approved: pass == Pass::Approved,
+                }
+            },
+        }
+    }
+
+    /// Consumes the decisions the plan acts on, so each counts once (with `approval_via =
+    /// "folder"` a `vaultd approve` record, if any, is spent with the move that decided).
+    async fn spend_decisions(&self, plan: &Plan) -> Result<(), DaemonError> {
+        for (call_id, hash) in plan.spend.clone() {
+            self.blocking(move |j| j.consume_approval(&call_id, &hash))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn report_left_pending(&self, path: &Path, left_pending: usize) {
+        if left_pending == 0 {
+            return;
+        }
         let max = self.config.max_calls_per_note;
+        let message = format!(
+            "{left_pending} more pending calls left for a later round (at most {max} run and {max} get QUOTA_EXCEEDED per claim, max_calls_per_note)"
+        );
+        tracing::warn!(note = %self.vault.relative(path), "{message}");
+        let rel = self.vault.relative(path);
+        let _ = self
+            .blocking(move |j| j.record_problem(&rel, &message))
+            .await;
+    }
 
-        enum Step {
-            /// A result to write; `recorded` when the journal already holds it.
-            Done(CallResult),
-            Recorded(CallResult),
-            Run {
-                call_id: String,
-                name: String,
-                parameters: Map<String, Value>,
-            },
-            Hold(HeldCall),
-            StillHeld,
-        }
-        let mut steps = Vec::new();
-        let mut left_pending = 0usize;
-        for (i, call) in parsed.pending_calls().enumerate() {
-            let call_id = call.call_id.clone();
-            let shown_name = call.name.clone().unwrap_or_else(|| "tool_call".to_string());
-            if i >= 2 * max {
-                // §9.8: past twice the cap, calls stay pending (no result block each), so a
-                // note of 10,000 calls does not grow by 9,990 QUOTA_EXCEEDED blocks.
-                left_pending += 1;
-                continue;
-            }
-            if i >= max {
-                steps.push(Step::Done(CallResult::failed_now(
-                    &call_id,
-                    &shown_name,
-                    CallError::new(
-                        ErrorCode::QuotaExceeded,
-                        format!(
-                            "only the first {max} pending calls of a note run per round (max_calls_per_note); write this call again to run it"
-                        ),
-                    ),
-                )));
-                continue;
-            }
-            let (name, parameters) = match &call.body {
-                CallBody::Broken(e) => {
-                    steps.push(Step::Done(CallResult::failed_now(
-                        &call_id,
-                        &shown_name,
-                        e.clone(),
-                    )));
-                    continue;
-                }
-                CallBody::Call { name, parameters } => (name, parameters),
-            };
-            // §9.3: what the journal recorded for this call of this note decides, by the
-            // effect recorded at its start, never by what the registry says now.
-            let record = prior.get(&call_id);
-            let same_note = ident.stale.is_none();
-            let within_grace = ident.stale.as_ref().is_some_and(|s| s.within_grace);
-            let mut stale_reason = None;
-            match record {
-                Some(r) if same_note || within_grace => match (&r.progress, &r.recorded) {
-                    (CallProgress::Finished(result), _) => {
-                        steps.push(Step::Recorded(result.clone()));
-                        continue;
-                    }
-                    // Written once and since deleted from the note: run again (§2), unless
-                    // this is a stale copy, which gets what the note it copies got.
-                    (CallProgress::Written, Some(result)) if !same_note => {
-                        steps.push(Step::Recorded(result.clone()));
-                        continue;
-                    }
-                    (CallProgress::Started, _) if !r.effect.safe_to_repeat() => {
-                        steps.push(Step::Done(unknown_outcome(&call_id, name)));
-                        continue;
-                    }
-                    _ => {}
-                },
-                Some(r) if r.started_at.is_some() && !r.effect.safe_to_repeat() => {
-                    // A stale copy past the grace: held, saying when and where it ran.
-                    let when = r
-                        .started_at
-                        .map(crate::call::rfc3339_seconds)
-                        .unwrap_or_default();
-                    stale_reason = Some(format!(
-                        "this call already ran at {when} from {} (this note looks like an old copy of it)",
-                        r.note
-                    ));
-                }
-                Some(_) => {}
-                None if pass == (Pass::Recover { known: false })
-                    && registry
-                        .get(name)
-                        .is_some_and(|t| !t.spec().effect.safe_to_repeat()) =>
-                {
-                    // §8.15: the journal knows nothing of the note; it may have run.
-                    steps.push(Step::Done(unknown_outcome(&call_id, name)));
-                    continue;
-                }
-                None => {}
-            }
-            let tool = match registry.resolve(name, parameters) {
-                Ok(t) => t,
-                Err(e) => {
-                    steps.push(Step::Done(CallResult::failed_now(&call_id, name, e)));
-                    continue;
-                }
-            };
-            let admission = match stale_reason {
-                Some(reason) => Admission::Hold { reason },
-                None => tool.admit(parameters),
-            };
-            match admission {
-                Admission::Run => steps.push(Step::Run {
-                    call_id,
-                    name: name.clone(),
-                    parameters: parameters.clone(),
-                }),
-                Admission::Deny(e) => {
-                    steps.push(Step::Done(CallResult::failed_now(&call_id, name, e)))
-                }
-                Admission::Hold { reason } => {
-                    match self
-                        .held_call_decision(pass, &parsed, &call_id, name, parameters)
-                        .await?
-                    {
-                        HeldDecision::Run => steps.push(Step::Run {
-                            call_id,
-                            name: name.clone(),
-                            parameters: parameters.clone(),
-                        }),
-                        HeldDecision::Rejected => {
-                            steps.push(Step::Done(crate::approval::rejected_result(&call_id, name)))
-                        }
-                        HeldDecision::Waiting => steps.push(Step::StillHeld),
-                        HeldDecision::Ask => steps.push(Step::Hold(HeldCall {
-                            call_id,
-                            name: name.clone(),
-                            parameters: parameters.clone(),
-                            reason: format!("{reason}. {}", self.how_to_decide()),
-                        })),
-                    }
-                }
-            }
-        }
-
-        if left_pending > 0 {
-            let message = format!(
-                "{left_pending} more pending calls left for a later round (at most {max} run and {max} get QUOTA_EXCEEDED per claim, max_calls_per_note)"
-            );
-            tracing::warn!(note = %self.vault.relative(path), "{message}");
-            let rel = self.vault.relative(path);
-            let _ = self
-                .blocking(move |j| j.record_problem(&rel, &message))
-                .await;
-        }
-        self.apply_note_budget(
-            &ident.note_id,
-            &mut steps,
-            prior,
-            |step| match step {
-                Step::Run { call_id, name, .. } => Some((call_id.clone(), name.clone(), true)),
-                Step::Hold(h) => Some((h.call_id.clone(), h.name.clone(), false)),
-                _ => None,
-            },
-            |call_id, name, e| Step::Done(CallResult::failed_now(call_id, name, e)),
-        )
-        .await?;
-
-        // Run what may run, concurrently; results stay in call order. Vault changes
-        // (`state_change`) of one note run one after another in call order, so a note can
-        // create a note and then append to it.
+    /// Starts every call that may run, each with its worker permit taken before its task is
+    /// spawned. Vault changes (`state_change`) of one note run one after another in call
+    /// order, so a note can create a note and then append to it.
+    async fn start_calls(
+        self: &Arc<Self>,
+        run: RunId,
+        path: &Path,
+        note_id: &str,
+        steps: &[(String, Step)],
+    ) -> Vec<Option<JoinHandle<CallResult>>> {
         let mut handles = Vec::with_capacity(steps.len());
         let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
-        for step in &steps {
-            if let Step::Run {
-                call_id,
-                name,
-                parameters,
-            } = step
-            {
-                let me = self.clone();
-                let (call_id, name, parameters) =
-                    (call_id.clone(), name.clone(), parameters.clone());
-                let note = self.vault.relative(path);
-                let changes_vault = self
-                    .runner
-                    .registry
-                    .get(&name)
-                    .is_some_and(|t| t.spec().effect == crate::tools::Effect::StateChange);
-                let (after, finished) = if changes_vault {
-                    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-                    (previous_change.replace(rx), Some(tx))
-                } else {
-                    (None, None)
-                };
-                let note_id = ident.note_id.clone();
-                handles.push(Some(tokio::spawn(async move {
-                    if let Some(previous) = after {
-                        // Resolves when the previous change finished (its sender dropped).
-                        let _ = previous.await;
-                    }
-                    let result = me
-                        .runner
-                        .run_call(run, &note, &note_id, &call_id, &name, &parameters)
-                        .await;
-                    drop(finished);
-                    result
-                })));
-            } else {
+        for (_, step) in steps {
+            let Step::Run(call) = step else {
                 handles.push(None);
-            }
+                continue;
+            };
+            let (after, finished) = if call.effect() == Effect::StateChange {
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                (previous_change.replace(rx), Some(tx))
+            } else {
+                (None, None)
+            };
+            let permit = self.runner.permit().await;
+            let (me, call) = (self.clone(), call.clone());
+            let (note, note_id) = (self.vault.relative(path), note_id.to_string());
+            handles.push(Some(tokio::spawn(async move {
+                if let Some(previous) = after {
+                    // Resolves when the previous change finished (its sender dropped).
+                    let _ = previous.await;
+                }
+                let result = me
+                    .runner
+                    .run_call(run, &note, &note_id, &call, permit)
+                    .await;
+                drop(finished);
+                result
+            })));
         }
-        let mut results: Vec<CallResult> = Vec::new();
-        let mut held: Vec<HeldCall> = Vec::new();
-        let mut waiting = false;
-        let mut foreign: HashSet<String> = HashSet::new();
-        // Results of calls that never ran, journaled together in one commit below.
+        handles
+    }
+
+    /// Collects the steps' results in call order; the results of calls that never ran are
+    /// journaled together, in one commit.
+    async fn gather(
+        &self,
+        run: RunId,
+        steps: Vec<(String, Step)>,
+        calls: Vec<Option<JoinHandle<CallResult>>>,
+        ident: &Identity,
+    ) -> Result<Outcome, DaemonError> {
+        let mut out = Outcome::default();
         let mut unrecorded: Vec<CallResult> = Vec::new();
-        for (step, handle) in steps.into_iter().zip(handles) {
-            match (step, handle) {
+        for ((_, step), call) in steps.into_iter().zip(calls) {
+            match (step, call) {
                 (_, Some(h)) => match h.await {
-                    Ok(r) => results.push(r),
+                    Ok(r) => out.results.push(r),
                     Err(e) => tracing::error!("call task failed: {e}"),
                 },
-                (Step::Done(r), None) => {
+                (Step::Fail(r) | Step::Denied(r), None) => {
                     let r = self.redact_result(r);
                     unrecorded.push(r.clone());
-                    results.push(r)
+                    out.results.push(r)
                 }
                 (Step::Recorded(r), None) => {
                     if ident.stale.is_some() {
-                        // Recorded for the note this copies, not for this one.
-                        foreign.insert(r.call_id.clone());
+                        out.foreign.insert(r.call_id.clone());
                     }
-                    results.push(r)
+                    out.results.push(r)
                 }
-                (Step::Hold(h), None) => {
-                    held.push(h);
-                    waiting = true;
+                (Step::Ask(mut h), None) => {
+                    h.reason = format!("{}. {}", h.reason, self.how_to_decide());
+                    out.held.push(h);
+                    out.waiting = true;
                 }
-                (Step::StillHeld, None) => waiting = true,
-                (Step::Run { .. }, None) => unreachable!("every Run step has a handle"),
+                (Step::Waiting(_), None) => out.waiting = true,
+                (Step::Run(_), None) => unreachable!("every Run step has a handle"),
             }
         }
-
         if !unrecorded.is_empty() {
             self.blocking(move |j| j.calls_finished(run, &unrecorded))
                 .await?;
         }
+        Ok(out)
+    }
 
+    /// Writes the outcome into the note and moves it to its next state.
+    async fn write_and_move(
+        &self,
+        run: RunId,
+        path: &Path,
+        text: &str,
+        parsed: &ParsedNote,
+        ident: &Identity,
+        outcome: Outcome,
+    ) -> Result<(), DaemonError> {
+        let Outcome {
+            results,
+            held,
+            waiting,
+            foreign,
+        } = outcome;
         // Results this run wrote before a crash count for Done or Failed (§8.5) as much as the
         // ones written now: a kill between the write and the move must not turn Failed into Done.
         let failed_before_crash = parsed
             .results
             .iter()
             .any(|r| !r.ok && ident.this_run.contains(&r.call_id));
-        let next = if waiting {
-            State::PendingApproval
-        } else if failed_before_crash || results.iter().any(|r| !r.is_ok()) {
-            State::Failed
-        } else {
-            State::Done
-        };
+        let next = next_state(waiting, failed_before_crash, &results);
         let reason = outcome_reason(&results, &held, waiting);
-        let results = self.fit_results(path, &text, &ident.note_id, results);
+        let results = self.fit_results(path, text, &ident.note_id, results);
         let newly_held: Vec<HeldSummary> = held
             .iter()
             .map(|h| HeldSummary {
@@ -390,91 +336,8 @@ impl Daemon {
         Ok(())
     }
 
-    /// What becomes of a call the policy holds (DESIGN §4). A question the note shows binds
-    /// the decision to the exact parameters it lists: a call edited since is asked about
-    /// again. With `approval_via = "folder"` the note being in Approved/ decides; with
-    /// `"cli"` only a decision `vaultd approve`/`reject` recorded in the journal does, and it
-    /// is consumed here so it counts once.
-    pub(crate) async fn held_call_decision(
-        &self,
-        pass: Pass,
-        parsed: &ParsedNote,
-        call_id: &str,
-        name: &str,
-        parameters: &Map<String, Value>,
-    ) -> Result<HeldDecision, DaemonError> {
-        let hash = note::params_hash(name, parameters);
-        if !parsed.is_held_as(call_id, &hash) {
-            return Ok(HeldDecision::Ask);
-        }
-        let id = call_id.to_string();
-        if !self.approval_via_cli() {
-            if pass != Pass::Approved {
-                return Ok(HeldDecision::Waiting);
-            }
-            // Moving the note decided; a `vaultd approve` record, if any, is spent with it.
-            self.blocking(move |j| j.consume_approval(&id, &hash))
-                .await?;
-            return Ok(HeldDecision::Run);
-        }
-        Ok(
-            match self
-                .blocking(move |j| j.consume_approval(&id, &hash))
-                .await?
-            {
-                Some(Decision::Approved) => HeldDecision::Run,
-                Some(Decision::Rejected) => HeldDecision::Rejected,
-                None => HeldDecision::Waiting,
-            },
-        )
-    }
-
-    /// The note budget (DESIGN §12.2): once the calls this note ever started reach
-    /// `note_budget`, every further call that would run or be held gets QUOTA_EXCEEDED. Calls
-    /// already started (recovery) are not charged again.
-    pub(crate) async fn apply_note_budget<S>(
-        &self,
-        note_id: &str,
-        steps: &mut [S],
-        prior: &HashMap<String, JournalCall>,
-        charged: impl Fn(&S) -> Option<(String, String, bool)>,
-        spent: impl Fn(&str, &str, CallError) -> S,
-    ) -> Result<(), DaemonError> {
-        let budget = self.config.guard.note_budget;
-        let key = note_id.to_string();
-        let started = self
-            .blocking(move |j| budget::calls_started(j, &key))
-            .await?;
-        let mut left = budget::remaining(budget, started);
-        for step in steps.iter_mut() {
-            let Some((call_id, name, runs)) = charged(step) else {
-                continue;
-            };
-            if prior.contains_key(&call_id) {
-                continue;
-            }
-            if left == 0 {
-                *step = spent(&call_id, &name, budget::spent(budget));
-            } else if runs {
-                left -= 1;
-            }
-        }
-        Ok(())
-    }
-
     pub(crate) fn redact_result(&self, mut r: CallResult) -> CallResult {
         r.outcome = r.outcome.map_err(|e| self.runner.redact_error(e));
         r
     }
-}
-
-pub(crate) fn unknown_outcome(call_id: &str, name: &str) -> CallResult {
-    CallResult::failed_now(
-        call_id,
-        name,
-        CallError::new(
-            ErrorCode::UnknownOutcome,
-            "vaultd stopped (or the note was moved) while this call was running and its outcome was not recorded; it is not sent again. Check whether it arrived; write the call again to send it once more",
-        ),
-    )
 }

@@ -7,8 +7,8 @@ use crate::daemon::Daemon;
 use crate::daemon::DaemonError;
 use crate::journal::RunId;
 use crate::note::{self, Block, parse_note};
+use crate::pipeline::plan;
 use crate::vault::State;
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -120,37 +120,17 @@ impl Daemon {
         let written = tokio::task::spawn_blocking(move || {
             let other_note = std::cell::Cell::new(false);
             let written = note::update_note(&path_buf, |current| {
-                if note::frontmatter_property(current, "tool_note")
-                    .is_some_and(|id| !note_id.is_empty() && id != note_id)
-                {
-                    other_note.set(true);
-                    return current.to_string();
-                }
-                other_note.set(false);
-                let cur = parse_note(current);
-                let written: HashSet<&str> =
-                    cur.results.iter().map(|r| r.call_id.as_str()).collect();
-                let mut blocks: Vec<Block<'_>> = Vec::new();
-                for r in &results {
-                    if !written.contains(r.call_id.as_str()) {
-                        blocks.push(Block::Result(r));
-                    }
-                }
-                for h in &held {
-                    let shown =
-                        cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
-                    if !shown && !cur.has_result(&h.call_id) {
-                        blocks.push(Block::Held(h));
-                    }
-                }
-                let text = note::append_blocks(current, &blocks, next.as_str(), now);
-                // §9.9: whoever updates a note is its runner from now on.
-                let text = note::set_runner(&text, runner.as_str());
-                if note::frontmatter_property(&text, "tool_note").is_none() && !note_id.is_empty() {
-                    note::set_note_id(&text, &note_id)
-                } else {
-                    text
-                }
+                let appended = append_results(
+                    current,
+                    &note_id,
+                    &results,
+                    &held,
+                    next,
+                    runner.as_str(),
+                    now,
+                );
+                other_note.set(appended.is_none());
+                appended.unwrap_or_else(|| current.to_string())
             });
             if other_note.get() {
                 return Err(note::WriteError::Gone(path_buf));
@@ -231,16 +211,7 @@ impl Daemon {
             return Ok(());
         };
         let parsed = parse_note(&text);
-        let rejected: Vec<CallResult> = parsed
-            .pending_calls()
-            .filter(|c| parsed.is_held(&c.call_id))
-            .map(|c| {
-                crate::approval::rejected_result(
-                    &c.call_id,
-                    c.name.as_deref().unwrap_or("tool_call"),
-                )
-            })
-            .collect();
+        let rejected = plan::rejections(&parsed);
         if rejected.is_empty() {
             return Ok(());
         }
@@ -258,6 +229,62 @@ impl Daemon {
             self.blocking(move |j| j.abandon_run(run, reason)).await?;
         }
         Ok(())
+    }
+}
+
+/// `current` with the results and the questions of `held` appended (what it shows already is
+/// not repeated), `tool_status` set to `next`, `runner` stamped as its `tool_runner` (§9.9:
+/// whoever updates a note is its runner from now on) and `tool_note` added when missing. None
+/// when it carries another `tool_note` than `note_id` (empty: any): another note.
+pub fn append_results(
+    current: &str,
+    note_id: &str,
+    results: &[CallResult],
+    held: &[HeldCall],
+    next: State,
+    runner: &str,
+    now: SystemTime,
+) -> Option<String> {
+    if note::frontmatter_property(current, "tool_note")
+        .is_some_and(|id| !note_id.is_empty() && id != note_id)
+    {
+        return None;
+    }
+    let cur = parse_note(current);
+    let mut blocks: Vec<Block<'_>> = results
+        .iter()
+        .filter(|r| !cur.has_result(&r.call_id))
+        .map(Block::Result)
+        .collect();
+    for h in held {
+        let shown = cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
+        if !shown && !cur.has_result(&h.call_id) {
+            blocks.push(Block::Held(h));
+        }
+    }
+    let text = note::append_blocks(current, &blocks, next.as_str(), now);
+    let text = note::set_runner(&text, runner);
+    if note::frontmatter_property(&text, "tool_note").is_none() && !note_id.is_empty() {
+        Some(note::set_note_id(&text, note_id))
+    } else {
+        Some(text)
+    }
+}
+
+/// Where a note goes after its run: Pending_Approval while a call waits for a person, Failed
+/// when a result failed (now, or before a crash in the run being continued: a kill between
+/// the write and the move must not turn Failed into Done, §8.5), else Done.
+pub(crate) fn next_state(
+    waiting: bool,
+    failed_before_crash: bool,
+    results: &[CallResult],
+) -> State {
+    if waiting {
+        State::PendingApproval
+    } else if failed_before_crash || results.iter().any(|r| !r.is_ok()) {
+        State::Failed
+    } else {
+        State::Done
     }
 }
 
