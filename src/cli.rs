@@ -366,7 +366,7 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        daemon::run_with(config, mode, runner.take_over, redactor, shutdown_signal())
+        daemon::run_vault(config, mode, runner.take_over, redactor, shutdown_signal())
             .await
             .map_err(anyhow::Error::from)
     })?;

@@ -181,20 +181,27 @@ pub fn redactor_for(config: &Config) -> Redactor {
     Redactor::new(secrets, &usernames)
 }
 
-/// Runs the daemon on `config` until `shutdown` resolves (Mode::Run) or until everything
-/// pending is processed (Mode::Once).
-pub async fn run(
-    config: Config,
-    mode: Mode,
-    redactor: Arc<Redactor>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), DaemonError> {
-    run_with(config, mode, false, redactor, shutdown).await
+/// What the daemon runs with, passed in (STYLE habit 2): [`run_vault`] builds it from the
+/// config; a test builds its own, with a temp vault and a tool source of its own.
+pub struct Services {
+    /// Folders, limits, timeouts, approval mode: the settings every stage reads.
+    pub config: Config,
+    /// `run` watches until shut down; `once` processes what is pending and returns.
+    pub mode: Mode,
+    /// The prepared vault (its folders exist and are not symlinks).
+    pub vault: Vault,
+    pub journal: Arc<Journal>,
+    /// Every tool of every source, with its policy.
+    pub registry: Registry,
+    /// The one redactor for every secret of every source.
+    pub redactor: Arc<Redactor>,
 }
 
-/// [`run`], with `take_over` (`--take-over`, DESIGN §9.9): another runner's notes up to now
-/// are history.
-pub async fn run_with(
+/// Runs the daemon on `config` until `shutdown` resolves (Mode::Run) or until everything
+/// pending is processed (Mode::Once): takes the vault lock, opens the journal, makes the
+/// start-up check of §9.9 (with `take_over`, `--take-over`: another runner's notes up to now
+/// are history), starts the MCP servers, then [`run`]s; no server outlives it.
+pub async fn run_vault(
     config: Config,
     mode: Mode,
     take_over: bool,
@@ -207,24 +214,59 @@ pub async fn run_with(
     vault.prepare()?;
     let _lock = lock_vault(vault.root())?;
     let journal = Arc::new(Journal::open(&config.state_dir)?);
-    let runners = one_runner(&config, &vault, &journal, take_over)?;
+    one_runner(&config, &vault, &journal, take_over)?;
     let http = http_client()?;
-    let results = ResultStore::new(
-        config.vault.clone(),
-        config.tool_results.clone(),
-        config.max_result_bytes,
-    );
     // Servers start in parallel; each delays start-up by at most its start_timeout.
     let mcp = McpSource::start(
         &config.mcp,
         journal.clone(),
         http.clone(),
         &config.state_dir,
-        results.clone(),
+        result_store(&config),
     )
     .await;
     let mut registry = Registry::from_config(&config.tools, http, Some(journal.clone()))?;
-    mcp.register(&mut registry)?;
+    let outcome = match mcp.register(&mut registry) {
+        Ok(()) => {
+            let services = Services {
+                config,
+                mode,
+                vault,
+                journal,
+                registry,
+                redactor,
+            };
+            run(services, shutdown).await
+        }
+        Err(e) => Err(e.into()),
+    };
+    // No server outlives vaultd.
+    mcp.shutdown().await;
+    outcome
+}
+
+/// Runs the daemon on `services` until `shutdown` resolves (Mode::Run) or until everything
+/// pending is processed (Mode::Once). The vault must be prepared and locked by the caller.
+pub async fn run(
+    services: Services,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let Services {
+        config,
+        mode,
+        vault,
+        journal,
+        registry,
+        redactor,
+    } = services;
+    let me =
+        RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+    tracing::debug!(runner = %me, "this daemon's tool_runner");
+    let runners = RunnerWatch::new(me, config.runner_window, journal.taken_over_at()?);
+    let results = result_store(&config);
     let mut runner = Runner::new(
         Arc::new(registry),
         journal.clone(),
@@ -252,10 +294,16 @@ pub async fn run_with(
         mode,
         runners,
     });
-    let outcome = daemon.supervise(mode, shutdown).await;
-    // No server outlives vaultd.
-    mcp.shutdown().await;
-    outcome
+    daemon.supervise(mode, shutdown).await
+}
+
+/// Where results too big for a note go (§10.6).
+fn result_store(config: &Config) -> ResultStore {
+    ResultStore::new(
+        config.vault.clone(),
+        config.tool_results.clone(),
+        config.max_result_bytes,
+    )
 }
 
 /// The start-up check of DESIGN §9.9: with `take_over`, records that other runners' notes up
@@ -266,7 +314,7 @@ fn one_runner(
     vault: &Vault,
     journal: &Journal,
     take_over: bool,
-) -> Result<RunnerWatch, DaemonError> {
+) -> Result<(), DaemonError> {
     let me =
         RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
             dir: config.state_dir.clone(),
@@ -297,8 +345,7 @@ fn one_runner(
         )));
     }
     journal.clear_pause()?;
-    tracing::debug!(runner = %me, "this daemon's tool_runner");
-    Ok(RunnerWatch::new(me, config.runner_window, taken_over_at))
+    Ok(())
 }
 
 impl Daemon {
