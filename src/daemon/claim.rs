@@ -8,7 +8,7 @@ use crate::journal::{Claim, JournalCall, RunId};
 use crate::note::{self, ParsedNote, parse_note};
 use crate::vault::{State, VaultError};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
@@ -64,25 +64,33 @@ impl Daemon {
         }
     }
 
+    /// THE claim: moves the note at `path` into In_Progress and returns where it is now. None
+    /// when it is gone (moved away meanwhile) or cannot be moved (a read-only folder, say:
+    /// reported once, the note stays where it is). Every claim of a note goes through here.
+    pub(crate) fn claim_note(&self, path: &Path) -> Option<PathBuf> {
+        match self.vault.move_to(path, State::InProgress) {
+            Ok(p) => Some(p),
+            Err(VaultError::Move { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => {
+                let (len, mtime) = stamp(path);
+                self.problem(path, len, mtime, format!("cannot claim the note: {e}"));
+                None
+            }
+        }
+    }
+
     pub(crate) async fn claim_identified(
         self: &Arc<Self>,
         path: &Path,
         pass: Pass,
         ident: &mut Identity,
     ) -> Result<(), DaemonError> {
-        let claimed = match self.vault.move_to(path, State::InProgress) {
-            Ok(p) => p,
-            Err(VaultError::Move { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                return Ok(()); // moved away meanwhile
-            }
-            Err(e) => {
-                // A read-only folder, say: reported once, the note stays where it is.
-                let (len, mtime) = stamp(path);
-                self.problem(path, len, mtime, format!("cannot claim the note: {e}"));
-                return Ok(());
-            }
+        let Some(claimed) = self.claim_note(path) else {
+            return Ok(());
         };
         self.runners.wrote(&claimed);
         // Marked before the run is recorded, so a rescan never resumes it as stranded.

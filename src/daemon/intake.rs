@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 
 impl Daemon {
@@ -26,7 +27,7 @@ impl Daemon {
         for folder in self.watched_states() {
             for path in self.vault.scan(folder) {
                 queued += usize::from(has_pending_call(&path));
-                self.dispatch(path, tasks);
+                self.dispatch(path);
                 looked += 1;
             }
         }
@@ -83,7 +84,7 @@ impl Daemon {
                         let base = self.vault.folder(s);
                         for path in self.vault.scan(s) {
                             if path.starts_with(&dir) && path.starts_with(&base) {
-                                self.dispatch(path, tasks);
+                                self.dispatch(path);
                             }
                         }
                     }
@@ -92,12 +93,12 @@ impl Daemon {
             Hint::Rescan => {
                 self.scan_all(tasks);
             }
-            Hint::Ready(path) if self.config.moved_in_grace.is_zero() => self.dispatch(path, tasks),
+            Hint::Ready(path) if self.config.moved_in_grace.is_zero() => self.dispatch(path),
             Hint::Ready(path) => {
                 let me = self.clone();
                 tasks.spawn(async move {
                     tokio::time::sleep(me.config.moved_in_grace).await;
-                    me.spawn_note(path).await;
+                    me.dispatch(path);
                 });
             }
         }
@@ -153,13 +154,48 @@ impl Daemon {
             .await;
     }
 
-    /// Starts a note task unless one is already looking at this path (then it looks again).
-    pub(crate) fn dispatch(self: &Arc<Self>, path: PathBuf, tasks: &mut JoinSet<()>) {
+    /// Queues a note task unless one is already looking at this path (then it looks again).
+    pub(crate) fn dispatch(&self, path: PathBuf) {
         if !self.mark_inflight(&path) {
             return;
         }
+        self.queue
+            .lock()
+            .expect("queue lock poisoned")
+            .push_back(path);
+        self.queued.notify_one();
+    }
+
+    pub(crate) fn nothing_queued(&self) -> bool {
+        self.queue.lock().expect("queue lock poisoned").is_empty()
+    }
+
+    /// The next queued note, with a note slot for it. Cancel-safe: dropped before it returns,
+    /// it gives the slot back and takes no note off the queue.
+    pub(crate) async fn next_queued(&self) -> (OwnedSemaphorePermit, PathBuf) {
+        let slot = self
+            .note_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the note slots are never closed");
+        loop {
+            if let Some(path) = self.queue.lock().expect("queue lock poisoned").pop_front() {
+                return (slot, path);
+            }
+            self.queued.notified().await;
+        }
+    }
+
+    /// Spawns a note task with its slot, which moves into the task.
+    pub(crate) fn start_note_task(
+        self: &Arc<Self>,
+        slot: OwnedSemaphorePermit,
+        path: PathBuf,
+        tasks: &mut JoinSet<()>,
+    ) {
         let me = self.clone();
-        tasks.spawn(async move { me.note_task(path).await });
+        tasks.spawn(async move { me.note_task(path, slot).await });
     }
 
     /// DESIGN §9.1: a note written in place is looked at once no process has it open for
@@ -207,7 +243,7 @@ impl Daemon {
             .expect("settling lock poisoned")
             .remove(&path);
         if settled {
-            self.spawn_note(path).await;
+            self.dispatch(path);
         }
     }
 
@@ -244,15 +280,9 @@ impl Daemon {
         let p = path.to_path_buf();
         tokio::spawn(async move {
             tokio::time::sleep(max - age + Duration::from_millis(50)).await;
-            me.spawn_note(p).await;
+            me.dispatch(p);
         });
         true
-    }
-
-    pub(crate) async fn spawn_note(self: Arc<Self>, path: PathBuf) {
-        if self.mark_inflight(&path) {
-            self.note_task(path).await;
-        }
     }
 
     /// True when the caller should start a task for `path`.
@@ -269,8 +299,7 @@ impl Daemon {
         true
     }
 
-    pub(crate) async fn note_task(self: Arc<Self>, path: PathBuf) {
-        let _slot = self.note_slots.acquire().await;
+    pub(crate) async fn note_task(self: Arc<Self>, path: PathBuf, _slot: OwnedSemaphorePermit) {
         loop {
             if !self.stopping.load(Ordering::SeqCst)
                 && let Err(e) = self.look_at(&path).await

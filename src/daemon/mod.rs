@@ -16,14 +16,16 @@ use crate::tools::Registry;
 use crate::tools::mcp::McpSource;
 use crate::vault::{State, Vault, VaultError};
 use crate::watch::{self, Hint};
+use std::collections::VecDeque;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 pub(crate) mod claim;
 pub(crate) mod intake;
@@ -129,7 +131,13 @@ pub struct Daemon {
     /// Notes being looked at now; `true` = another hint came meanwhile, look again after.
     pub(crate) inflight: Mutex<HashMap<PathBuf, bool>>,
     /// Bounds how many notes are held in memory and processed at once.
-    pub(crate) note_slots: Semaphore,
+    pub(crate) note_slots: Arc<Semaphore>,
+    /// Notes waiting for a note slot, in the order they were found: a note task is spawned
+    /// only with its slot in hand (STYLE habit 3), so a backlog of 10,000 notes is 10,000
+    /// paths here, not 10,000 tasks.
+    pub(crate) queue: Mutex<VecDeque<PathBuf>>,
+    /// Woken when a note is queued.
+    pub(crate) queued: tokio::sync::Notify,
     /// Set on shutdown: no new claims.
     pub(crate) stopping: AtomicBool,
     /// Note looks finished since start, for start-up progress reports.
@@ -280,7 +288,9 @@ pub async fn run(
     let daemon = Arc::new(Daemon {
         results,
         hold_alerts,
-        note_slots: Semaphore::new(config.workers * 4),
+        note_slots: Arc::new(Semaphore::new(config.workers * 4)),
+        queue: Mutex::new(VecDeque::new()),
+        queued: tokio::sync::Notify::new(),
         config,
         vault,
         runner,
@@ -349,6 +359,8 @@ fn one_runner(
 }
 
 impl Daemon {
+    /// Recovers, scans, then feeds note tasks until everything pending is done (`once`) or
+    /// until `shutdown` (`run`, watching the folders meanwhile); then drains.
     pub(crate) async fn supervise(
         self: &Arc<Self>,
         mode: Mode,
@@ -356,38 +368,16 @@ impl Daemon {
     ) -> Result<(), DaemonError> {
         let mut tasks: JoinSet<()> = JoinSet::new();
         tokio::pin!(shutdown);
-
         // Watch before the first scan, so nothing that arrives during the scan is missed.
-        let (tx, mut rx) = mpsc::channel::<Hint>(4096);
-        let watcher = if mode == Mode::Run {
-            let mut folders = self.watched_folders();
-            // Where another runner's claims and finished notes show up (§9.9).
-            folders.extend(RUNNER_STATES.iter().map(|s| self.vault.folder(*s)));
-            Some(watch::start(&folders, self.config.watch, tx.clone())?)
-        } else {
-            None
+        let (tx, rx) = mpsc::channel::<Hint>(4096);
+        let watcher = match mode {
+            Mode::Run => Some(self.start_watcher(tx)?),
+            Mode::Once => None,
         };
-
         self.recover(&mut tasks).await?;
-        let (looked, queued) = self.scan_all(&mut tasks);
-        tracing::info!(
-            vault = %self.vault.root().display(),
-            queued,
-            "vaultd started"
-        );
-        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
-            && std::env::var_os("JOURNAL_STREAM").is_none();
-        let progress = if (bar && queued >= PROGRESS_BAR_FROM) || queued >= PROGRESS_FROM {
-            Some(tokio::spawn(self.clone().report_progress(looked, bar)))
-        } else {
-            None
-        };
-
+        let progress = self.start_up_scan(&mut tasks);
         if mode == Mode::Once {
-            tokio::select! {
-                _ = async { while tasks.join_next().await.is_some() {} } => {}
-                _ = &mut shutdown => { self.drain(&mut tasks).await; }
-            }
+            self.until_all_done(&mut tasks, shutdown).await;
             // The next tick draws the finished bar; bounded, since a note that no task
             // looked at (it left its folder meanwhile) would keep the count short.
             if let Some(p) = progress {
@@ -395,38 +385,8 @@ impl Daemon {
             }
             return Ok(());
         }
-
-        let _ = sd_notify::notify(&[
-            sd_notify::NotifyState::Ready,
-            sd_notify::NotifyState::Status(&format!("watching {}", self.vault.root().display())),
-        ]);
-        let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
-        let mut watchdog_tick =
-            tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
-        let mut rescan_tick = tokio::time::interval(self.config.rescan_interval);
-        rescan_tick.tick().await; // the first tick is immediate; the start-up scan just ran
-
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                Some(hint) = rx.recv() => self.on_hint(hint, &mut tasks),
-                _ = rescan_tick.tick() => { self.scan_all(&mut tasks); }
-                _ = watchdog_tick.tick(), if watchdog.is_some() => {
-                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
-                }
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    if let Err(e) = done && e.is_panic() {
-                        tracing::error!("a note task panicked: {e}");
-                    }
-                }
-            }
-            if let Some(w) = &watcher
-                && w.overflowed.swap(false, Ordering::SeqCst)
-            {
-                tracing::warn!("too many file events at once; scanning all folders");
-                self.scan_all(&mut tasks);
-            }
-        }
+        self.watch_until(&mut tasks, rx, watcher.as_ref(), shutdown)
+            .await;
         // Ask systemd for the grace period plus a margin, so a `shutdown_grace` above the
         // unit's TimeoutStopSec= does not get running calls killed.
         let extend = (self.config.shutdown_grace + Duration::from_secs(5)).as_micros();
@@ -438,6 +398,86 @@ impl Daemon {
         drop(watcher);
         self.drain(&mut tasks).await;
         Ok(())
+    }
+
+    fn start_watcher(&self, tx: mpsc::Sender<Hint>) -> Result<watch::WatchHandle, DaemonError> {
+        let mut folders = self.watched_folders();
+        // Where another runner's claims and finished notes show up (§9.9).
+        folders.extend(RUNNER_STATES.iter().map(|s| self.vault.folder(*s)));
+        Ok(watch::start(&folders, self.config.watch, tx)?)
+    }
+
+    /// The first scan; a long backlog gets progress reports until it is done.
+    fn start_up_scan(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Option<JoinHandle<()>> {
+        let (looked, queued) = self.scan_all(tasks);
+        tracing::info!(
+            vault = %self.vault.root().display(),
+            queued,
+            "vaultd started"
+        );
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
+            && std::env::var_os("JOURNAL_STREAM").is_none();
+        ((bar && queued >= PROGRESS_BAR_FROM) || queued >= PROGRESS_FROM)
+            .then(|| tokio::spawn(self.clone().report_progress(looked, bar)))
+    }
+
+    /// `once`: runs queued notes until no task runs and none is queued, or until shutdown.
+    async fn until_all_done(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) {
+        while !tasks.is_empty() || !self.nothing_queued() {
+            tokio::select! {
+                (slot, path) = self.next_queued() => self.start_note_task(slot, path, tasks),
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = &mut shutdown => {
+                    self.drain(tasks).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// `run`: turns hints, rescans and queued notes into note tasks until shutdown.
+    async fn watch_until(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        mut rx: mpsc::Receiver<Hint>,
+        watcher: Option<&watch::WatchHandle>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) {
+        let _ = sd_notify::notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&format!("watching {}", self.vault.root().display())),
+        ]);
+        let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
+        let mut watchdog_tick =
+            tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+        let mut rescan_tick = tokio::time::interval(self.config.rescan_interval);
+        rescan_tick.tick().await; // the first tick is immediate; the start-up scan just ran
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(hint) = rx.recv() => self.on_hint(hint, tasks),
+                (slot, path) = self.next_queued() => self.start_note_task(slot, path, tasks),
+                _ = rescan_tick.tick() => { self.scan_all(tasks); }
+                _ = watchdog_tick.tick(), if watchdog.is_some() => {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Err(e) = done && e.is_panic() {
+                        tracing::error!("a note task panicked: {e}");
+                    }
+                }
+            }
+            if let Some(w) = watcher
+                && w.overflowed.swap(false, Ordering::SeqCst)
+            {
+                tracing::warn!("too many file events at once; scanning all folders");
+                self.scan_all(tasks);
+            }
+        }
     }
 
     /// Stops claiming and waits for running notes up to the grace period; what is still

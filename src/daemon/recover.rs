@@ -147,9 +147,15 @@ impl Daemon {
             if !self.mark_inflight(&path) {
                 continue;
             }
+            let slot = self
+                .note_slots
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the note slots are never closed");
             let me = self.clone();
             tasks.spawn(async move {
-                let _slot = me.note_slots.acquire().await;
+                let _slot = slot;
                 if let Err(e) = me.recover_note(&path, known).await {
                     tracing::error!(note = %rel, "recovery failed: {e}");
                 }
