@@ -640,87 +640,108 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
                 mcp_servers.insert(server.to_string());
             }
         }
-        let plan = plan::plan(&parsed, &registry, &Rules::check(), &Facts::default());
-        let steps: std::collections::HashMap<&str, &Step> =
-            plan.steps.iter().map(|(id, s)| (id.as_str(), s)).collect();
-        let mut calls = Vec::new();
-        for call in &parsed.calls {
-            let mut entry = json!({
-                "call_id": call.call_id,
-                "name": call.name,
-                "line": call.line,
-            });
-            if let Some(step) = steps.get(call.call_id.as_str()) {
-                let (status, decision, error) = decision_of(step);
-                entry["status"] = json!(status);
-                entry["decision"] = decision;
-                if let Some(e) = error {
-                    entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
-                }
-            } else {
-                entry["status"] = json!("done");
-            }
-            any_invalid |= entry["status"] == "invalid";
-            calls.push(entry);
-        }
+        let calls = checked_calls(&parsed, &registry);
+        any_invalid |= calls.iter().any(|c| c["status"] == "invalid");
         let shown = escape_controls(&path.display().to_string());
         if as_json {
             let line = json!({ "path": path.display().to_string(), "calls": calls });
             writeln!(out, "{line}")?;
         } else {
-            writeln!(out, "{shown}: {} call(s)", calls.len())?;
-            for c in &calls {
-                write!(
-                    out,
-                    "  line {:>4}  {:<10} {} {}",
-                    c["line"],
-                    c["status"].as_str().unwrap_or(""),
-                    c["call_id"].as_str().unwrap_or(""),
-                    c["name"].as_str().unwrap_or("?")
-                )?;
-                if let Some(e) = c.get("error") {
-                    write!(
-                        out,
-                        "  {}: {}",
-                        e["code"].as_str().unwrap_or(""),
-                        e["message"].as_str().unwrap_or("")
-                    )?;
-                }
-                match c["decision"]["action"].as_str() {
-                    Some("run") => write!(out, "\n        -> runs")?,
-                    Some("held") => write!(
-                        out,
-                        "\n        -> held for approval: {}",
-                        c["decision"]["reason"].as_str().unwrap_or("")
-                    )?,
-                    Some("denied") => write!(
-                        out,
-                        "\n        -> denied: {}",
-                        c["decision"]["reason"].as_str().unwrap_or("")
-                    )?,
-                    Some(_) => write!(out, "\n        -> not run: the call is invalid")?,
-                    None => {}
-                }
-                writeln!(out)?;
-            }
+            print_checked(&mut out, &shown, &calls)?;
         }
     }
     if let (false, Some(journal)) = (as_json, &journal) {
-        for server in &mcp_servers {
-            match journal.mcp_catalog(server)? {
-                Some(c) => writeln!(
-                    out,
-                    "MCP server `{server}`: tools as it listed them at {}",
-                    c.listed_at
-                )?,
-                None => writeln!(
-                    out,
-                    "MCP server `{server}`: never listed yet (start the daemon once to know its tools)"
-                )?,
-            }
-        }
+        print_catalog_ages(&mut out, journal, &mcp_servers)?;
     }
     Ok(if any_invalid { 1 } else { 0 })
+}
+
+/// `vaultd check`'s entry for every call of a note: done, or what the daemon's plan decides.
+fn checked_calls(parsed: &crate::note::ParsedNote, registry: &Registry) -> Vec<Value> {
+    let plan = plan::plan(parsed, registry, &Rules::check(), &Facts::default());
+    let steps: std::collections::HashMap<&str, &Step> =
+        plan.steps.iter().map(|(id, s)| (id.as_str(), s)).collect();
+    let mut calls = Vec::new();
+    for call in &parsed.calls {
+        let mut entry = json!({
+            "call_id": call.call_id,
+            "name": call.name,
+            "line": call.line,
+        });
+        if let Some(step) = steps.get(call.call_id.as_str()) {
+            let (status, decision, error) = decision_of(step);
+            entry["status"] = json!(status);
+            entry["decision"] = decision;
+            if let Some(e) = error {
+                entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
+            }
+        } else {
+            entry["status"] = json!("done");
+        }
+        calls.push(entry);
+    }
+    calls
+}
+
+fn print_checked(out: &mut impl Write, shown: &str, calls: &[Value]) -> Result<()> {
+    writeln!(out, "{shown}: {} call(s)", calls.len())?;
+    for c in calls {
+        write!(
+            out,
+            "  line {:>4}  {:<10} {} {}",
+            c["line"],
+            c["status"].as_str().unwrap_or(""),
+            c["call_id"].as_str().unwrap_or(""),
+            c["name"].as_str().unwrap_or("?")
+        )?;
+        if let Some(e) = c.get("error") {
+            write!(
+                out,
+                "  {}: {}",
+                e["code"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or("")
+            )?;
+        }
+        match c["decision"]["action"].as_str() {
+            Some("run") => write!(out, "\n        -> runs")?,
+            Some("held") => write!(
+                out,
+                "\n        -> held for approval: {}",
+                c["decision"]["reason"].as_str().unwrap_or("")
+            )?,
+            Some("denied") => write!(
+                out,
+                "\n        -> denied: {}",
+                c["decision"]["reason"].as_str().unwrap_or("")
+            )?,
+            Some(_) => write!(out, "\n        -> not run: the call is invalid")?,
+            None => {}
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// When each MCP server the checked calls use last listed its tools.
+fn print_catalog_ages(
+    out: &mut impl Write,
+    journal: &crate::journal::Journal,
+    servers: &std::collections::BTreeSet<String>,
+) -> Result<()> {
+    for server in servers {
+        match journal.mcp_catalog(server)? {
+            Some(c) => writeln!(
+                out,
+                "MCP server `{server}`: tools as it listed them at {}",
+                c.listed_at
+            )?,
+            None => writeln!(
+                out,
+                "MCP server `{server}`: never listed yet (start the daemon once to know its tools)"
+            )?,
+        }
+    }
+    Ok(())
 }
 
 /// `vaultd check --preview`: the `tool_preview` of every pending call, exactly as a note in

@@ -173,18 +173,22 @@ impl Daemon {
     /// The next queued note, with a note slot for it. Cancel-safe: dropped before it returns,
     /// it gives the slot back and takes no note off the queue.
     pub(crate) async fn next_queued(&self) -> (OwnedSemaphorePermit, PathBuf) {
-        let slot = self
-            .note_slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the note slots are never closed");
+        let slot = self.note_slot().await;
         loop {
             if let Some(path) = self.queue.lock().expect("queue lock poisoned").pop_front() {
                 return (slot, path);
             }
             self.queued.notified().await;
         }
+    }
+
+    /// One of the `workers * 4` note slots: how many notes are held and worked on at once.
+    pub(crate) async fn note_slot(&self) -> OwnedSemaphorePermit {
+        self.note_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the note slots are never closed")
     }
 
     /// Spawns a note task with its slot, which moves into the task.

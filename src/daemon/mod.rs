@@ -1,8 +1,9 @@
-//! The pipeline. Start-up takes the vault lock, prepares the folders, opens the journal and
-//! finishes whatever a previous daemon left in `In_Progress/`; then the watcher and periodic
-//! scans feed note tasks. A note task claims its note by rename, runs its pending calls
-//! (through the [`Runner`]), writes the results back and moves the note to its new state.
-//! Shutdown stops claiming and lets running calls finish within the grace period.
+//! The daemon: [`run_vault`] takes the vault lock, opens the journal, makes the start-up
+//! check and starts the tool sources; [`run`] takes those [`Services`] and supervises:
+//! recovery of what a previous daemon left in In_Progress ([`recover`]), then scans and
+//! watcher hints become queued notes ([`intake`]), each note task is spawned with its note
+//! slot, claims its note ([`claim`]) and hands it to the [`pipeline`](crate::pipeline).
+//! Shutdown stops claiming and lets running calls finish within the grace period (drain).
 
 use crate::config::{ApprovalVia, Config};
 use crate::guard::breaker::Breakers;

@@ -147,12 +147,7 @@ impl Daemon {
             if !self.mark_inflight(&path) {
                 continue;
             }
-            let slot = self
-                .note_slots
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("the note slots are never closed");
+            let slot = self.note_slot().await;
             let me = self.clone();
             tasks.spawn(async move {
                 let _slot = slot;
