@@ -325,3 +325,77 @@ pub(crate) fn outcome_reason(results: &[CallResult], held: &[HeldCall], waiting:
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{CallError, ErrorCode};
+    use crate::pipeline::plan::rejected_result;
+
+    const CALL: &str = "# A\n```json\n{\"tool_call\": {\"name\": \"t\", \"parameters\": {}, \"id\": \"a\"}}\n```\n";
+
+    fn failed(call_id: &str) -> CallResult {
+        CallResult::failed_now(call_id, "t", CallError::new(ErrorCode::Timeout, "slow"))
+    }
+
+    fn append(current: &str, note_id: &str, results: &[CallResult]) -> Option<String> {
+        append_results(
+            current,
+            note_id,
+            results,
+            &[],
+            State::Failed,
+            "host-beef",
+            SystemTime::now(),
+        )
+    }
+
+    #[test]
+    fn results_are_appended_once_with_status_runner_and_note_id() {
+        let once = append(CALL, "n-000000000001", &[failed("a")]).unwrap();
+        let parsed = parse_note(&once);
+        assert!(parsed.has_result("a"), "{once}");
+        assert_eq!(
+            note::frontmatter_property(&once, "tool_status"),
+            Some("failed")
+        );
+        assert_eq!(
+            note::frontmatter_property(&once, "tool_runner"),
+            Some("host-beef")
+        );
+        assert_eq!(
+            note::frontmatter_property(&once, "tool_note"),
+            Some("n-000000000001")
+        );
+        let twice = append(&once, "n-000000000001", &[failed("a")]).unwrap();
+        assert_eq!(parse_note(&twice).results.len(), 1, "{twice}");
+    }
+
+    #[test]
+    fn another_notes_text_is_not_written_into() {
+        let theirs = note::set_note_id(CALL, "n-00000000000f");
+        assert_eq!(append(&theirs, "n-000000000001", &[failed("a")]), None);
+        // Without an id of our own (a rejection), any note takes the results.
+        let rejected = append(&theirs, "", &[rejected_result("a", "t")]).unwrap();
+        assert_eq!(
+            note::frontmatter_property(&rejected, "tool_note"),
+            Some("n-00000000000f")
+        );
+        assert_eq!(
+            note::frontmatter_property(&rejected, "tool_runner"),
+            Some("host-beef")
+        );
+    }
+
+    #[test]
+    fn a_waiting_call_goes_to_pending_approval_a_failure_to_failed() {
+        let ok = Vec::new();
+        assert_eq!(
+            next_state(true, true, &[failed("a")]),
+            State::PendingApproval
+        );
+        assert_eq!(next_state(false, false, &[failed("a")]), State::Failed);
+        assert_eq!(next_state(false, true, &ok), State::Failed);
+        assert_eq!(next_state(false, false, &ok), State::Done);
+    }
+}
