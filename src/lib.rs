@@ -1,16 +1,17 @@
 //! vaultd turns an Obsidian-style markdown vault into a safe tool-calling loop.
 //!
 //! ```text
-//!  Needs_Action/  ──watch──▶ claim (rename) ──▶ In_Progress/
-//!                                 │
-//!                      parse ─▶ validate ─▶ policy ─▶ run (semaphore, timeout, rate limit)
-//!                                 │                           │
-//!                                 ▼                           ▼
-//!                         journal (SQLite)  ◀────────  results in call order
-//!                                 │
-//!                 append callouts + frontmatter (atomic write)
-//!                                 │
-//!                 move ─▶ Done/ | Failed/ | Pending_Approval/
+//!  Needs_Action/ ──watch/scan──▶ daemon::intake (settle, queue, note slot)
+//!                                      │
+//!                        daemon::claim (rename into In_Progress, identity)
+//!                                      │
+//!   journal facts ──▶ pipeline::plan (pure: parse ─▶ ValidCall ─▶ policy, approval, budget)
+//!                                      │
+//!                     pipeline::execute ─▶ runner (permit, rate limit, start record, timeout)
+//!                                      │        results in call order; every claim, start,
+//!                                      │        outcome and move recorded in the journal
+//!          pipeline::next_state: append callouts + frontmatter (atomic write), then
+//!          move ─▶ Done/ | Failed/ | Pending_Approval/
 //! ```
 //!
 //! # Layout
