@@ -3,17 +3,20 @@
 //! (DESIGN §4). They work whether or not the daemon runs.
 //!
 //! - **approve** records `Approved` for every held call whose question still matches the call
-//!   (call id + [`params_hash`]) and moves the note to `Approved/`. The daemon runs a held call
+//!   (call id + [`params_hash`](crate::note::params_hash)) and moves the note to `Approved/`. The daemon runs a held call
 //!   from there only if the journal holds such a decision, and consumes it as the call starts:
 //!   with `approval_via = "cli"` a note an agent moves into `Approved/` by hand is left alone,
 //!   and a call edited after approval is asked about again.
-//! - **reject** records `Rejected`, writes a `REJECTED` result for every held call itself (no
-//!   daemon needed: nothing runs) and moves the note to `Rejected/`.
+//! - **reject** records `Rejected`, writes a `REJECTED` result for every held call itself
+//!   (the daemon's plan and write back, `tool_runner` stamped as DESIGN §9.9 asks of whoever
+//!   updates a note; no daemon needed: nothing runs) and moves the note to `Rejected/`.
 
-use crate::call::{CallError, CallResult, ErrorCode};
 use crate::config::Config;
 use crate::journal::{Decision, Journal, JournalError};
-use crate::note::{self, Block, CallBody, params_hash, parse_note};
+use crate::note::{self, parse_note};
+use crate::pipeline::next_state::append_results;
+use crate::pipeline::plan::{self, HeldInNote};
+use crate::synced::RunnerId;
 use crate::vault::{State, Vault, VaultError};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -33,17 +36,7 @@ pub enum ApprovalError {
     Write { path: PathBuf, message: String },
 }
 
-/// The result block of a held call a person refused.
-pub fn rejected_result(call_id: &str, name: &str) -> CallResult {
-    CallResult::failed_now(
-        call_id,
-        name,
-        CallError::new(
-            ErrorCode::Rejected,
-            "a person rejected this call; it was not run",
-        ),
-    )
-}
+pub use crate::pipeline::plan::rejected_result;
 
 /// One held call a decision applies to.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,14 +58,6 @@ pub struct Outcome {
     /// The note was in Approved/ already (moved there by hand): no rename tells the daemon,
     /// which finds it at its next full scan (`rescan_interval`).
     pub was_in_approved: bool,
-}
-
-/// A held call of the note: pending, with a `[!question]` in the note.
-struct Held {
-    call: DecidedCall,
-    hash: String,
-    /// The question shows exactly these parameters.
-    as_shown: bool,
 }
 
 /// The note a person named, checked to be a note of this vault that waits for a decision.
@@ -139,27 +124,16 @@ fn open_target(config: &Config, note: &Path) -> Result<Target, ApprovalError> {
     })
 }
 
-fn held_calls(text: &str) -> Vec<Held> {
-    let parsed = parse_note(text);
-    parsed
-        .pending_calls()
-        .filter(|c| parsed.is_held(&c.call_id))
-        .filter_map(|c| match &c.body {
-            CallBody::Call { name, parameters } => {
-                let hash = params_hash(name, parameters);
-                Some(Held {
-                    as_shown: parsed.is_held_as(&c.call_id, &hash),
-                    hash,
-                    call: DecidedCall {
-                        call_id: c.call_id.clone(),
-                        name: name.clone(),
-                        parameters: parameters.clone(),
-                    },
-                })
-            }
-            CallBody::Broken(_) => None,
-        })
-        .collect()
+fn held_calls(text: &str) -> Vec<HeldInNote> {
+    plan::held_calls(&parse_note(text))
+}
+
+fn decided(h: HeldInNote) -> DecidedCall {
+    DecidedCall {
+        call_id: h.call_id,
+        name: h.name,
+        parameters: h.parameters,
+    }
 }
 
 /// `vaultd approve NOTE`.
@@ -172,8 +146,9 @@ pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
             message: "has no call waiting for approval".to_string(),
         });
     }
-    let (shown, changed): (Vec<Held>, Vec<Held>) = held.into_iter().partition(|h| h.as_shown);
-    let changed: Vec<String> = changed.into_iter().map(|h| h.call.call_id).collect();
+    let (shown, changed): (Vec<HeldInNote>, Vec<HeldInNote>) =
+        held.into_iter().partition(|h| h.as_shown);
+    let changed: Vec<String> = changed.into_iter().map(|h| h.call_id).collect();
     if shown.is_empty() {
         return Err(ApprovalError::Note {
             path: note.to_path_buf(),
@@ -186,7 +161,7 @@ pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
     let journal = Journal::open(&config.state_dir)?;
     let rel = target.vault.relative(&target.path);
     for h in &shown {
-        journal.record_approval(&rel, &h.call.call_id, &h.hash, Decision::Approved)?;
+        journal.record_approval(&rel, &h.call_id, &h.hash, Decision::Approved)?;
     }
     // A note already in Approved/ (moved there by hand) is picked up at the daemon's next
     // full scan; one in Pending_Approval/ moves now and the watcher sees it at once.
@@ -196,7 +171,7 @@ pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
         target.vault.move_to(&target.path, State::Approved)?
     };
     Ok(Outcome {
-        decided: shown.into_iter().map(|h| h.call).collect(),
+        decided: shown.into_iter().map(decided).collect(),
         changed,
         note: target.vault.relative(&dest),
         was_in_approved: target.state == State::Approved,
@@ -214,27 +189,36 @@ pub fn reject(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
         });
     }
     let journal = Journal::open(&config.state_dir)?;
+    let runner = RunnerId::load_or_create(&config.state_dir).map_err(|e| ApprovalError::Note {
+        path: note.to_path_buf(),
+        message: format!(
+            "cannot read this vault's runner id in {}: {e}",
+            config.state_dir.display()
+        ),
+    })?;
     let rel = target.vault.relative(&target.path);
     for h in &held {
-        journal.record_approval(&rel, &h.call.call_id, &h.hash, Decision::Rejected)?;
+        journal.record_approval(&rel, &h.call_id, &h.hash, Decision::Rejected)?;
     }
     let run = journal.begin_run(&rel)?;
-    let results: Vec<CallResult> = held
-        .iter()
-        .map(|h| rejected_result(&h.call.call_id, &h.call.name))
-        .collect();
+    let results = plan::rejections(&parse_note(&target.text));
     for r in &results {
         journal.call_finished(run, r)?;
     }
     let now = SystemTime::now();
+    // The daemon's write back: results not shown yet, `tool_status`, and this vault's
+    // `tool_runner` (DESIGN §9.9: whoever updates a note is its runner).
     note::update_note(&target.path, |current| {
-        let cur = parse_note(current);
-        let blocks: Vec<Block<'_>> = results
-            .iter()
-            .filter(|r| !cur.has_result(&r.call_id))
-            .map(Block::Result)
-            .collect();
-        note::append_blocks(current, &blocks, State::Rejected.as_str(), now)
+        append_results(
+            current,
+            "",
+            &results,
+            &[],
+            State::Rejected,
+            runner.as_str(),
+            now,
+        )
+        .unwrap_or_else(|| current.to_string())
     })
     .map_err(|e| ApprovalError::Write {
         path: note.to_path_buf(),
@@ -244,13 +228,13 @@ pub fn reject(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
     journal.results_written(run, &ids)?;
     // The decisions are spent: a call run again later (its result deleted) is asked anew.
     for h in &held {
-        journal.consume_approval(&h.call.call_id, &h.hash)?;
+        journal.consume_approval(&h.call_id, &h.hash)?;
     }
     let dest = target.vault.move_to(&target.path, State::Rejected)?;
     let dest_rel = target.vault.relative(&dest);
     journal.note_moved(run, &dest_rel, true)?;
     Ok(Outcome {
-        decided: held.into_iter().map(|h| h.call).collect(),
+        decided: held.into_iter().map(decided).collect(),
         changed: Vec::new(),
         note: dest_rel,
         was_in_approved: false,

@@ -4,7 +4,8 @@
 use crate::config::{self, Config, Overrides};
 use crate::daemon::{self, Mode};
 use crate::journal::Decision;
-use crate::note::{CallBody, parse_note};
+use crate::note::parse_note;
+use crate::pipeline::plan::{self, Facts, Rules, Step};
 use crate::secret::Redactor;
 use crate::tools::Registry;
 use crate::tools::mcp::McpSource;
@@ -368,7 +369,7 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        daemon::run_with(config, mode, runner.take_over, redactor, shutdown_signal())
+        daemon::run_vault(config, mode, runner.take_over, redactor, shutdown_signal())
             .await
             .map_err(anyhow::Error::from)
     })?;
@@ -577,32 +578,27 @@ fn resolve_note(config: &Config, arg: &Path, folders: &[crate::vault::State]) ->
     }
 }
 
-/// What would happen to a call that is still pending (DESIGN §12.1's decision): its
-/// `check` status, the decision and the error when it is not run.
-fn decision_of(
-    registry: &Registry,
-    body: &CallBody,
-) -> (&'static str, Value, Option<crate::call::CallError>) {
-    use crate::tools::Admission;
-    let not_run = |action: &str, e: crate::call::CallError| {
-        let decision = json!({ "action": action, "reason": e.message });
-        ("invalid", decision, Some(e))
-    };
-    match body {
-        CallBody::Broken(e) => not_run("invalid", e.clone()),
-        CallBody::Call { name, parameters } => match registry.resolve(name, parameters) {
-            Err(e) if e.code == crate::call::ErrorCode::PolicyDenied => not_run("denied", e),
-            Err(e) => not_run("invalid", e),
-            Ok(tool) => match tool.admit(parameters) {
-                Admission::Run => ("pending", json!({ "action": "run" }), None),
-                Admission::Hold { reason } => (
-                    "pending",
-                    json!({ "action": "held", "reason": reason }),
-                    None,
-                ),
-                Admission::Deny(e) => not_run("denied", e),
-            },
-        },
+/// What would happen to a call that is still pending, as the daemon's plan decides it (DESIGN
+/// §12.1's decision): its `check` status, the decision and the error when it is not run.
+fn decision_of(step: &Step) -> (&'static str, Value, Option<&crate::call::CallError>) {
+    fn not_run<'a>(
+        action: &str,
+        r: &'a crate::call::CallResult,
+    ) -> (&'static str, Value, Option<&'a crate::call::CallError>) {
+        let e = r.outcome.as_ref().err();
+        let reason = e.map_or("", |e| e.message.as_str());
+        ("invalid", json!({ "action": action, "reason": reason }), e)
+    }
+    match step {
+        Step::Run(_) => ("pending", json!({ "action": "run" }), None),
+        Step::Ask(h) | Step::Waiting(h) => (
+            "pending",
+            json!({ "action": "held", "reason": h.reason }),
+            None,
+        ),
+        Step::Denied(r) => not_run("denied", r),
+        Step::Fail(r) => not_run("invalid", r),
+        Step::Recorded(_) => ("done", Value::Null, None),
     }
 }
 
@@ -647,84 +643,108 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
                 mcp_servers.insert(server.to_string());
             }
         }
-        let mut calls = Vec::new();
-        for call in &parsed.calls {
-            let mut entry = json!({
-                "call_id": call.call_id,
-                "name": call.name,
-                "line": call.line,
-            });
-            if parsed.has_result(&call.call_id) {
-                entry["status"] = json!("done");
-            } else {
-                let (status, decision, error) = decision_of(&registry, &call.body);
-                entry["status"] = json!(status);
-                entry["decision"] = decision;
-                if let Some(e) = error {
-                    entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
-                }
-            }
-            any_invalid |= entry["status"] == "invalid";
-            calls.push(entry);
-        }
+        let calls = checked_calls(&parsed, &registry);
+        any_invalid |= calls.iter().any(|c| c["status"] == "invalid");
         let shown = escape_controls(&path.display().to_string());
         if as_json {
             let line = json!({ "path": path.display().to_string(), "calls": calls });
             writeln!(out, "{line}")?;
         } else {
-            writeln!(out, "{shown}: {} call(s)", calls.len())?;
-            for c in &calls {
-                write!(
-                    out,
-                    "  line {:>4}  {:<10} {} {}",
-                    c["line"],
-                    c["status"].as_str().unwrap_or(""),
-                    c["call_id"].as_str().unwrap_or(""),
-                    c["name"].as_str().unwrap_or("?")
-                )?;
-                if let Some(e) = c.get("error") {
-                    write!(
-                        out,
-                        "  {}: {}",
-                        e["code"].as_str().unwrap_or(""),
-                        e["message"].as_str().unwrap_or("")
-                    )?;
-                }
-                match c["decision"]["action"].as_str() {
-                    Some("run") => write!(out, "\n        -> runs")?,
-                    Some("held") => write!(
-                        out,
-                        "\n        -> held for approval: {}",
-                        c["decision"]["reason"].as_str().unwrap_or("")
-                    )?,
-                    Some("denied") => write!(
-                        out,
-                        "\n        -> denied: {}",
-                        c["decision"]["reason"].as_str().unwrap_or("")
-                    )?,
-                    Some(_) => write!(out, "\n        -> not run: the call is invalid")?,
-                    None => {}
-                }
-                writeln!(out)?;
-            }
+            print_checked(&mut out, &shown, &calls)?;
         }
     }
     if let (false, Some(journal)) = (as_json, &journal) {
-        for server in &mcp_servers {
-            match journal.mcp_catalog(server)? {
-                Some(c) => writeln!(
-                    out,
-                    "MCP server `{server}`: tools as it listed them at {}",
-                    c.listed_at
-                )?,
-                None => writeln!(
-                    out,
-                    "MCP server `{server}`: never listed yet (start the daemon once to know its tools)"
-                )?,
-            }
-        }
+        print_catalog_ages(&mut out, journal, &mcp_servers)?;
     }
     Ok(if any_invalid { 1 } else { 0 })
+}
+
+/// `vaultd check`'s entry for every call of a note: done, or what the daemon's plan decides.
+fn checked_calls(parsed: &crate::note::ParsedNote, registry: &Registry) -> Vec<Value> {
+    let plan = plan::plan(parsed, registry, &Rules::check(), &Facts::default());
+    let steps: std::collections::HashMap<&str, &Step> =
+        plan.steps.iter().map(|(id, s)| (id.as_str(), s)).collect();
+    let mut calls = Vec::new();
+    for call in &parsed.calls {
+        let mut entry = json!({
+            "call_id": call.call_id,
+            "name": call.name,
+            "line": call.line,
+        });
+        if let Some(step) = steps.get(call.call_id.as_str()) {
+            let (status, decision, error) = decision_of(step);
+            entry["status"] = json!(status);
+            entry["decision"] = decision;
+            if let Some(e) = error {
+                entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
+            }
+        } else {
+            entry["status"] = json!("done");
+        }
+        calls.push(entry);
+    }
+    calls
+}
+
+fn print_checked(out: &mut impl Write, shown: &str, calls: &[Value]) -> Result<()> {
+    writeln!(out, "{shown}: {} call(s)", calls.len())?;
+    for c in calls {
+        write!(
+            out,
+            "  line {:>4}  {:<10} {} {}",
+            c["line"],
+            c["status"].as_str().unwrap_or(""),
+            c["call_id"].as_str().unwrap_or(""),
+            c["name"].as_str().unwrap_or("?")
+        )?;
+        if let Some(e) = c.get("error") {
+            write!(
+                out,
+                "  {}: {}",
+                e["code"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or("")
+            )?;
+        }
+        match c["decision"]["action"].as_str() {
+            Some("run") => write!(out, "\n        -> runs")?,
+            Some("held") => write!(
+                out,
+                "\n        -> held for approval: {}",
+                c["decision"]["reason"].as_str().unwrap_or("")
+            )?,
+            Some("denied") => write!(
+                out,
+                "\n        -> denied: {}",
+                c["decision"]["reason"].as_str().unwrap_or("")
+            )?,
+            Some(_) => write!(out, "\n        -> not run: the call is invalid")?,
+            None => {}
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// When each MCP server the checked calls use last listed its tools.
+fn print_catalog_ages(
+    out: &mut impl Write,
+    journal: &crate::journal::Journal,
+    servers: &std::collections::BTreeSet<String>,
+) -> Result<()> {
+    for server in servers {
+        match journal.mcp_catalog(server)? {
+            Some(c) => writeln!(
+                out,
+                "MCP server `{server}`: tools as it listed them at {}",
+                c.listed_at
+            )?,
+            None => writeln!(
+                out,
+                "MCP server `{server}`: never listed yet (start the daemon once to know its tools)"
+            )?,
+        }
+    }
+    Ok(())
 }
 
 /// `vaultd check --preview`: the `tool_preview` of every pending call, exactly as a note in

@@ -1,16 +1,17 @@
 //! vaultd turns an Obsidian-style markdown vault into a safe tool-calling loop.
 //!
 //! ```text
-//!  Needs_Action/  ──watch──▶ claim (rename) ──▶ In_Progress/
-//!                                 │
-//!                      parse ─▶ validate ─▶ policy ─▶ run (semaphore, timeout, rate limit)
-//!                                 │                           │
-//!                                 ▼                           ▼
-//!                         journal (SQLite)  ◀────────  results in call order
-//!                                 │
-//!                 append callouts + frontmatter (atomic write)
-//!                                 │
-//!                 move ─▶ Done/ | Failed/ | Pending_Approval/
+//!  Needs_Action/ ──watch/scan──▶ daemon::intake (settle, queue, note slot)
+//!                                      │
+//!                        daemon::claim (rename into In_Progress, identity)
+//!                                      │
+//!   journal facts ──▶ pipeline::plan (pure: parse ─▶ ValidCall ─▶ policy, approval, budget)
+//!                                      │
+//!                     pipeline::execute ─▶ runner (permit, rate limit, start record, timeout)
+//!                                      │        results in call order; every claim, start,
+//!                                      │        outcome and move recorded in the journal
+//!          pipeline::next_state: append callouts + frontmatter (atomic write), then
+//!          move ─▶ Done/ | Failed/ | Pending_Approval/
 //! ```
 //!
 //! # Layout
@@ -27,8 +28,9 @@
 //! - [`results`]: results too big for a note, saved to `Tool_Results/`.
 //! - [`journal`]: the SQLite record of every claim, call and move.
 //! - [`tools`]: the registry and the tool sources (built-in, MCP servers).
-//! - [`daemon`]: the pipeline, start-up recovery and shutdown.
 //! - [`arrivals`]: notes renamed in are claimed at once by hard link; their first name goes after `moved_in_grace`.
+//! - [`daemon`]: run, supervise and drain; intake and settle, the claim, recovery.
+//! - [`pipeline`]: one claimed note: plan its calls (pure), execute them, write back, move it on.
 //! - [`guard`]: dry run, note budget, circuit breaker, hold alerts, untrusted text.
 //! - [`approval`]: `vaultd approve` / `vaultd reject`, decisions bound to parameters.
 
@@ -42,6 +44,7 @@ pub mod guard;
 pub mod home;
 pub mod journal;
 pub mod note;
+pub mod pipeline;
 pub mod private;
 pub mod results;
 pub mod runner;

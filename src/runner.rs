@@ -8,11 +8,11 @@ use crate::guard::breaker::{Breakers, Gate, circuit_key};
 use crate::journal::{Journal, RateWindow, RunId, StartAdmission};
 use crate::results::ResultStore;
 use crate::secret::Redactor;
-use crate::tools::{Registry, ToolCall};
-use serde_json::{Map, Value};
+use crate::tools::{Registry, ToolCall, ValidCall};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub struct Runner {
     pub registry: Arc<Registry>,
@@ -65,29 +65,32 @@ impl Runner {
         }
     }
 
-    /// Runs one validated call of `run` and returns its result (never an `Err`: failures are
-    /// results). `parameters` must have passed `Registry::resolve`.
+    /// A slot of the global worker cap; taken before a call's task is spawned (STYLE habit 3)
+    /// and handed to [`Runner::run_call`], which gives it back as soon as the tool is done.
+    pub async fn permit(&self) -> OwnedSemaphorePermit {
+        self.permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the worker semaphore is never closed")
+    }
+
+    /// Runs one validated call of `run` under `permit` and returns its result (never an
+    /// `Err`: failures are results).
     pub async fn run_call(
         &self,
         run: RunId,
         note: &str,
         note_id: &str,
-        call_id: &str,
-        name: &str,
-        parameters: &Map<String, Value>,
+        call: &ValidCall,
+        permit: OwnedSemaphorePermit,
     ) -> CallResult {
-        let Some(tool) = self.registry.get(name) else {
-            return CallResult::failed_now(
-                call_id,
-                name,
-                CallError::new(ErrorCode::UnknownTool, format!("no tool named `{name}`")),
-            );
-        };
-        let permit = self
-            .permits
-            .acquire()
-            .await
-            .expect("the worker semaphore is never closed");
+        let (tool, call_id, name, parameters) = (
+            &call.tool,
+            call.call_id.as_str(),
+            call.name(),
+            &call.parameters,
+        );
         // An open circuit fails the call at once: no rate limit spent, no start record.
         // Asked with the permit in hand, so calls that queued for a worker while the circuit
         // opened do not go on to hammer the failing service.
@@ -102,48 +105,12 @@ impl Runner {
             }
         };
 
-        // Rate limit check and durable start, in one journal transaction, so two calls
-        // cannot both take the last slot and a crash after this line never runs it twice.
-        let limits = rate_windows(tool.policy.rate_limit);
-        let redacted = self.redact_value(Value::Object(parameters.clone()));
-        let (j, cid, tname, effect) = (
-            self.journal.clone(),
-            call_id.to_string(),
-            name.to_string(),
-            tool.spec().effect,
-        );
-        let admitted = tokio::task::spawn_blocking(move || {
-            j.call_started_within(run, &cid, &tname, effect, &redacted, &limits)
-        })
-        .await;
-        if gate == Gate::Trial && !matches!(admitted, Ok(Ok(StartAdmission::Started))) {
+        let started = self.record_start(run, call).await;
+        if gate == Gate::Trial && started.is_err() {
             self.breakers.release_trial(&circuit);
         }
-        match admitted {
-            Ok(Ok(StartAdmission::Started)) => {}
-            Ok(Ok(StartAdmission::RateLimited { window, reset_at })) => {
-                let label = if window.length >= Duration::from_secs(86_400) {
-                    "day"
-                } else {
-                    "hour"
-                };
-                let reset_s = crate::call::rfc3339_seconds(reset_at);
-                let error = CallError::new(
-                    ErrorCode::RateLimited,
-                    format!(
-                        "{name} is limited to {} calls per {label}; the next call is allowed at {reset_s}",
-                        window.max
-                    ),
-                )
-                .with_details(serde_json::json!({ "limit": window.max, "window": label, "reset_at": reset_s }));
-                return self
-                    .record(run, CallResult::failed_now(call_id, name, error))
-                    .await;
-            }
-            Ok(Err(e)) => {
-                return CallResult::failed_now(call_id, name, journal_down(&e.to_string()));
-            }
-            Err(e) => return CallResult::failed_now(call_id, name, journal_down(&e.to_string())),
+        if let Err(refused) = started {
+            return refused;
         }
 
         let started_at = SystemTime::now();
@@ -184,6 +151,48 @@ impl Runner {
         // journal commit (which waits its turn behind other notes' commits).
         drop(permit);
         self.record(run, result).await
+    }
+
+    /// The rate limit check and the durable start, in one journal transaction, so two calls
+    /// cannot both take the last slot and a crash after it never runs the call twice. `Err`:
+    /// not started, with the call's result (a RATE_LIMITED one recorded).
+    async fn record_start(&self, run: RunId, call: &ValidCall) -> Result<(), CallResult> {
+        let (call_id, name) = (call.call_id.as_str(), call.name());
+        let limits = rate_windows(call.tool.policy.rate_limit);
+        let redacted = self.redact_value(Value::Object(call.parameters.clone()));
+        let (j, cid, tname, effect) = (
+            self.journal.clone(),
+            call_id.to_string(),
+            name.to_string(),
+            call.effect(),
+        );
+        let admitted = tokio::task::spawn_blocking(move || {
+            j.call_started_within(run, &cid, &tname, effect, &redacted, &limits)
+        })
+        .await;
+        let error = match admitted {
+            Ok(Ok(StartAdmission::Started)) => return Ok(()),
+            Ok(Ok(StartAdmission::RateLimited { window, reset_at })) => {
+                rate_limited(name, &window, reset_at)
+            }
+            Ok(Err(e)) => {
+                return Err(CallResult::failed_now(
+                    call_id,
+                    name,
+                    journal_down(&e.to_string()),
+                ));
+            }
+            Err(e) => {
+                return Err(CallResult::failed_now(
+                    call_id,
+                    name,
+                    journal_down(&e.to_string()),
+                ));
+            }
+        };
+        Err(self
+            .record(run, CallResult::failed_now(call_id, name, error))
+            .await)
     }
 
     /// Records a call's outcome in the journal (also for calls that never started, so
@@ -235,6 +244,23 @@ fn rate_windows(limit: crate::config::RateLimit) -> Vec<RateWindow> {
         });
     }
     v
+}
+
+fn rate_limited(name: &str, window: &RateWindow, reset_at: SystemTime) -> CallError {
+    let label = if window.length >= Duration::from_secs(86_400) {
+        "day"
+    } else {
+        "hour"
+    };
+    let reset_s = crate::call::rfc3339_seconds(reset_at);
+    CallError::new(
+        ErrorCode::RateLimited,
+        format!(
+            "{name} is limited to {} calls per {label}; the next call is allowed at {reset_s}",
+            window.max
+        ),
+    )
+    .with_details(serde_json::json!({ "limit": window.max, "window": label, "reset_at": reset_s }))
 }
 
 fn journal_down(why: &str) -> CallError {

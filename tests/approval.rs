@@ -329,6 +329,27 @@ async fn cli_mode_vaultd_reject_writes_rejected_without_a_daemon() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn vaultd_reject_stamps_this_vault_s_runner_like_every_write_of_the_daemon() {
+    let m = MailVault::new("cli").await;
+    m.vault.drop_note(
+        "rej.md",
+        &note_with_calls("Rej", &[mail_call("stranger@elsewhere.net", "Refused")]),
+    );
+    m.once_ok();
+    // The held note as another runner last wrote it (DESIGN §9.9).
+    let held = m.vault.read("Pending_Approval", "rej.md");
+    let me = property(&held, "tool_runner").expect("the claim stamps tool_runner");
+    let theirs = held.replace(&format!("tool_runner: {me}"), "tool_runner: laptop-beef");
+    assert_ne!(theirs, held);
+    m.vault
+        .write_in_place("Pending_Approval", "rej.md", &theirs);
+    let (code, out, err) = m.decide("reject", Path::new("rej.md"));
+    assert_eq!(code, 0, "{out}{err}");
+    let text = m.vault.read("Rejected", "rej.md");
+    assert_eq!(property(&text, "tool_runner"), Some(me), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn cli_mode_a_call_edited_after_approval_is_held_again() {
     let m = MailVault::new("cli").await;
     let mut call = mail_call("stranger@elsewhere.net", "Edited");

@@ -10,6 +10,7 @@ mod command;
 mod guard;
 mod hostile;
 mod identity;
+mod in_process;
 mod limits;
 mod mcp;
 mod pipeline;

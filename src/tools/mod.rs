@@ -20,6 +20,7 @@ use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a tool does to the world (DESIGN §10.2); decides recovery after a crash (§9.3) and
@@ -294,6 +295,45 @@ impl RegisteredTool {
     }
 }
 
+/// A call validated once, into a type (STYLE habit 5): its tool resolved by name, its
+/// parameters checked against that tool's schema and its tool enabled. Planning makes it; the
+/// runner takes it; nothing downstream looks the tool up by name again or re-checks.
+#[derive(Clone)]
+pub struct ValidCall {
+    /// The call's id in its note (DESIGN §2): keys its journal record and its result block.
+    pub call_id: String,
+    /// The tool the name resolved to when the call was planned; its spec gives the effect
+    /// recorded at the start (§9.3), its policy the timeout and rate limit.
+    pub tool: Arc<RegisteredTool>,
+    /// Parameters that passed the tool's schema.
+    pub parameters: Map<String, Value>,
+}
+
+impl ValidCall {
+    pub fn name(&self) -> &str {
+        self.tool.name()
+    }
+
+    pub fn effect(&self) -> Effect {
+        self.tool.spec().effect
+    }
+
+    /// The tool's policy on these parameters: run, hold for a person, or deny.
+    pub fn admit(&self) -> Admission {
+        self.tool.admit(&self.parameters)
+    }
+}
+
+impl std::fmt::Debug for ValidCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValidCall")
+            .field("call_id", &self.call_id)
+            .field("tool", &self.name())
+            .field("parameters", &self.parameters)
+            .finish()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("tool {tool}: its JSON Schema does not compile: {message}")]
@@ -317,7 +357,8 @@ pub type Denial = Box<dyn Fn(&str) -> Option<CallError> + Send + Sync>;
 
 pub struct Registry {
     /// In registration order, which is the order `vaultd tools` lists them in.
-    tools: Vec<RegisteredTool>,
+    /// Shared with the [`ValidCall`]s made from them.
+    tools: Vec<Arc<RegisteredTool>>,
     by_name: HashMap<String, usize>,
     /// Names a source knows but denies; they are not listed.
     denials: Vec<Denial>,
@@ -364,11 +405,11 @@ impl Registry {
                 message: e.to_string(),
             })?;
         self.by_name.insert(name, self.tools.len());
-        self.tools.push(RegisteredTool {
+        self.tools.push(Arc::new(RegisteredTool {
             tool,
             validator,
             policy,
-        });
+        }));
         Ok(())
     }
 
@@ -378,11 +419,27 @@ impl Registry {
     }
 
     pub fn get(&self, name: &str) -> Option<&RegisteredTool> {
-        self.by_name.get(name).map(|&i| &self.tools[i])
+        self.by_name.get(name).map(|&i| &*self.tools[i])
     }
 
     pub fn tools(&self) -> impl Iterator<Item = &RegisteredTool> {
-        self.tools.iter()
+        self.tools.iter().map(|t| &**t)
+    }
+
+    /// [`Registry::resolve`], into a [`ValidCall`] for the runner.
+    pub fn valid_call(
+        &self,
+        call_id: &str,
+        name: &str,
+        parameters: &Map<String, Value>,
+    ) -> Result<ValidCall, CallError> {
+        self.resolve(name, parameters)?;
+        let tool = self.tools[self.by_name[name]].clone();
+        Ok(ValidCall {
+            call_id: call_id.to_string(),
+            tool,
+            parameters: parameters.clone(),
+        })
     }
 
     /// Looks a call's tool up and checks it may run: UNKNOWN_TOOL, POLICY_DENIED (disabled),

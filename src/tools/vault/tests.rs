@@ -73,17 +73,18 @@ fn fixture() -> Fixture {
 impl Fixture {
     async fn call(&self, call_id: &str, name: &str, params: Value) -> CallResult {
         let params: Map<String, Value> = params.as_object().unwrap().clone();
-        let tool = self
+        let call = self
             .runner
             .registry
-            .resolve(name, &params)
+            .valid_call(call_id, name, &params)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         // Held calls (vault_delete) run here as after a person's approval.
         if name != "vault_delete" {
-            assert_eq!(tool.admit(&params), Admission::Run, "{name} would be held");
+            assert_eq!(call.admit(), Admission::Run, "{name} would be held");
         }
+        let permit = self.runner.permit().await;
         self.runner
-            .run_call(self.run, NOTE, "n-000000000001", call_id, name, &params)
+            .run_call(self.run, NOTE, "n-000000000001", &call, permit)
             .await
     }
 

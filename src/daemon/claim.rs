@@ -1,0 +1,441 @@
+//! The claim: a note with pending calls is renamed into In_Progress, given its identity
+//! (`tool_note`, DESIGN §9.2) and what the journal knows of its calls (§9.3, §9.6), then run.
+
+use super::Daemon;
+use crate::daemon::intake::stamp;
+use crate::daemon::{DaemonError, Identity, Pass, StaleCopy};
+use crate::journal::{Claim, JournalCall, RunId};
+use crate::note::{self, ParsedNote, parse_note};
+use crate::vault::{LeftBehind, LinkError, State, VaultError};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+impl Daemon {
+    /// Claims a note (rename into In_Progress) if it has pending calls, then runs it.
+    pub(crate) async fn claim_and_run(
+        self: &Arc<Self>,
+        path: &Path,
+        pass: Pass,
+    ) -> Result<(), DaemonError> {
+        loop {
+            if self.arrivals.is_left_behind(path) {
+                return Ok(()); // the first name of a note claimed by link, about to go
+            }
+            let Some(text) = self.read_note(path) else {
+                return Ok(());
+            };
+            let parsed = parse_note(&text);
+            if parsed.pending_calls().next().is_none()
+                || self.stopping.load(Ordering::SeqCst)
+                || self.runners.is_paused()
+            {
+                return Ok(()); // waiting for the agent, not for us: left exactly as it is
+            }
+            if self.still_being_written(path, &text, &parsed) {
+                return Ok(());
+            }
+            if pass == Pass::Approved
+                && self.approval_via_cli()
+                && !self.cli_approved_any(&parsed).await?
+            {
+                return Ok(()); // moved into Approved/ by hand: only `vaultd approve` counts
+            }
+            let mut ident = self.identify(path, &text).await?;
+            // A note whose calls still run here (it was moved back by hand mid-run, or is an
+            // editor's copy of a note being claimed) waits for them: their outcomes are then
+            // in the journal and are written, not run again (§9.3, §9.6).
+            let copy_of = ident
+                .stale
+                .as_ref()
+                .filter(|s| s.within_grace)
+                .map(|s| s.of.note_id.clone());
+            if let Some(busy) = copy_of.filter(|id| self.is_active(id)) {
+                self.wait_inactive(&busy).await;
+                continue;
+            }
+            if !self.activate(&ident.note_id) {
+                self.wait_inactive(&ident.note_id).await;
+                continue;
+            }
+            let note_id = ident.note_id.clone();
+            let outcome = self.claim_identified(path, pass, &mut ident).await;
+            self.deactivate(&note_id);
+            return outcome;
+        }
+    }
+
+    /// THE claim: moves the note at `path` into In_Progress and returns where it is now. None
+    /// when it is gone (moved away meanwhile) or cannot be moved (a read-only folder, say:
+    /// reported once, the note stays where it is). Every claim of a note goes through here.
+    /// The claim's move: by hard link for a note renamed in within the grace, else a rename.
+    async fn move_or_link(
+        self: &Arc<Self>,
+        path: &Path,
+    ) -> Result<(PathBuf, Option<LeftBehind>), VaultError> {
+        if let Some(keep) = self.arrivals.keep_first_name_for(path) {
+            let (vault, p) = (self.vault.clone(), path.to_path_buf());
+            let linked = tokio::task::spawn_blocking(move || vault.link_to(&p, State::InProgress))
+                .await
+                .expect("claim task does not panic");
+            match linked {
+                Ok((claimed, left)) => {
+                    self.arrivals.hold(&left);
+                    let (me, l) = (self.clone(), left.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(keep).await;
+                        let _ = tokio::task::spawn_blocking(move || {
+                            me.arrivals.drop_one(&me.vault, &l)
+                        })
+                        .await;
+                    });
+                    return Ok((claimed, Some(left)));
+                }
+                Err(LinkError::Unsupported) => tokio::time::sleep(keep).await,
+                Err(LinkError::Vault(e)) => return Err(e),
+            }
+        }
+        let (vault, p) = (self.vault.clone(), path.to_path_buf());
+        tokio::task::spawn_blocking(move || vault.move_to(&p, State::InProgress))
+            .await
+            .expect("claim task does not panic")
+            .map(|claimed| (claimed, None))
+    }
+
+    /// Moves a note into In_Progress. A note renamed in within `moved_in_grace` is claimed by
+    /// hard link instead, its first name dropped when the grace is over (`arrivals.rs`); on a
+    /// file system without hard links it waits out the grace, then is renamed.
+    pub(crate) async fn claim_note(
+        self: &Arc<Self>,
+        path: &Path,
+    ) -> Option<(PathBuf, Option<LeftBehind>)> {
+        match self.move_or_link(path).await {
+            Ok(p) => Some(p),
+            Err(VaultError::Move { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => {
+                let (len, mtime) = stamp(path);
+                self.problem(path, len, mtime, format!("cannot claim the note: {e}"));
+                None
+            }
+        }
+    }
+
+    pub(crate) async fn claim_identified(
+        self: &Arc<Self>,
+        path: &Path,
+        pass: Pass,
+        ident: &mut Identity,
+    ) -> Result<(), DaemonError> {
+        let Some((claimed, left)) = self.claim_note(path).await else {
+            return Ok(());
+        };
+        self.runners.wrote(&claimed);
+        // Marked before the run is recorded, so a rescan never resumes it as stranded.
+        self.mark_inflight(&claimed);
+        let from = self.vault.relative(path);
+        let outcome = self
+            .begin_and_execute(&claimed, &from, pass, ident, left.as_ref())
+            .await;
+        self.inflight
+            .lock()
+            .expect("inflight lock poisoned")
+            .remove(&claimed);
+        outcome
+    }
+
+    pub(crate) async fn begin_and_execute(
+        self: &Arc<Self>,
+        claimed: &Path,
+        from: &str,
+        pass: Pass,
+        ident: &mut Identity,
+        left: Option<&LeftBehind>,
+    ) -> Result<(), DaemonError> {
+        let note = self.vault.relative(claimed);
+        let (id, from) = (ident.note_id.clone(), from.to_string());
+        let copy_of = ident
+            .stale
+            .as_ref()
+            .map(|s| (s.of.note_id.clone(), s.within_grace));
+        let left_key = left.map(|l| l.file.encode());
+        let run = self
+            .blocking(move |j| {
+                let copy_of = copy_of.as_ref().map(|(id, grace)| (id.as_str(), *grace));
+                match &left_key {
+                    Some(key) => j.begin_linked_run(&note, &id, &from, copy_of, key),
+                    None => j.begin_note_run(&note, Some(&id), Some(&from), copy_of),
+                }
+            })
+            .await?;
+        tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
+        if !self.write_identity(run, claimed, &ident.note_id).await? {
+            return Ok(());
+        }
+        self.execute(run, claimed, pass, std::mem::take(ident))
+            .await
+    }
+
+    /// Stamps a claimed note with `tool_note` (DESIGN §9.2), `tool_runner` and `tool_updated`
+    /// (§9.9). False when the note is gone (the run is then abandoned). Any other failure is
+    /// logged: the results write adds them later.
+    pub(crate) async fn write_identity(
+        &self,
+        run: RunId,
+        path: &Path,
+        note_id: &str,
+    ) -> Result<bool, DaemonError> {
+        let (p, id) = (path.to_path_buf(), note_id.to_string());
+        let runner = self.runners.me.to_string();
+        let written = tokio::task::spawn_blocking(move || {
+            note::update_note(&p, |current| {
+                note::stamp_claim(current, &id, &runner, SystemTime::now())
+            })
+        })
+        .await
+        .expect("write task does not panic");
+        match written {
+            Ok(_) => {
+                self.runners.wrote(path);
+                Ok(true)
+            }
+            Err(note::WriteError::Gone(_)) => {
+                self.abandon(run, path).await?;
+                Ok(false)
+            }
+            Err(e) => {
+                tracing::warn!(note = %self.vault.relative(path), "cannot add tool_note yet: {e}");
+                Ok(true)
+            }
+        }
+    }
+
+    /// Decides a note's identity at its claim: the `tool_note` it carries unless another note
+    /// in the vault carries it too (a copy gets a new id), else a new one; a note without one
+    /// at a path a note was claimed from within `stale_copy_window` is a stale copy (§9.6).
+    pub(crate) async fn identify(&self, path: &Path, text: &str) -> Result<Identity, DaemonError> {
+        let rel = self.vault.relative(path);
+        if let Some(id) =
+            note::frontmatter_property(text, "tool_note").filter(|id| valid_note_id(id))
+        {
+            let id = id.to_string();
+            let q = id.clone();
+            let last = self.blocking(move |j| j.note_path(&q)).await?;
+            let copy = last.is_some_and(|p| {
+                p != rel
+                    && std::fs::read_to_string(self.vault.root().join(&p))
+                        .is_ok_and(|t| note::frontmatter_property(&t, "tool_note") == Some(&id))
+            });
+            if !copy {
+                let (prior, stale) = self.prior_for(&id).await?;
+                return Ok(Identity {
+                    note_id: id,
+                    prior,
+                    stale,
+                    ..Identity::default()
+                });
+            }
+            tracing::info!(note = %rel, copy_of = %id, "a copy of another note: it gets its own tool_note");
+        }
+        let mut ident = Identity {
+            note_id: new_note_id(),
+            ..Identity::default()
+        };
+        let q = rel.clone();
+        let Some(claim) = self.blocking(move |j| j.last_claim_from(&q)).await? else {
+            return Ok(ident);
+        };
+        let age = SystemTime::now()
+            .duration_since(claim.claimed_at)
+            .unwrap_or_default();
+        if age > self.config.stale_copy_window {
+            return Ok(ident);
+        }
+        // A copy of a copy stands for the first note: the chain is followed to it.
+        let (prior, root) = self.prior_for(&claim.note_id).await?;
+        let claim = match root {
+            Some(root) => Claim {
+                note_id: root.of.note_id,
+                claimed_at: claim.claimed_at,
+                note: root.of.note,
+            },
+            None => claim,
+        };
+        let parsed = parse_note(text);
+        let within_grace = age <= self.config.stale_copy_grace;
+        let shares_started_call = parsed.pending_calls().any(|c| {
+            prior
+                .get(&c.call_id)
+                .is_some_and(|r| r.started_at.is_some() || r.recorded.is_some())
+        });
+        // That note may not have started its calls yet: while it runs here, the copy waits
+        // for it (and is judged again after).
+        let still_running = within_grace && self.is_active(&claim.note_id);
+        if !shares_started_call && !still_running {
+            return Ok(ident); // shares no started call with that note: a note of its own
+        }
+        tracing::warn!(
+            note = %rel,
+            copy_of = %claim.note,
+            within_grace,
+            "a note without tool_note where {} was claimed from: a stale copy; its calls that already ran are not run again",
+            claim.note
+        );
+        ident.prior = prior;
+        ident.stale = Some(StaleCopy {
+            of: claim,
+            within_grace,
+        });
+        Ok(ident)
+    }
+
+    /// What the journal holds for the calls of `note_id` (§9.3); for a stale copy (§9.6) the
+    /// calls of the note it stands for too, its own records first.
+    pub(crate) async fn prior_for(
+        &self,
+        note_id: &str,
+    ) -> Result<(HashMap<String, JournalCall>, Option<StaleCopy>), DaemonError> {
+        let q = note_id.to_string();
+        let own = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+        let q = note_id.to_string();
+        let Some((of, within_grace)) = self.blocking(move |j| j.copy_of(&q)).await? else {
+            return Ok((own, None));
+        };
+        let q = of.clone();
+        let mut prior = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+        let q = of.clone();
+        let note = self
+            .blocking(move |j| j.note_path(&q))
+            .await?
+            .unwrap_or_default();
+        prior.extend(own);
+        let stale = StaleCopy {
+            of: Claim {
+                note_id: of,
+                claimed_at: SystemTime::now(),
+                note,
+            },
+            within_grace,
+        };
+        Ok((prior, Some(stale)))
+    }
+
+    pub(crate) fn is_active(&self, note_id: &str) -> bool {
+        self.active
+            .lock()
+            .expect("active lock poisoned")
+            .contains_key(note_id)
+    }
+
+    /// Marks `note_id` as having a run here; false when it already has one.
+    pub(crate) fn activate(&self, note_id: &str) -> bool {
+        let mut active = self.active.lock().expect("active lock poisoned");
+        if active.contains_key(note_id) {
+            return false;
+        }
+        active.insert(note_id.to_string(), Arc::new(tokio::sync::Notify::new()));
+        true
+    }
+
+    pub(crate) fn deactivate(&self, note_id: &str) {
+        if let Some(n) = self
+            .active
+            .lock()
+            .expect("active lock poisoned")
+            .remove(note_id)
+        {
+            n.notify_waiters();
+        }
+    }
+
+    /// Waits until `note_id` has no run here.
+    pub(crate) async fn wait_inactive(&self, note_id: &str) {
+        tracing::info!(
+            note_id,
+            "the note's calls are still running: waiting for them"
+        );
+        loop {
+            let notify = self
+                .active
+                .lock()
+                .expect("active lock poisoned")
+                .get(note_id)
+                .cloned();
+            let Some(notify) = notify else { return };
+            // Re-checked every so often: a wake-up between the check and the wait is not lost.
+            let _ = tokio::time::timeout(Duration::from_millis(200), notify.notified()).await;
+        }
+    }
+
+    /// CLI mode: whether `vaultd approve` approved any held call of the note (not consumed),
+    /// with any parameters: a call edited after its approval is then asked about again.
+    pub(crate) async fn cli_approved_any(&self, parsed: &ParsedNote) -> Result<bool, DaemonError> {
+        for call in parsed.pending_calls() {
+            if !parsed.is_held(&call.call_id) {
+                continue;
+            }
+            let id = call.call_id.clone();
+            if self.blocking(move |j| j.approved_any(&id)).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// `n-` + 12 random hex digits (DESIGN §9.2).
+pub(crate) fn new_note_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's randomness once per process, then stepped; mixed
+    // with the time and a counter, two ids never repeat within or across processes.
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    format!("n-{:012x}", h.finish() & 0xffff_ffff_ffff)
+}
+
+/// What vaultd writes as `tool_note`: `n-` and 1–64 of `[A-Za-z0-9_-]` (a person may pick one).
+pub(crate) fn valid_note_id(id: &str) -> bool {
+    id.strip_prefix("n-").is_some_and(|rest| {
+        !rest.is_empty()
+            && rest.len() <= 64
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
+}
+
+pub(crate) fn by_call_id(calls: Vec<JournalCall>) -> HashMap<String, JournalCall> {
+    calls.into_iter().map(|c| (c.call_id.clone(), c)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn note_ids_are_n_and_12_hex_digits_and_do_not_repeat() {
+        let ids: HashSet<String> = (0..1000).map(|_| new_note_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        for id in &ids {
+            assert!(valid_note_id(id), "{id}");
+            assert_eq!(id.len(), 14, "{id}");
+        }
+        assert!(!valid_note_id("x-1"));
+        assert!(!valid_note_id("n-"));
+        assert!(!valid_note_id("n-a b"));
+    }
+}

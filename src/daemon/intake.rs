@@ -1,0 +1,535 @@
+//! Intake and settle: scans and watcher hints become note tasks (bounded by the note slots);
+//! a note written in place is looked at once its writer is done (DESIGN §9.1); a note that
+//! cannot be read is reported once and left alone.
+
+use super::Daemon;
+use crate::call::ErrorCode;
+use crate::daemon::{DaemonError, Mode, Pass, RUNNER_STATES};
+use crate::note::{self, CallBody, ParsedNote};
+use crate::synced::ForeignNote;
+use crate::vault::State;
+use crate::watch::Hint;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::JoinSet;
+
+impl Daemon {
+    /// Queues every note of the watched folders. Returns how many notes were looked at and
+    /// how many of them hold a pending call (the "queued" of the start-up line: a note
+    /// without calls waits for its agent, not for vaultd).
+    pub(crate) fn scan_all(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> (usize, usize) {
+        let me = self.clone();
+        tasks.spawn(async move { me.resume_stranded().await });
+        let (mut looked, mut queued) = (0, 0);
+        for folder in self.watched_states() {
+            for path in self.vault.scan(folder) {
+                queued += usize::from(has_pending_call(&path));
+                self.dispatch(path);
+                looked += 1;
+            }
+        }
+        (looked, queued)
+    }
+
+    pub(crate) fn watched_folders(&self) -> Vec<PathBuf> {
+        self.watched_states()
+            .into_iter()
+            .map(|s| self.vault.folder(s))
+            .collect()
+    }
+
+    /// With `approval_via = "cli"`, Approved/ is watched only for the notes `vaultd approve`
+    /// moves there (a note moved in by hand is left alone, see `claim_and_run`), and
+    /// Rejected/ not at all: `vaultd reject` writes the REJECTED results itself.
+    pub(crate) fn watched_states(&self) -> Vec<State> {
+        let mut v = vec![State::NeedsAction, State::Approved, State::DryRun];
+        if !self.approval_via_cli() {
+            v.push(State::Rejected);
+        }
+        v
+    }
+
+    pub(crate) fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {
+        if let Hint::Ready(path) | Hint::Closed(path) | Hint::Changed(path) = &hint
+            && self
+                .vault
+                .locate(path)
+                .is_some_and(|(s, _)| RUNNER_STATES.contains(&s))
+        {
+            self.look_for_second_runner(path.clone(), tasks);
+            return;
+        }
+        if let Hint::NewFolder(dir) = &hint
+            && RUNNER_STATES
+                .iter()
+                .any(|s| dir.starts_with(self.vault.folder(*s)))
+        {
+            return;
+        }
+        match hint {
+            Hint::Closed(path) | Hint::Changed(path) => {
+                if self.vault.locate(&path).is_none() {
+                    return;
+                }
+                let me = self.clone();
+                tasks.spawn(async move { me.settle_then_look(path).await });
+            }
+            Hint::NewFolder(dir) => {
+                // Files created with the folder may have no events of their own (notify #727).
+                for s in self.watched_states() {
+                    if dir.starts_with(self.vault.folder(s)) {
+                        let base = self.vault.folder(s);
+                        for path in self.vault.scan(s) {
+                            if path.starts_with(&dir) && path.starts_with(&base) {
+                                self.dispatch(path);
+                            }
+                        }
+                    }
+                }
+            }
+            Hint::Rescan => {
+                self.scan_all(tasks);
+            }
+            Hint::Ready(path) => {
+                self.arrivals.arrived(&path);
+                self.dispatch(path);
+            }
+        }
+    }
+
+    /// A note appeared or changed where only vaultd puts notes (§9.9): unless this daemon just
+    /// put it there, its head is read; another runner's recent activity pauses claiming.
+    pub(crate) fn look_for_second_runner(self: &Arc<Self>, path: PathBuf, tasks: &mut JoinSet<()>) {
+        if self.runners.is_paused() || self.runners.just_wrote(&path) {
+            return;
+        }
+        let me = self.clone();
+        tasks.spawn(async move {
+            let judge = me.clone();
+            let found = tokio::task::spawn_blocking(move || judge.runners.check(&path))
+                .await
+                .ok()
+                .flatten();
+            if let Some(found) = found {
+                me.pause_for(found).await;
+            }
+        });
+    }
+
+    /// Stops claiming because another runner works on this vault: running calls finish,
+    /// nothing new is claimed; logged once, recorded for `vaultd status`, alerted (§12.4).
+    pub(crate) async fn pause_for(&self, found: ForeignNote) {
+        let note = self.vault.relative(&found.path);
+        let other = found.runner.clone();
+        if !self.runners.pause(found) {
+            return;
+        }
+        let host = crate::synced::host_of(&other).to_string();
+        let how = crate::synced::how_to_resume(&host);
+        tracing::error!(
+            note = %note,
+            runner = %other,
+            "paused: second runner on {host}: {note} was updated by vaultd {other}; nothing new is claimed here until a restart. To resume, {how}"
+        );
+        let (me, o, n) = (self.runners.me.to_string(), other.clone(), note.clone());
+        if let Err(e) = self.blocking(move |j| j.record_pause(&me, &o, &n)).await {
+            tracing::error!("journal: {e}");
+        }
+        self.hold_alerts
+            .second_runner(
+                &self.runner.registry,
+                &note,
+                &format!(
+                    "vaultd on {} paused: a second runner on {host} (vaultd {other}) works on a synced copy of this vault ({note}). Nothing new is claimed here. To resume, {how}.",
+                    self.runners.me.host()
+                ),
+            )
+            .await;
+    }
+
+    /// Queues a note task unless one is already looking at this path (then it looks again).
+    pub(crate) fn dispatch(&self, path: PathBuf) {
+        if !self.mark_inflight(&path) {
+            return;
+        }
+        self.queue
+            .lock()
+            .expect("queue lock poisoned")
+            .push_back(path);
+        self.queued.notify_one();
+    }
+
+    pub(crate) fn nothing_queued(&self) -> bool {
+        self.queue.lock().expect("queue lock poisoned").is_empty()
+    }
+
+    /// The next queued note, with a note slot for it. Cancel-safe: dropped before it returns,
+    /// it gives the slot back and takes no note off the queue.
+    pub(crate) async fn next_queued(&self) -> (OwnedSemaphorePermit, PathBuf) {
+        let slot = self.note_slot().await;
+        loop {
+            if let Some(path) = self.queue.lock().expect("queue lock poisoned").pop_front() {
+                return (slot, path);
+            }
+            self.queued.notified().await;
+        }
+    }
+
+    /// One of the `workers * 4` note slots: how many notes are held and worked on at once.
+    pub(crate) async fn note_slot(&self) -> OwnedSemaphorePermit {
+        self.note_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the note slots are never closed")
+    }
+
+    /// Spawns a note task with its slot, which moves into the task.
+    pub(crate) fn start_note_task(
+        self: &Arc<Self>,
+        slot: OwnedSemaphorePermit,
+        path: PathBuf,
+        tasks: &mut JoinSet<()>,
+    ) {
+        let me = self.clone();
+        tasks.spawn(async move { me.note_task(path, slot).await });
+    }
+
+    /// DESIGN §9.1: a note written in place is looked at once no process has it open for
+    /// writing and it stayed unchanged for `settle`. A note that keeps changing is waited for
+    /// (logged once), never failed or claimed meanwhile. One wait per path.
+    pub(crate) async fn settle_then_look(self: Arc<Self>, path: PathBuf) {
+        if !self
+            .settling
+            .lock()
+            .expect("settling lock poisoned")
+            .insert(path.clone())
+        {
+            return;
+        }
+        let settle = self.config.settle;
+        let began = std::time::Instant::now();
+        let mut logged = false;
+        let settled = loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                break false;
+            }
+            let Some(age) = modified_age(&path) else {
+                break false; // gone
+            };
+            let busy = note::write::writer_busy(&path).unwrap_or(false);
+            if !busy && age >= settle {
+                break true;
+            }
+            if !logged && began.elapsed() >= self.config.settle_max {
+                logged = true;
+                tracing::warn!(
+                    note = %self.vault.relative(&path),
+                    "note keeps changing (or stays open for writing); waiting until its writer is done"
+                );
+            }
+            let wait = if busy {
+                Duration::from_millis(100)
+            } else {
+                settle.saturating_sub(age)
+            };
+            tokio::time::sleep(wait.max(Duration::from_millis(20))).await;
+        };
+        self.settling
+            .lock()
+            .expect("settling lock poisoned")
+            .remove(&path);
+        if settled {
+            self.dispatch(path);
+        }
+    }
+
+    /// Whether `path` must wait before it is judged (DESIGN §9.1): a writer has it open, or
+    /// its last call block is unfinished and its last change younger than `settle_max`. Then
+    /// a wait is started (a settle, or a look again when `settle_max` has passed).
+    pub(crate) fn still_being_written(
+        self: &Arc<Self>,
+        path: &Path,
+        text: &str,
+        parsed: &ParsedNote,
+    ) -> bool {
+        if note::write::writer_busy(path).unwrap_or(false) {
+            let me = self.clone();
+            let p = path.to_path_buf();
+            tokio::spawn(async move { me.settle_then_look(p).await });
+            return true;
+        }
+        if self.mode == Mode::Once || !unfinished_tail(text, parsed) {
+            return false;
+        }
+        let Some(age) = modified_age(path) else {
+            return true; // gone
+        };
+        let max = self.config.settle_max;
+        if age >= max {
+            return false;
+        }
+        tracing::info!(
+            note = %self.vault.relative(path),
+            "the last call block is unfinished; waiting up to settle_max for its writer"
+        );
+        let me = self.clone();
+        let p = path.to_path_buf();
+        tokio::spawn(async move {
+            tokio::time::sleep(max - age + Duration::from_millis(50)).await;
+            me.dispatch(p);
+        });
+        true
+    }
+
+    /// True when the caller should start a task for `path`.
+    pub(crate) fn mark_inflight(&self, path: &Path) -> bool {
+        if self.vault.locate(path).is_none() {
+            return false;
+        }
+        let mut inflight = self.inflight.lock().expect("inflight lock poisoned");
+        if let Some(again) = inflight.get_mut(path) {
+            *again = true;
+            return false;
+        }
+        inflight.insert(path.to_path_buf(), false);
+        true
+    }
+
+    pub(crate) async fn note_task(self: Arc<Self>, path: PathBuf, _slot: OwnedSemaphorePermit) {
+        loop {
+            if !self.stopping.load(Ordering::SeqCst)
+                && let Err(e) = self.look_at(&path).await
+            {
+                tracing::error!(note = %self.vault.relative(&path), "{e}");
+            }
+            let mut inflight = self.inflight.lock().expect("inflight lock poisoned");
+            if inflight.get(&path) == Some(&true) {
+                inflight.insert(path.clone(), false);
+                continue;
+            }
+            inflight.remove(&path);
+            break;
+        }
+        self.looked_at.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Shows how far a long start-up backlog has got until it is done: a progress bar on a
+    /// terminal, else a log line (and systemd's STATUS=) every few seconds.
+    pub(crate) async fn report_progress(self: Arc<Self>, queued: usize, bar: bool) {
+        let start = std::time::Instant::now();
+        let bar = bar.then(|| {
+            let b = indicatif::ProgressBar::new(queued as u64);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {pos}/{len} notes ({elapsed})",
+                )
+                .expect("the template is valid")
+                .progress_chars("=> "),
+            );
+            b.set_message("start-up backlog");
+            b
+        });
+        let mut last_line = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let done = self.looked_at.load(Ordering::Relaxed).min(queued);
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
+            if done >= queued || self.stopping.load(Ordering::SeqCst) {
+                match &bar {
+                    Some(b) => b.finish_with_message("start-up backlog done"),
+                    None => tracing::info!(
+                        queued,
+                        "start-up backlog done in {:.1} s",
+                        start.elapsed().as_secs_f64()
+                    ),
+                }
+                return;
+            }
+            if last_line.elapsed() < Duration::from_secs(2) {
+                continue;
+            }
+            last_line = std::time::Instant::now();
+            let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
+                "start-up backlog: {done} of {queued} notes"
+            ))]);
+            if bar.is_none() {
+                tracing::info!(
+                    "start-up backlog: {done} of {queued} notes ({}%)",
+                    done * 100 / queued
+                );
+            }
+        }
+    }
+
+    /// One look at a note in a watched folder.
+    pub(crate) async fn look_at(self: &Arc<Self>, path: &Path) -> Result<(), DaemonError> {
+        let Some((state, _)) = self.vault.locate(path) else {
+            return Ok(());
+        };
+        if self.runners.is_paused() {
+            return Ok(()); // a second runner: nothing new is claimed (§9.9)
+        }
+        match state {
+            State::NeedsAction => self.claim_and_run(path, Pass::Fresh).await,
+            State::Approved => self.claim_and_run(path, Pass::Approved).await,
+            State::Rejected => self.reject_held(path).await,
+            State::DryRun => self.preview_note(path).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads a note for processing; `None` (with the problem recorded once) when it is not a
+    /// regular file, too big, unreadable or not UTF-8. Such notes are left exactly as they are.
+    pub(crate) fn read_note(&self, path: &Path) -> Option<String> {
+        let meta = match std::fs::symlink_metadata(path) {
+            Ok(m) => m,
+            Err(_) => return None, // gone: moved or deleted meanwhile
+        };
+        if !meta.file_type().is_file() {
+            return None;
+        }
+        let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        if meta.permissions().readonly() {
+            // Nobody may write it: a person made it read-only on purpose (root included).
+            self.problem(
+                path,
+                meta.len(),
+                mtime,
+                "note is read-only (no write permission); left untouched".to_string(),
+            );
+            return None;
+        }
+        if meta.len() > self.config.max_note_bytes {
+            self.problem(
+                path,
+                meta.len(),
+                mtime,
+                format!(
+                    "note is {} bytes, over max_note_bytes = {}; left untouched",
+                    meta.len(),
+                    self.config.max_note_bytes
+                ),
+            );
+            return None;
+        }
+        match std::fs::read(path) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    self.problem(
+                        path,
+                        meta.len(),
+                        mtime,
+                        format!(
+                            "note is not UTF-8 (invalid byte at offset {}); left untouched",
+                            e.utf8_error().valid_up_to()
+                        ),
+                    );
+                    None
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                self.problem(
+                    path,
+                    meta.len(),
+                    mtime,
+                    format!("note cannot be read: {e}; left untouched"),
+                );
+                None
+            }
+        }
+    }
+
+    pub(crate) fn problem(&self, path: &Path, len: u64, mtime: SystemTime, message: String) {
+        let key = (path.to_path_buf(), len, mtime);
+        if !self
+            .reported
+            .lock()
+            .expect("reported lock poisoned")
+            .insert(key)
+        {
+            return;
+        }
+        let note = self.vault.relative(path);
+        tracing::warn!(note = %note, "{message}");
+        if let Err(e) = self.journal.record_problem(&note, &message) {
+            tracing::error!("journal: {e}");
+        }
+    }
+}
+
+/// Size and mtime of a file, for de-duplicating problem reports.
+pub(crate) fn stamp(path: &Path) -> (u64, SystemTime) {
+    std::fs::symlink_metadata(path)
+        .map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
+        .unwrap_or((0, SystemTime::UNIX_EPOCH))
+}
+
+/// How long ago a file was last modified (zero for a clock stepped back); None when gone.
+pub(crate) fn modified_age(path: &Path) -> Option<Duration> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    Some(
+        meta.modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .unwrap_or_default(),
+    )
+}
+
+/// DESIGN §9.1: the note's last call block is unfinished — a fence not closed, or a block
+/// with `"tool_call"` that does not parse — with nothing but blank space after it.
+pub(crate) fn unfinished_tail(text: &str, parsed: &ParsedNote) -> bool {
+    let Some(last) = parsed.calls.last() else {
+        return false;
+    };
+    let CallBody::Broken(e) = &last.body else {
+        return false;
+    };
+    let broken = e.code == ErrorCode::InvalidJson
+        || (e.code == ErrorCode::InvalidCall && e.message.contains("fence not closed"));
+    broken
+        && text
+            .get(last.span.end..)
+            .is_none_or(|rest| rest.trim().is_empty())
+}
+
+/// True when the note holds a call without a result (read errors: false; the note task
+/// reports them).
+pub(crate) fn has_pending_call(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| {
+        let note = crate::note::parse_note(&text);
+        note.pending_calls().next().is_some()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::note::parse_note;
+
+    #[test]
+    fn only_an_unfinished_last_block_counts_as_unfinished() {
+        let call = "```json\n{\"tool_call\": {\"name\": \"a\"}}\n```\n";
+        let unfinished = |t: &str| unfinished_tail(t, &parse_note(t));
+        assert!(!unfinished(call));
+        assert!(unfinished("```json\n{\"tool_call\": {\"name\""));
+        assert!(unfinished(&format!(
+            "{call}\n```json\n{{\"tool_call\": {{\n```\n\n"
+        )));
+        assert!(
+            !unfinished(&format!("```json\n{{\"tool_call\": {{\n```\n\n{call}")),
+            "a broken block before a good one is finished"
+        );
+        assert!(
+            !unfinished("```json\n{\"tool_call\": {\n```\nmore text after it\n"),
+            "text after it: the writer went on"
+        );
+    }
+}

@@ -1,0 +1,503 @@
+//! The daemon: [`run_vault`] takes the vault lock, opens the journal, makes the start-up
+//! check and starts the tool sources; [`run`] takes those [`Services`] and supervises:
+//! recovery of what a previous daemon left in In_Progress ([`recover`]), then scans and
+//! watcher hints become queued notes ([`intake`]), each note task is spawned with its note
+//! slot, claims its note ([`claim`]) and hands it to the [`pipeline`](crate::pipeline).
+//! Shutdown stops claiming and lets running calls finish within the grace period (drain).
+
+use crate::config::{ApprovalVia, Config};
+use crate::guard::breaker::Breakers;
+use crate::guard::hold_alert::HoldAlerts;
+use crate::journal::{Claim, Journal, JournalCall, JournalError};
+use crate::results::ResultStore;
+use crate::runner::Runner;
+use crate::secret::Redactor;
+use crate::synced::{RunnerId, RunnerWatch};
+use crate::tools::Registry;
+use crate::tools::mcp::McpSource;
+use crate::vault::{State, Vault, VaultError};
+use crate::watch::{self, Hint};
+use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::{JoinHandle, JoinSet};
+
+pub(crate) mod claim;
+pub(crate) mod intake;
+mod lock;
+pub(crate) mod recover;
+
+pub use lock::{VaultLock, lock_vault, running_daemon};
+
+/// Folders only vaultd moves notes into: another runner's claims and finished notes show up
+/// here by sync (DESIGN §9.9).
+pub(crate) const RUNNER_STATES: [State; 4] = [
+    State::InProgress,
+    State::PendingApproval,
+    State::Done,
+    State::Failed,
+];
+
+/// A start-up backlog this large gets progress reports in the log.
+const PROGRESS_FROM: usize = 500;
+
+/// On a terminal, a backlog this large gets a progress bar (indicatif) instead.
+const PROGRESS_BAR_FROM: usize = 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Vault(#[from] VaultError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
+    Watch(#[from] watch::WatchError),
+    #[error(transparent)]
+    Registry(#[from] crate::tools::RegistryError),
+    #[error("{0}")]
+    Locked(String),
+    #[error("cannot lock the vault ({path}): {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot build the HTTP client: {0}")]
+    Http(String),
+    /// Another runner's recent notes are in the vault (DESIGN §9.9).
+    #[error("{0}")]
+    SecondRunner(String),
+    #[error("cannot read or create this daemon's runner id in {dir}: {source}")]
+    RunnerId {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// `run` watches until shut down; `once` processes everything pending and returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Run,
+    Once,
+}
+
+/// What a note task is doing with a note.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Claimed from Needs_Action.
+    Fresh,
+    /// Claimed from Approved: the held calls run.
+    Approved,
+    /// Found in In_Progress at start-up; `known` when the journal has its run.
+    Recover { known: bool },
+}
+
+/// Who a claimed note is and what the journal knows of its calls (DESIGN §9.2, §9.3, §9.6).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Identity {
+    /// The note's `tool_note`.
+    pub(crate) note_id: String,
+    /// The newest record of each call of this note (or, for a stale copy, of the note it
+    /// copies), by call id.
+    pub(crate) prior: HashMap<String, JournalCall>,
+    /// Calls recorded by the run being continued (recovery): results of theirs already in the
+    /// note count for Done or Failed.
+    pub(crate) this_run: HashSet<String>,
+    /// A note without `tool_note` found at a path a note was recently claimed from.
+    pub(crate) stale: Option<StaleCopy>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct StaleCopy {
+    /// The claim it is a copy of.
+    pub(crate) of: Claim,
+    /// Within `stale_copy_grace`: it is that note; later: its started side effects are held.
+    pub(crate) within_grace: bool,
+}
+
+/// Everything a note task needs, shared.
+pub struct Daemon {
+    pub(crate) config: Config,
+    /// Where results too big for a note go (§10.6), also used to keep a note under
+    /// `max_note_bytes` (§9.8).
+    pub(crate) results: ResultStore,
+    pub(crate) vault: Vault,
+    pub(crate) runner: Runner,
+    pub(crate) journal: Arc<Journal>,
+    /// Notes being looked at now; `true` = another hint came meanwhile, look again after.
+    pub(crate) inflight: Mutex<HashMap<PathBuf, bool>>,
+    /// Bounds how many notes are held in memory and processed at once.
+    pub(crate) note_slots: Arc<Semaphore>,
+    /// Notes waiting for a note slot, in the order they were found: a note task is spawned
+    /// only with its slot in hand (STYLE habit 3), so a backlog of 10,000 notes is 10,000
+    /// paths here, not 10,000 tasks.
+    pub(crate) queue: Mutex<VecDeque<PathBuf>>,
+    /// Woken when a note is queued.
+    pub(crate) queued: tokio::sync::Notify,
+    /// Set on shutdown: no new claims.
+    pub(crate) stopping: AtomicBool,
+    /// Note looks finished since start, for start-up progress reports.
+    pub(crate) looked_at: std::sync::atomic::AtomicUsize,
+    /// Problems already reported, so a periodic scan does not repeat them.
+    pub(crate) reported: Mutex<HashSet<(PathBuf, u64, SystemTime)>>,
+    /// Note ids with a run in this daemon now; woken when it ends. A note that comes back
+    /// (moved back by hand, or an editor's stale copy) waits for its running calls (§9.3).
+    pub(crate) active: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Notes being waited on until their writer is done (§9.1): one wait per path.
+    pub(crate) settling: Mutex<HashSet<PathBuf>>,
+    /// `once` judges an unfinished last block at once: it is run when the writer is done.
+    pub(crate) mode: Mode,
+    /// `[notify] on_hold`: one message per held note (DESIGN §12.4).
+    pub(crate) hold_alerts: HoldAlerts,
+    /// This daemon's `tool_runner`, and whether a second runner paused claiming (§9.9).
+    pub(crate) runners: RunnerWatch,
+    /// Notes renamed in: claimed by hard link, first name dropped after `moved_in_grace`.
+    pub(crate) arrivals: crate::arrivals::Arrivals,
+}
+
+/// The shared HTTP client: one connection pool for every tool.
+pub fn http_client() -> Result<reqwest::Client, DaemonError> {
+    reqwest::Client::builder()
+        .user_agent(concat!("vaultd/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(10))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| DaemonError::Http(e.without_url().to_string()))
+}
+
+/// The redactor for every secret in the config.
+pub fn redactor_for(config: &Config) -> Redactor {
+    config.redactor()
+}
+
+/// What the daemon runs with, passed in (STYLE habit 2): [`run_vault`] builds it from the
+/// config; a test builds its own, with a temp vault and a tool source of its own.
+pub struct Services {
+    /// Folders, limits, timeouts, approval mode: the settings every stage reads.
+    pub config: Config,
+    /// `run` watches until shut down; `once` processes what is pending and returns.
+    pub mode: Mode,
+    /// The prepared vault (its folders exist and are not symlinks).
+    pub vault: Vault,
+    pub journal: Arc<Journal>,
+    /// Every tool of every source, with its policy.
+    pub registry: Registry,
+    /// The one redactor for every secret of every source.
+    pub redactor: Arc<Redactor>,
+}
+
+/// Runs the daemon on `config` until `shutdown` resolves (Mode::Run) or until everything
+/// pending is processed (Mode::Once): takes the vault lock, opens the journal, makes the
+/// start-up check of §9.9 (with `take_over`, `--take-over`: another runner's notes up to now
+/// are history), starts the MCP servers, then [`run`]s; no server outlives it.
+pub async fn run_vault(
+    config: Config,
+    mode: Mode,
+    take_over: bool,
+    redactor: Arc<Redactor>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let vault = Vault::new(config.vault.clone(), config.folders.clone());
+    // Before `prepare`, which would create missing folders through a symlink.
+    vault.refuse_symlinked_folders()?;
+    vault.prepare()?;
+    let _lock = lock_vault(vault.root())?;
+    let journal = Arc::new(Journal::open(&config.state_dir)?);
+    one_runner(&config, &vault, &journal, take_over)?;
+    let http = http_client()?;
+    // Servers start in parallel; each delays start-up by at most its start_timeout.
+    let mcp = McpSource::start(
+        &config.mcp,
+        journal.clone(),
+        http.clone(),
+        &config.state_dir,
+        result_store(&config),
+    )
+    .await;
+    let mut registry = Registry::from_config(&config.tools, http, Some(journal.clone()))?;
+    let outcome = match mcp.register(&mut registry) {
+        Ok(()) => {
+            let services = Services {
+                config,
+                mode,
+                vault,
+                journal,
+                registry,
+                redactor,
+            };
+            run(services, shutdown).await
+        }
+        Err(e) => Err(e.into()),
+    };
+    // No server outlives vaultd.
+    mcp.shutdown().await;
+    outcome
+}
+
+/// Runs the daemon on `services` until `shutdown` resolves (Mode::Run) or until everything
+/// pending is processed (Mode::Once). The vault must be prepared and locked by the caller.
+pub async fn run(
+    services: Services,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let Services {
+        config,
+        mode,
+        vault,
+        journal,
+        registry,
+        redactor,
+    } = services;
+    let me =
+        RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+    tracing::debug!(runner = %me, "this daemon's tool_runner");
+    let runners = RunnerWatch::new(me, config.runner_window, journal.taken_over_at()?);
+    let results = result_store(&config);
+    let mut runner = Runner::new(
+        Arc::new(registry),
+        journal.clone(),
+        redactor,
+        config.workers,
+    )
+    .with_results(results.clone());
+    runner.breakers =
+        Arc::new(Breakers::new(config.guard.breaker).with_state_file(&config.state_dir));
+    let hold_alerts = HoldAlerts::new(config.guard.on_hold.clone(), config.guard.on_hold_per_hour);
+    let arrivals = crate::arrivals::Arrivals::new(config.moved_in_grace);
+    let daemon = Arc::new(Daemon {
+        arrivals,
+        results,
+        hold_alerts,
+        note_slots: Arc::new(Semaphore::new(config.workers * 4)),
+        queue: Mutex::new(VecDeque::new()),
+        queued: tokio::sync::Notify::new(),
+        config,
+        vault,
+        runner,
+        journal,
+        inflight: Mutex::new(HashMap::new()),
+        stopping: AtomicBool::new(false),
+        looked_at: std::sync::atomic::AtomicUsize::new(0),
+        reported: Mutex::new(HashSet::new()),
+        active: Mutex::new(HashMap::new()),
+        settling: Mutex::new(HashSet::new()),
+        mode,
+        runners,
+    });
+    daemon.supervise(mode, shutdown).await
+}
+
+/// Where results too big for a note go (§10.6).
+fn result_store(config: &Config) -> ResultStore {
+    ResultStore::new(
+        config.vault.clone(),
+        config.tool_results.clone(),
+        config.max_result_bytes,
+    )
+}
+
+/// The start-up check of DESIGN §9.9: with `take_over`, records that other runners' notes up
+/// to now are history; then refuses to start while a note of another runner is younger than
+/// `runner_window`. Reads only notes whose mtime is inside the window.
+fn one_runner(
+    config: &Config,
+    vault: &Vault,
+    journal: &Journal,
+    take_over: bool,
+) -> Result<(), DaemonError> {
+    let me =
+        RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+    if take_over {
+        let at = journal.record_take_over(me.as_str())?;
+        tracing::warn!(
+            runner = %me,
+            "--take-over: notes other runners updated up to {} are history; this daemon runs the vault",
+            humantime::format_rfc3339_seconds(at)
+        );
+    }
+    let taken_over_at = journal.taken_over_at()?;
+    let found = crate::synced::foreign_notes(
+        vault,
+        &me,
+        config.runner_window,
+        taken_over_at,
+        config.max_note_bytes,
+        SystemTime::now(),
+    );
+    if !found.is_empty() {
+        return Err(DaemonError::SecondRunner(crate::synced::refusal(
+            &found,
+            vault,
+            config.runner_window,
+        )));
+    }
+    journal.clear_pause()?;
+    Ok(())
+}
+
+impl Daemon {
+    /// Recovers, scans, then feeds note tasks until everything pending is done (`once`) or
+    /// until `shutdown` (`run`, watching the folders meanwhile); then drains.
+    pub(crate) async fn supervise(
+        self: &Arc<Self>,
+        mode: Mode,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), DaemonError> {
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        tokio::pin!(shutdown);
+        // Watch before the first scan, so nothing that arrives during the scan is missed.
+        let (tx, rx) = mpsc::channel::<Hint>(4096);
+        let watcher = match mode {
+            Mode::Run => Some(self.start_watcher(tx)?),
+            Mode::Once => None,
+        };
+        self.recover(&mut tasks).await?;
+        let progress = self.start_up_scan(&mut tasks);
+        if mode == Mode::Once {
+            self.until_all_done(&mut tasks, shutdown).await;
+            // The next tick draws the finished bar; bounded, since a note that no task
+            // looked at (it left its folder meanwhile) would keep the count short.
+            if let Some(p) = progress {
+                let _ = tokio::time::timeout(Duration::from_millis(500), p).await;
+            }
+            return Ok(());
+        }
+        self.watch_until(&mut tasks, rx, watcher.as_ref(), shutdown)
+            .await;
+        // Ask systemd for the grace period plus a margin, so a `shutdown_grace` above the
+        // unit's TimeoutStopSec= does not get running calls killed.
+        let extend = (self.config.shutdown_grace + Duration::from_secs(5)).as_micros();
+        let _ = sd_notify::notify(&[
+            sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::ExtendTimeoutUsec(u32::try_from(extend).unwrap_or(u32::MAX)),
+            sd_notify::NotifyState::Status("stopping: letting running calls finish"),
+        ]);
+        drop(watcher);
+        self.drain(&mut tasks).await;
+        Ok(())
+    }
+
+    fn start_watcher(&self, tx: mpsc::Sender<Hint>) -> Result<watch::WatchHandle, DaemonError> {
+        let mut folders = self.watched_folders();
+        // Where another runner's claims and finished notes show up (§9.9).
+        folders.extend(RUNNER_STATES.iter().map(|s| self.vault.folder(*s)));
+        Ok(watch::start(&folders, self.config.watch, tx)?)
+    }
+
+    /// The first scan; a long backlog gets progress reports until it is done.
+    fn start_up_scan(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Option<JoinHandle<()>> {
+        let (looked, queued) = self.scan_all(tasks);
+        tracing::info!(
+            vault = %self.vault.root().display(),
+            queued,
+            "vaultd started"
+        );
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
+            && std::env::var_os("JOURNAL_STREAM").is_none();
+        ((bar && queued >= PROGRESS_BAR_FROM) || queued >= PROGRESS_FROM)
+            .then(|| tokio::spawn(self.clone().report_progress(looked, bar)))
+    }
+
+    /// `once`: runs queued notes until no task runs and none is queued, or until shutdown.
+    async fn until_all_done(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) {
+        while !tasks.is_empty() || !self.nothing_queued() {
+            tokio::select! {
+                (slot, path) = self.next_queued() => self.start_note_task(slot, path, tasks),
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = &mut shutdown => {
+                    self.drain(tasks).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// `run`: turns hints, rescans and queued notes into note tasks until shutdown.
+    async fn watch_until(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        mut rx: mpsc::Receiver<Hint>,
+        watcher: Option<&watch::WatchHandle>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) {
+        let _ = sd_notify::notify(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&format!("watching {}", self.vault.root().display())),
+        ]);
+        let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
+        let mut watchdog_tick =
+            tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+        let mut rescan_tick = tokio::time::interval(self.config.rescan_interval);
+        rescan_tick.tick().await; // the first tick is immediate; the start-up scan just ran
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(hint) = rx.recv() => self.on_hint(hint, tasks),
+                (slot, path) = self.next_queued() => self.start_note_task(slot, path, tasks),
+                _ = rescan_tick.tick() => { self.scan_all(tasks); }
+                _ = watchdog_tick.tick(), if watchdog.is_some() => {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Err(e) = done && e.is_panic() {
+                        tracing::error!("a note task panicked: {e}");
+                    }
+                }
+            }
+            if let Some(w) = watcher
+                && w.overflowed.swap(false, Ordering::SeqCst)
+            {
+                tracing::warn!("too many file events at once; scanning all folders");
+                self.scan_all(tasks);
+            }
+        }
+    }
+
+    /// Stops claiming and waits for running notes up to the grace period; what is still
+    /// running then is left to start-up recovery (the journal knows which calls started).
+    pub(crate) async fn drain(&self, tasks: &mut JoinSet<()>) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let grace = self.config.shutdown_grace;
+        let finished =
+            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        if finished.is_err() {
+            tracing::warn!(
+                left = tasks.len(),
+                "shutdown grace of {} passed; interrupted calls are finished at the next start",
+                humantime::format_duration(grace)
+            );
+            tasks.abort_all();
+        }
+        self.arrivals.drop_all(&self.vault);
+        tracing::info!("vaultd stopped");
+    }
+
+    pub(crate) fn approval_via_cli(&self) -> bool {
+        self.config.approval_via == ApprovalVia::Cli
+    }
+
+    pub(crate) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Journal) -> Result<T, JournalError> + Send + 'static,
+    ) -> Result<T, DaemonError> {
+        let j = self.journal.clone();
+        Ok(tokio::task::spawn_blocking(move || f(&j))
+            .await
+            .expect("journal task does not panic")?)
+    }
+}

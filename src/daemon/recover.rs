@@ -1,0 +1,179 @@
+//! Recovery: notes a previous daemon left in In_Progress, and runs whose results could not
+//! be written or whose note could not be moved, are finished from the journal (DESIGN §5, §8.15).
+
+use super::Daemon;
+use crate::daemon::claim::{by_call_id, new_note_id, valid_note_id};
+use crate::daemon::{DaemonError, Identity, Pass};
+use crate::note::{self};
+use crate::vault::State;
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::task::JoinSet;
+
+impl Daemon {
+    /// Finishes open runs whose note sits in In_Progress with no task on it: their results
+    /// could not be written or the note not moved (it kept changing, a folder was read-only).
+    pub(crate) async fn resume_stranded(self: Arc<Self>) {
+        if self.stopping.load(Ordering::SeqCst) || self.runners.is_paused() {
+            return;
+        }
+        let open = match self.blocking(|j| j.open_runs()).await {
+            Ok(open) => open,
+            Err(e) => {
+                tracing::error!("journal: {e}");
+                return;
+            }
+        };
+        for r in open {
+            let path = self.vault.root().join(&r.note);
+            if self.vault.locate(&path).map(|(s, _)| s) != Some(State::InProgress)
+                || !path.is_file()
+                || !self.mark_inflight(&path)
+            {
+                continue;
+            }
+            let _slot = self.note_slots.acquire().await;
+            // The list may be stale: the run's own task may have closed it meanwhile, and a
+            // new file may sit at the same path. Take the journal's word now.
+            let note = r.note.clone();
+            let current = self.blocking(move |j| j.run_for_note(&note)).await;
+            match current {
+                Ok(Some(now)) if now.run_id == r.run_id => {
+                    tracing::info!(note = %r.note, "retrying a run whose note was not finished");
+                    if let Err(e) = self.recover_note(&path, Some(now)).await {
+                        tracing::error!(note = %r.note, "{e}");
+                    }
+                }
+                _ => {}
+            }
+            self.inflight
+                .lock()
+                .expect("inflight lock poisoned")
+                .remove(&path);
+        }
+    }
+
+    /// Finishes a note found in In_Progress (DESIGN §5, §8.15, §9.3): continues its open run
+    /// `open` if the journal has one at this path, else starts one. Its identity is the
+    /// `tool_note` it carries, else the run's, else a new one (written into it).
+    pub(crate) async fn recover_note(
+        self: &Arc<Self>,
+        path: &Path,
+        open: Option<crate::journal::OpenRun>,
+    ) -> Result<(), DaemonError> {
+        let rel = self.vault.relative(path);
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let carried = note::frontmatter_property(&text, "tool_note")
+            .filter(|id| valid_note_id(id))
+            .map(str::to_string);
+        let note_id = carried
+            .clone()
+            .or_else(|| open.as_ref().and_then(|r| r.note_id.clone()))
+            .unwrap_or_else(new_note_id);
+        if !self.activate(&note_id) {
+            // Its own task runs it right now.
+            return Ok(());
+        }
+        let outcome = async {
+            let (prior, stale) = self.prior_for(&note_id).await?;
+            let (run, known, this_run) = match open {
+                Some(r) => {
+                    if r.note_id.is_none() {
+                        // A run from a version 1 journal: keyed by note id from now on.
+                        let id = note_id.clone();
+                        self.blocking(move |j| j.adopt_run(r.run_id, &id)).await?;
+                    }
+                    tracing::info!(note = %rel, "recovering an interrupted run");
+                    let this_run = r.calls.iter().map(|c| c.call_id.clone()).collect();
+                    (r.run_id, true, this_run)
+                }
+                None => {
+                    let known = !prior.is_empty();
+                    if !known {
+                        tracing::warn!(note = %rel, "note in In_Progress unknown to the journal: treating it as interrupted");
+                    }
+                    let (note, id) = (rel.clone(), note_id.clone());
+                    let run = self
+                        .blocking(move |j| j.begin_note_run(&note, Some(&id), None, None))
+                        .await?;
+                    (run, known, HashSet::new())
+                }
+            };
+            // Runs recorded by a version 1 journal have their calls under the run only.
+            let mut prior = prior;
+            if prior.is_empty() {
+                let note = rel.clone();
+                if let Some(r) = self.blocking(move |j| j.run_for_note(&note)).await? {
+                    prior = by_call_id(r.calls);
+                }
+            }
+            if carried.is_none() && !self.write_identity(run, path, &note_id).await? {
+                return Ok(());
+            }
+            let ident = Identity {
+                note_id: note_id.clone(),
+                prior,
+                this_run,
+                stale,
+            };
+            self.execute(run, path, Pass::Recover { known }, ident).await
+        }
+        .await;
+        self.deactivate(&note_id);
+        outcome
+    }
+
+    /// Start-up: finishes every note left in In_Progress from the journal (DESIGN §5, §8.15).
+    pub(crate) async fn recover(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+    ) -> Result<(), DaemonError> {
+        // Temp files of writes a killed daemon never finished (the note itself is intact).
+        let swept = self.vault.remove_temp_files(note::write::is_stale_temp);
+        if swept > 0 {
+            tracing::info!(swept, "removed temp files of interrupted writes");
+        }
+        let open = self.blocking(|j| j.open_runs()).await?;
+        let notes = self.vault.scan(State::InProgress);
+        let since = std::time::SystemTime::now() - std::time::Duration::from_secs(24 * 3600);
+        let recorded = self.blocking(move |j| j.left_behind_since(since)).await?;
+        crate::arrivals::settle_after_crash(&self.vault, &recorded, &notes);
+        let mut seen = HashSet::new();
+        for path in notes {
+            let rel = self.vault.relative(&path);
+            let known = open.iter().rev().find(|r| r.note == rel).cloned();
+            if let Some(r) = &known {
+                seen.insert(r.run_id);
+            }
+            if !self.mark_inflight(&path) {
+                continue;
+            }
+            let slot = self.note_slot().await;
+            let me = self.clone();
+            tasks.spawn(async move {
+                let _slot = slot;
+                if let Err(e) = me.recover_note(&path, known).await {
+                    tracing::error!(note = %rel, "recovery failed: {e}");
+                }
+                me.inflight
+                    .lock()
+                    .expect("inflight lock poisoned")
+                    .remove(&path);
+            });
+        }
+        // Runs whose note is no longer in In_Progress were moved before the journal heard of
+        // it (or by hand while the daemon was down): closed; their calls stay recorded under
+        // the note's id, so the note is not run twice wherever it comes back (§9.3).
+        for r in open.into_iter().filter(|r| !seen.contains(&r.run_id)) {
+            let note = r.note.clone();
+            self.blocking(move |j| j.note_moved(r.run_id, &note, true))
+                .await?;
+        }
+        // Recovery must finish before the inbox is scanned: a recovered note may be claimed
+        // again from Needs_Action only after its run is closed.
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+}

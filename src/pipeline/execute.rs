@@ -1,0 +1,343 @@
+//! Execute: the journal facts of a claimed note are read, its calls planned
+//! ([`plan`](crate::pipeline::plan)), their decisions spent, what may run is run (a worker
+//! permit taken before each call task is spawned; results in call order) and the outcome is
+//! handed to the write back.
+
+use crate::call::{CallResult, HeldCall};
+use crate::daemon::intake::stamp;
+use crate::daemon::{Daemon, DaemonError, Identity, Pass};
+use crate::guard::budget;
+use crate::guard::hold_alert::HeldSummary;
+use crate::journal::RunId;
+use crate::note::{self, ParsedNote, parse_note};
+use crate::pipeline::next_state::{WriteBack, next_state, outcome_reason};
+use crate::pipeline::plan::{self, Approval, Facts, Plan, Rules, Step};
+use crate::tools::Effect;
+use crate::vault::State;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+
+/// What the steps of a note came to, in call order.
+#[derive(Default)]
+pub(crate) struct Outcome {
+    pub(crate) results: Vec<CallResult>,
+    /// Calls asked about now: their `[!question]` is written.
+    pub(crate) held: Vec<HeldCall>,
+    /// Some call waits for a person: the note goes to Pending_Approval.
+    pub(crate) waiting: bool,
+    /// Results recorded for the note a stale copy copies, not for this one (§9.6).
+    pub(crate) foreign: HashSet<String>,
+}
+
+impl Daemon {
+    /// Runs the pending calls of a claimed note, writes the results, moves the note on.
+    pub(crate) async fn execute(
+        self: &Arc<Self>,
+        run: RunId,
+        path: &Path,
+        pass: Pass,
+        mut ident: Identity,
+    ) -> Result<(), DaemonError> {
+        let Some(text) = self.read_claimed(run, path).await? else {
+            return Ok(());
+        };
+        let parsed = parse_note(&text);
+        let facts = self.facts_for(&parsed, pass, &mut ident).await?;
+        let plan = plan::plan(&parsed, &self.runner.registry, &self.rules(pass), &facts);
+        self.spend_decisions(&plan).await?;
+        self.report_left_pending(path, plan.left_pending).await;
+        let calls = self
+            .start_calls(run, path, &ident.note_id, &plan.steps)
+            .await;
+        let outcome = self.gather(run, plan.steps, calls, &ident).await?;
+        self.write_and_move(run, path, &text, &parsed, &ident, outcome)
+            .await
+    }
+
+    /// The claimed note's text, read once its writer is done; None when there is nothing to
+    /// run (gone, not UTF-8 any more, unreadable for now).
+    async fn read_claimed(&self, run: RunId, path: &Path) -> Result<Option<String>, DaemonError> {
+        let read = {
+            let path = path.to_path_buf();
+            tokio::task::spawn_blocking(move || note::read_settled(&path))
+                .await
+                .expect("read task does not panic")
+        };
+        match read {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(s) => Ok(Some(s)),
+                Err(e) => {
+                    // Became non-UTF-8 after the claim: give it back untouched.
+                    let (len, mtime) = stamp(path);
+                    self.problem(
+                        path,
+                        len,
+                        mtime,
+                        format!(
+                            "note is not UTF-8 (invalid byte at offset {}); left untouched",
+                            e.utf8_error().valid_up_to()
+                        ),
+                    );
+                    self.finish_run(
+                        run,
+                        path,
+                        State::Failed,
+                        Vec::new(),
+                        "the note is not UTF-8",
+                    )
+                    .await?;
+                    Ok(None)
+                }
+            },
+            Err(note::WriteError::Gone(_)) => {
+                self.abandon(run, path).await?;
+                Ok(None)
+            }
+            Err(e) => {
+                // Unreadable now (permissions changed?): leave it, the run stays open and is
+                // retried at the next scan.
+                tracing::error!(note = %self.vault.relative(path), "cannot read the claimed note: {e}");
+                Ok(None)
+            }
+        }
+    }
+
+    /// What planning needs from the journal, read now (DESIGN §9.3, §12.2, §4).
+    async fn facts_for(
+        &self,
+        parsed: &ParsedNote,
+        pass: Pass,
+        ident: &mut Identity,
+    ) -> Result<Facts, DaemonError> {
+        let decisions = if self.approval_via_cli() {
+            let questions = Facts::questions(parsed);
+            self.blocking(move |j| {
+                let mut found = HashMap::new();
+                for (call_id, hash) in questions {
+                    if let Some(d) = j.approval(&call_id, &hash)? {
+                        found.insert((call_id, hash), d);
+                    }
+                }
+                Ok(found)
+            })
+            .await?
+        } else {
+            HashMap::new()
+        };
+        let key = ident.note_id.clone();
+        let calls_started = self
+            .blocking(move |j| budget::calls_started(j, &key))
+            .await?;
+        Ok(Facts {
+            prior: std::mem::take(&mut ident.prior),
+            stale: ident.stale.as_ref().map(|s| s.within_grace),
+            unknown_to_journal: pass == (Pass::Recover { known: false }),
+            decisions,
+            calls_started,
+        })
+    }
+
+    fn rules(&self, pass: Pass) -> Rules {
+        Rules {
+            max_calls: self.config.max_calls_per_note,
+            note_budget: Some(self.config.guard.note_budget),
+            approval: if self.approval_via_cli() {
+                Approval::Cli
+            } else {
+                Approval::Folder {
+                    in_approved: pass == Pass::Approved,
+                }
+            },
+        }
+    }
+
+    /// Consumes the decisions the plan acts on, so each counts once (with `approval_via =
+    /// "folder"` a `vaultd approve` record, if any, is spent with the move that decided).
+    async fn spend_decisions(&self, plan: &Plan) -> Result<(), DaemonError> {
+        for (call_id, hash) in plan.spend.clone() {
+            self.blocking(move |j| j.consume_approval(&call_id, &hash))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn report_left_pending(&self, path: &Path, left_pending: usize) {
+        if left_pending == 0 {
+            return;
+        }
+        let max = self.config.max_calls_per_note;
+        let message = format!(
+            "{left_pending} more pending calls left for a later round (at most {max} run and {max} get QUOTA_EXCEEDED per claim, max_calls_per_note)"
+        );
+        tracing::warn!(note = %self.vault.relative(path), "{message}");
+        let rel = self.vault.relative(path);
+        let _ = self
+            .blocking(move |j| j.record_problem(&rel, &message))
+            .await;
+    }
+
+    /// Starts every call that may run, each with its worker permit taken before its task is
+    /// spawned. Vault changes (`state_change`) of one note run one after another in call
+    /// order, so a note can create a note and then append to it.
+    async fn start_calls(
+        self: &Arc<Self>,
+        run: RunId,
+        path: &Path,
+        note_id: &str,
+        steps: &[(String, Step)],
+    ) -> Vec<Option<JoinHandle<CallResult>>> {
+        let mut handles = Vec::with_capacity(steps.len());
+        let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
+        for (_, step) in steps {
+            let Step::Run(call) = step else {
+                handles.push(None);
+                continue;
+            };
+            let (after, finished) = if call.effect() == Effect::StateChange {
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                (previous_change.replace(rx), Some(tx))
+            } else {
+                (None, None)
+            };
+            let permit = self.runner.permit().await;
+            let (me, call) = (self.clone(), call.clone());
+            let (note, note_id) = (self.vault.relative(path), note_id.to_string());
+            handles.push(Some(tokio::spawn(async move {
+                if let Some(previous) = after {
+                    // Resolves when the previous change finished (its sender dropped).
+                    let _ = previous.await;
+                }
+                let result = me
+                    .runner
+                    .run_call(run, &note, &note_id, &call, permit)
+                    .await;
+                drop(finished);
+                result
+            })));
+        }
+        handles
+    }
+
+    /// Collects the steps' results in call order; the results of calls that never ran are
+    /// journaled together, in one commit.
+    async fn gather(
+        &self,
+        run: RunId,
+        steps: Vec<(String, Step)>,
+        calls: Vec<Option<JoinHandle<CallResult>>>,
+        ident: &Identity,
+    ) -> Result<Outcome, DaemonError> {
+        let mut out = Outcome::default();
+        let mut unrecorded: Vec<CallResult> = Vec::new();
+        for ((_, step), call) in steps.into_iter().zip(calls) {
+            match (step, call) {
+                (_, Some(h)) => match h.await {
+                    Ok(r) => out.results.push(r),
+                    Err(e) => tracing::error!("call task failed: {e}"),
+                },
+                (Step::Fail(r) | Step::Denied(r), None) => {
+                    let r = self.redact_result(r);
+                    unrecorded.push(r.clone());
+                    out.results.push(r)
+                }
+                (Step::Recorded(r), None) => {
+                    if ident.stale.is_some() {
+                        out.foreign.insert(r.call_id.clone());
+                    }
+                    out.results.push(r)
+                }
+                (Step::Ask(mut h), None) => {
+                    h.reason = format!("{}. {}", h.reason, self.how_to_decide());
+                    out.held.push(h);
+                    out.waiting = true;
+                }
+                (Step::Waiting(_), None) => out.waiting = true,
+                (Step::Run(_), None) => unreachable!("every Run step has a handle"),
+            }
+        }
+        if !unrecorded.is_empty() {
+            self.blocking(move |j| j.calls_finished(run, &unrecorded))
+                .await?;
+        }
+        Ok(out)
+    }
+
+    /// Writes the outcome into the note and moves it to its next state.
+    async fn write_and_move(
+        &self,
+        run: RunId,
+        path: &Path,
+        text: &str,
+        parsed: &ParsedNote,
+        ident: &Identity,
+        outcome: Outcome,
+    ) -> Result<(), DaemonError> {
+        let Outcome {
+            results,
+            held,
+            waiting,
+            foreign,
+        } = outcome;
+        // Results this run wrote before a crash count for Done or Failed (§8.5) as much as the
+        // ones written now: a kill between the write and the move must not turn Failed into Done.
+        let failed_before_crash = parsed
+            .results
+            .iter()
+            .any(|r| !r.ok && ident.this_run.contains(&r.call_id));
+        let next = next_state(waiting, failed_before_crash, &results);
+        let reason = outcome_reason(&results, &held, waiting);
+        let results = self.fit_results(path, text, &ident.note_id, results);
+        let newly_held: Vec<HeldSummary> = held
+            .iter()
+            .map(|h| HeldSummary {
+                call_id: h.call_id.clone(),
+                name: h.name.clone(),
+                reason: h.reason.clone(),
+            })
+            .collect();
+        match self
+            .write_back(path, &ident.note_id, results, held, next)
+            .await?
+        {
+            WriteBack::Written(mut ids) => {
+                ids.retain(|id| !foreign.contains(id));
+                let finished = self.finish_run(run, path, next, ids, &reason).await;
+                if let Ok(dest) = &finished
+                    && !newly_held.is_empty()
+                {
+                    let note = self.vault.relative(dest);
+                    self.hold_alerts
+                        .note_held(
+                            &self.runner.registry,
+                            &note,
+                            &newly_held,
+                            &self.how_to_decide(),
+                        )
+                        .await;
+                }
+                if let Err(e) = finished {
+                    // A read-only destination, say: the results are in the note; the run stays
+                    // open and the move is retried at the next scan.
+                    let rel = self.vault.relative(path);
+                    let message = format!("{e}; retried at the next scan");
+                    let _ = self
+                        .blocking(move |j| j.record_problem(&rel, &message))
+                        .await;
+                    return Err(e);
+                }
+            }
+            WriteBack::Gone => self.abandon(run, path).await?,
+            // The note stays in In_Progress with its run open; the next periodic scan (or
+            // start-up) writes the recorded results from the journal and moves it on.
+            WriteBack::Failed => {}
+        }
+        Ok(())
+    }
+
+    pub(crate) fn redact_result(&self, mut r: CallResult) -> CallResult {
+        r.outcome = r.outcome.map_err(|e| self.runner.redact_error(e));
+        r
+    }
+}

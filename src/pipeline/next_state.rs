@@ -1,0 +1,404 @@
+//! Write back and next state: the results and questions are appended to the note (one
+//! atomic write), the note is moved to Done, Failed, Pending_Approval or Rejected, and the
+//! run is closed in the journal.
+
+use crate::call::{CallResult, HeldCall};
+use crate::daemon::Daemon;
+use crate::daemon::DaemonError;
+use crate::journal::RunId;
+use crate::note::{self, Block, parse_note};
+use crate::pipeline::plan;
+use crate::vault::State;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// How appending a run's results into its note went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WriteBack {
+    /// The results of these call ids are in the note.
+    Written(Vec<String>),
+    /// The note is no longer where the run left it.
+    Gone,
+    /// Not written (the note keeps changing, the folder is read-only, …): retried later.
+    Failed,
+}
+
+impl Daemon {
+    /// DESIGN §9.8: vaultd's additions never push a note past `max_note_bytes`. The biggest
+    /// results' data go, whole, to `Tool_Results/<note id>/<call id>.md` (the §10.6 shape)
+    /// until the note fits; the callout keeps a preview and a link.
+    pub(crate) fn fit_results(
+        &self,
+        path: &Path,
+        text: &str,
+        note_id: &str,
+        mut results: Vec<CallResult>,
+    ) -> Vec<CallResult> {
+        let limit = usize::try_from(self.config.max_note_bytes).unwrap_or(usize::MAX);
+        // Callout framing, meta and frontmatter: generously 1 KiB per result.
+        let size = |r: &CallResult| {
+            1024 + match &r.outcome {
+                Ok(out) => out.data.to_string().len() * 2 + out.summary.len(),
+                Err(e) => {
+                    e.message.len() * 2 + e.details.as_ref().map_or(0, |d| d.to_string().len() * 2)
+                }
+            }
+        };
+        let mut total = text.len() + results.iter().map(size).sum::<usize>();
+        if total <= limit {
+            return results;
+        }
+        let mut order: Vec<usize> = (0..results.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(size(&results[i])));
+        for i in order {
+            if total <= limit {
+                break;
+            }
+            let r = &mut results[i];
+            let before = size(r);
+            let Ok(out) = &mut r.outcome else { continue };
+            match self.results.save_whole(note_id, &r.call_id, &out.data) {
+                Ok(stand_in) => out.data = stand_in,
+                Err(e) => {
+                    tracing::error!(note = %self.vault.relative(path), "{e}");
+                    continue;
+                }
+            }
+            total = total - before + size(r);
+        }
+        results
+    }
+
+    /// The last sentence of a `[!question]`: how a person decides, in this vault's mode.
+    pub(crate) fn how_to_decide(&self) -> String {
+        if self.approval_via_cli() {
+            "To send it, run `vaultd approve NOTE` with this note's path; to refuse, `vaultd reject NOTE`. Moving the note does not approve it.".to_string()
+        } else {
+            format!(
+                "To send it, move this note to `{}/`; to refuse, move it to `{}/`.",
+                self.vault.folder_name(State::Approved),
+                self.vault.folder_name(State::Rejected)
+            )
+        }
+    }
+
+    /// The note left In_Progress during its run (a person deleted or moved it): the run is
+    /// closed as abandoned and nothing is recreated.
+    pub(crate) async fn abandon(&self, run: RunId, path: &Path) -> Result<(), DaemonError> {
+        let rel = self.vault.relative(path);
+        tracing::warn!(
+            note = %rel,
+            "note was deleted or moved out of In_Progress while its calls ran; their results are in the journal (vaultd log), not in a note"
+        );
+        self.blocking(move |j| {
+            j.abandon_run(
+                run,
+                "note deleted or moved out of In_Progress during its run; results not written",
+            )
+        })
+        .await
+    }
+
+    /// Appends the results and notices into the note (atomically, keeping any edit made
+    /// meanwhile). Returns the ids written, for `finish_run` to record.
+    /// A note at `path` that carries another `tool_note` than `note_id` is another note (this
+    /// one was moved away and another claimed to the same path): nothing is written, `Gone`.
+    pub(crate) async fn write_back(
+        &self,
+        path: &Path,
+        note_id: &str,
+        results: Vec<CallResult>,
+        held: Vec<HeldCall>,
+        next: State,
+    ) -> Result<WriteBack, DaemonError> {
+        let path_buf = path.to_path_buf();
+        let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
+        let now = SystemTime::now();
+        let note_id = note_id.to_string();
+        let runner = self.runners.me.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let other_note = std::cell::Cell::new(false);
+            let written = note::update_note(&path_buf, |current| {
+                let appended = append_results(
+                    current,
+                    &note_id,
+                    &results,
+                    &held,
+                    next,
+                    runner.as_str(),
+                    now,
+                );
+                other_note.set(appended.is_none());
+                appended.unwrap_or_else(|| current.to_string())
+            });
+            if other_note.get() {
+                return Err(note::WriteError::Gone(path_buf));
+            }
+            written
+        })
+        .await
+        .expect("write task does not panic");
+        match written {
+            // Recorded with the move that follows (`finish_run`), in one journal commit.
+            Ok(_) => {
+                self.runners.wrote(path);
+                Ok(WriteBack::Written(ids))
+            }
+            Err(note::WriteError::Gone(_)) => Ok(WriteBack::Gone),
+            Err(e) => {
+                let rel = self.vault.relative(path);
+                let message = format!(
+                    "results not written yet ({e}); the note stays in {}/ and is retried at the next scan",
+                    self.vault.folder_name(State::InProgress)
+                );
+                tracing::error!(note = %rel, "{message}");
+                let _ = self
+                    .blocking(move |j| j.record_problem(&rel, &message))
+                    .await;
+                Ok(WriteBack::Failed)
+            }
+        }
+    }
+
+    /// Moves the note to `next` (unless it is already there) and closes the run.
+    pub(crate) async fn finish_run(
+        &self,
+        run: RunId,
+        path: &Path,
+        next: State,
+        written: Vec<String>,
+        reason: &str,
+    ) -> Result<PathBuf, DaemonError> {
+        let here = self.vault.locate(path).map(|(s, _)| s);
+        let dest = if here == Some(next) || !path.exists() {
+            path.to_path_buf()
+        } else {
+            let (vault, p) = (self.vault.clone(), path.to_path_buf());
+            let dest = tokio::task::spawn_blocking(move || vault.move_to(&p, next))
+                .await
+                .expect("move task does not panic")?;
+            self.runners.wrote(&dest);
+            dest
+        };
+        let rel = self.vault.relative(&dest);
+        // One line per finished note, with its outcome and why (point 10 of issue 10); a held
+        // note's line says what to do next (§13).
+        match next {
+            State::Failed => {
+                tracing::warn!(note = %rel, state = next.as_str(), "note failed: {reason}")
+            }
+            State::PendingApproval => {
+                // Every refusal says what to do next (§13); a held call's reason already does.
+                let how = self.how_to_decide();
+                let why = if reason.contains(&how) {
+                    reason.to_string()
+                } else {
+                    format!("{reason}. {how}")
+                };
+                tracing::warn!(note = %rel, state = next.as_str(), "note held for approval: {why}")
+            }
+            _ => tracing::info!(note = %rel, state = next.as_str(), "note processed: {reason}"),
+        }
+        self.blocking(move |j| {
+            let ids: Vec<&str> = written.iter().map(String::as_str).collect();
+            j.written_and_moved(run, &ids, &rel, true)
+        })
+        .await?;
+        Ok(dest)
+    }
+
+    /// A note moved into Rejected: its held calls get REJECTED results; it stays there.
+    pub(crate) async fn reject_held(self: &Arc<Self>, path: &Path) -> Result<(), DaemonError> {
+        let Some(text) = self.read_note(path) else {
+            return Ok(());
+        };
+        let parsed = parse_note(&text);
+        let rejected = plan::rejections(&parsed);
+        if rejected.is_empty() {
+            return Ok(());
+        }
+        let note = self.vault.relative(path);
+        let run = self.blocking(move |j| j.begin_run(&note)).await?;
+        if let WriteBack::Written(ids) = self
+            .write_back(path, "", rejected, Vec::new(), State::Rejected)
+            .await?
+        {
+            let reason = format!("{} held call(s) rejected", ids.len());
+            self.finish_run(run, path, State::Rejected, ids, &reason)
+                .await?;
+        } else {
+            let reason = "results not written into the rejected note";
+            self.blocking(move |j| j.abandon_run(run, reason)).await?;
+        }
+        Ok(())
+    }
+}
+
+/// `current` with the results and the questions of `held` appended (what it shows already is
+/// not repeated), `tool_status` set to `next`, `runner` stamped as its `tool_runner` (§9.9:
+/// whoever updates a note is its runner from now on) and `tool_note` added when missing. None
+/// when it carries another `tool_note` than `note_id` (empty: any): another note.
+pub fn append_results(
+    current: &str,
+    note_id: &str,
+    results: &[CallResult],
+    held: &[HeldCall],
+    next: State,
+    runner: &str,
+    now: SystemTime,
+) -> Option<String> {
+    if note::frontmatter_property(current, "tool_note")
+        .is_some_and(|id| !note_id.is_empty() && id != note_id)
+    {
+        return None;
+    }
+    let cur = parse_note(current);
+    let mut blocks: Vec<Block<'_>> = results
+        .iter()
+        .filter(|r| !cur.has_result(&r.call_id))
+        .map(Block::Result)
+        .collect();
+    for h in held {
+        let shown = cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
+        if !shown && !cur.has_result(&h.call_id) {
+            blocks.push(Block::Held(h));
+        }
+    }
+    let text = note::append_blocks(current, &blocks, next.as_str(), now);
+    let text = note::set_runner(&text, runner);
+    if note::frontmatter_property(&text, "tool_note").is_none() && !note_id.is_empty() {
+        Some(note::set_note_id(&text, note_id))
+    } else {
+        Some(text)
+    }
+}
+
+/// Where a note goes after its run: Pending_Approval while a call waits for a person, Failed
+/// when a result failed (now, or before a crash in the run being continued: a kill between
+/// the write and the move must not turn Failed into Done, §8.5), else Done.
+pub(crate) fn next_state(
+    waiting: bool,
+    failed_before_crash: bool,
+    results: &[CallResult],
+) -> State {
+    if waiting {
+        State::PendingApproval
+    } else if failed_before_crash || results.iter().any(|r| !r.is_ok()) {
+        State::Failed
+    } else {
+        State::Done
+    }
+}
+
+/// Why a note ends where it ends, for its one log line.
+pub(crate) fn outcome_reason(results: &[CallResult], held: &[HeldCall], waiting: bool) -> String {
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| {
+            r.outcome.as_ref().err().map(|e| {
+                format!(
+                    "{} {} {}: {}",
+                    r.call_id,
+                    r.name,
+                    e.code.as_str(),
+                    e.message
+                )
+            })
+        })
+        .collect();
+    if waiting {
+        let mut parts: Vec<String> = held
+            .iter()
+            .map(|h| format!("{} {}: {}", h.call_id, h.name, h.reason))
+            .collect();
+        if parts.is_empty() {
+            parts.push("waiting for a decision on its held calls".to_string());
+        }
+        return parts.join("; ");
+    }
+    if failed.is_empty() {
+        format!("{} result(s), all ok", results.len())
+    } else {
+        format!(
+            "{} of {} failed: {}",
+            failed.len(),
+            results.len(),
+            failed.join("; ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{CallError, ErrorCode};
+    use crate::pipeline::plan::rejected_result;
+
+    const CALL: &str = "# A\n```json\n{\"tool_call\": {\"name\": \"t\", \"parameters\": {}, \"id\": \"a\"}}\n```\n";
+
+    fn failed(call_id: &str) -> CallResult {
+        CallResult::failed_now(call_id, "t", CallError::new(ErrorCode::Timeout, "slow"))
+    }
+
+    fn append(current: &str, note_id: &str, results: &[CallResult]) -> Option<String> {
+        append_results(
+            current,
+            note_id,
+            results,
+            &[],
+            State::Failed,
+            "host-beef",
+            SystemTime::now(),
+        )
+    }
+
+    #[test]
+    fn results_are_appended_once_with_status_runner_and_note_id() {
+        let once = append(CALL, "n-000000000001", &[failed("a")]).unwrap();
+        let parsed = parse_note(&once);
+        assert!(parsed.has_result("a"), "{once}");
+        assert_eq!(
+            note::frontmatter_property(&once, "tool_status"),
+            Some("failed")
+        );
+        assert_eq!(
+            note::frontmatter_property(&once, "tool_runner"),
+            Some("host-beef")
+        );
+        assert_eq!(
+            note::frontmatter_property(&once, "tool_note"),
+            Some("n-000000000001")
+        );
+        let twice = append(&once, "n-000000000001", &[failed("a")]).unwrap();
+        assert_eq!(parse_note(&twice).results.len(), 1, "{twice}");
+    }
+
+    #[test]
+    fn another_notes_text_is_not_written_into() {
+        let theirs = note::set_note_id(CALL, "n-00000000000f");
+        assert_eq!(append(&theirs, "n-000000000001", &[failed("a")]), None);
+        // Without an id of our own (a rejection), any note takes the results.
+        let rejected = append(&theirs, "", &[rejected_result("a", "t")]).unwrap();
+        assert_eq!(
+            note::frontmatter_property(&rejected, "tool_note"),
+            Some("n-00000000000f")
+        );
+        assert_eq!(
+            note::frontmatter_property(&rejected, "tool_runner"),
+            Some("host-beef")
+        );
+    }
+
+    #[test]
+    fn a_waiting_call_goes_to_pending_approval_a_failure_to_failed() {
+        let ok = Vec::new();
+        assert_eq!(
+            next_state(true, true, &[failed("a")]),
+            State::PendingApproval
+        );
+        assert_eq!(next_state(false, false, &[failed("a")]), State::Failed);
+        assert_eq!(next_state(false, true, &ok), State::Failed);
+        assert_eq!(next_state(false, false, &ok), State::Done);
+    }
+}
