@@ -273,6 +273,44 @@ async fn a_copy_of_a_finished_note_gets_a_new_id_and_runs_its_own_calls() {
     assert_eq!(search.queries(), vec!["first", "second"]);
 }
 
+// When the stamp is written: before a send starts, so the note that carries the send is tied to
+// its journal records while it runs; with the results for a note of only `read_only` calls
+// (one note write fewer, issue 16), whose calls may run again anyway (§9.3).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_send_is_stamped_before_it_starts_a_search_with_its_results() {
+    let search = SearxServer::start(Duration::from_millis(1500)).await;
+    let slack = slack_hook(Duration::from_secs(2)).await;
+    let vault = slack_vault(&search, &slack, "");
+    let daemon = vault.start();
+    vault.drop_note("send.md", &slack_note("Deploy"));
+    wait_for_send_in_flight(&vault, &slack).await;
+    let claimed = vault.read("In_Progress", "send.md");
+    let id = property(&claimed, "tool_note").expect("tool_note before the send starts");
+    assert!(property(&claimed, "tool_runner").is_some(), "{claimed}");
+    assert!(results_in(&claimed).is_empty(), "{claimed}");
+    let done = wait_in(&vault, &daemon, "Done", "send.md");
+    assert_eq!(property(&done, "tool_note"), Some(id));
+
+    let text = note_with_calls("Look", &[search_call("slow")]);
+    vault.drop_note("look.md", &text);
+    let start = std::time::Instant::now();
+    while search.queries().is_empty() {
+        assert!(start.elapsed() < DEADLINE, "the search never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        vault.read("In_Progress", "look.md"),
+        text,
+        "a note of read_only calls is untouched while they run"
+    );
+    let done = wait_in(&vault, &daemon, "Done", "look.md");
+    for key in ["tool_note", "tool_runner", "tool_updated"] {
+        assert!(property(&done, key).is_some(), "{key} in {done}");
+    }
+    assert_eq!(results_in(&done).len(), 1, "{done}");
+    assert_eq!(requests(&slack).await, 1);
+}
+
 // The agentic loop: a finished note moved back with a deleted result runs that call again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deleted_result_runs_again_when_the_note_comes_back() {

@@ -138,13 +138,19 @@ const HOUR: Duration = Duration::from_secs(3600);
 #[tokio::test(flavor = "multi_thread")]
 async fn each_claim_writes_this_daemons_runner_and_status_shows_it() {
     let search = SearxServer::start(Duration::from_millis(800)).await;
-    let vault = TestVault::new(&search.base_url(), "");
+    let vault = TestVault::new(
+        &search.base_url(),
+        "[tools.vault]\nwrite = [\"Agent/**\"]\n",
+    );
     let daemon = vault.start();
     let me = runner_of(&vault);
     let (host, hex) = me.rsplit_once('-').unwrap();
     assert!(!host.is_empty() && hex.len() == 4, "{me}");
-    vault.drop_note("a.md", &note_with_calls("A", &[search_call("first")]));
-    // Written at the claim, while the call still runs.
+    // A state_change call: the note is stamped at its claim, while the search still runs (a
+    // note of only read_only calls is stamped with its results; tests/identity.rs).
+    let make =
+        json!({ "name": "vault_create", "parameters": { "path": "Agent/a.md", "content": "a" } });
+    vault.drop_note("a.md", &note_with_calls("A", &[make, search_call("first")]));
     wait_until("the claimed note carries tool_runner", DEADLINE, || {
         std::fs::read_to_string(vault.path("In_Progress", "a.md"))
             .is_ok_and(|t| property(&t, "tool_runner").as_deref() == Some(me.as_str()))
@@ -164,7 +170,7 @@ async fn each_claim_writes_this_daemons_runner_and_status_shows_it() {
     vault.drop_note("a.md", &again);
     assert_eq!(vault.once().0, 0);
     let done = vault.read("Done", "a.md");
-    assert_eq!(results_in(&done).len(), 2, "{done}");
+    assert_eq!(results_in(&done).len(), 3, "{done}");
     assert_eq!(property(&done, "tool_runner"), Some(me.clone()));
     assert_eq!(runner_of(&vault), me);
 

@@ -174,22 +174,21 @@ impl Daemon {
             })
             .await?;
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
-        if !self.write_identity(run, claimed, &ident.note_id).await? {
-            return Ok(());
-        }
         self.execute(run, claimed, pass, std::mem::take(ident))
             .await
     }
 
     /// Stamps a claimed note with `tool_note` (DESIGN §9.2), `tool_runner` and `tool_updated`
-    /// (§9.9). False when the note is gone (the run is then abandoned). Any other failure is
-    /// logged: the results write adds them later.
+    /// (§9.9), before any of its calls starts. False when the note is gone (the run is then
+    /// abandoned). Any other failure is logged: the results write adds them later. A note
+    /// whose calls are all fresh `read_only` runs is not stamped here: its results write adds
+    /// the three properties (see `stamp_at_claim` in `pipeline/execute.rs`).
     pub(crate) async fn write_identity(
         &self,
         run: RunId,
         path: &Path,
         note_id: &str,
-    ) -> Result<bool, DaemonError> {
+    ) -> Result<Stamp, DaemonError> {
         let (p, id) = (path.to_path_buf(), note_id.to_string());
         let runner = self.runners.me.to_string();
         let written = tokio::task::spawn_blocking(move || {
@@ -200,17 +199,17 @@ impl Daemon {
         .await
         .expect("write task does not panic");
         match written {
-            Ok(_) => {
+            Ok(text) => {
                 self.runners.wrote(path);
-                Ok(true)
+                Ok(Stamp::Written(text))
             }
             Err(note::WriteError::Gone(_)) => {
                 self.abandon(run, path).await?;
-                Ok(false)
+                Ok(Stamp::Gone)
             }
             Err(e) => {
                 tracing::warn!(note = %self.vault.relative(path), "cannot add tool_note yet: {e}");
-                Ok(true)
+                Ok(Stamp::NotYet)
             }
         }
     }
@@ -389,6 +388,16 @@ impl Daemon {
 }
 
 /// `n-` + 12 random hex digits (DESIGN §9.2).
+/// What [`Daemon::write_identity`] came to.
+pub(crate) enum Stamp {
+    /// The note as written, stamped.
+    Written(String),
+    /// The note is gone: its run was abandoned.
+    Gone,
+    /// Not written now (logged): the results write adds the properties.
+    NotYet,
+}
+
 pub(crate) fn new_note_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     // RandomState is seeded from the OS's randomness once per process, then stepped; mixed

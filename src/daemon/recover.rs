@@ -2,7 +2,7 @@
 //! be written or whose note could not be moved, are finished from the journal (DESIGN §5, §8.15).
 
 use super::Daemon;
-use crate::daemon::claim::{by_call_id, new_note_id, valid_note_id};
+use crate::daemon::claim::{Stamp, by_call_id, new_note_id, valid_note_id};
 use crate::daemon::{DaemonError, Identity, Pass};
 use crate::note::{self};
 use crate::vault::State;
@@ -109,7 +109,12 @@ impl Daemon {
                     prior = by_call_id(r.calls);
                 }
             }
-            if carried.is_none() && !self.write_identity(run, path, &note_id).await? {
+            if carried.is_none()
+                && matches!(
+                    self.write_identity(run, path, &note_id).await?,
+                    Stamp::Gone
+                )
+            {
                 return Ok(());
             }
             let ident = Identity {

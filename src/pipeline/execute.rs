@@ -4,6 +4,7 @@
 //! handed to the write back.
 
 use crate::call::{CallResult, HeldCall};
+use crate::daemon::claim::Stamp;
 use crate::daemon::intake::stamp;
 use crate::daemon::{Daemon, DaemonError, Identity, Pass};
 use crate::guard::budget;
@@ -31,6 +32,32 @@ pub(crate) struct Outcome {
     pub(crate) foreign: HashSet<String>,
 }
 
+/// Whether a claimed note gets its identity (`tool_note`, `tool_runner`, `tool_updated`)
+/// written before its calls start (DESIGN §9.2, §9.9), or only with its results.
+///
+/// The stamp is what ties the journal's records of a note's calls to the note if it is moved
+/// by hand, copied or synced while they run; it matters for calls that must not run twice.
+/// A note whose every planned step is a fresh `read_only` run, claimed from Needs_Action with
+/// nothing in the journal for it (and not a copy whose id is replaced, checked by the caller),
+/// has none: if it is moved or the daemon dies mid-run, its
+/// calls simply run again (§9.3), and the results write adds the three properties. Skipping
+/// the stamp there saves one whole note write (temp file, fsync, rename, folder fsync) per
+/// note, about a third of the daemon's work on such a note (BENCHMARKS.md, issue 16).
+pub(crate) fn stamp_at_claim(plan: &Plan, pass: Pass, facts: &Facts) -> bool {
+    if matches!(pass, Pass::Recover { .. }) {
+        return false; // stamped by the recovery itself, before the note is read
+    }
+    let fresh_read_only = pass == Pass::Fresh
+        && facts.prior.is_empty()
+        && facts.stale.is_none()
+        && !plan.steps.is_empty()
+        && plan
+            .steps
+            .iter()
+            .all(|(_, step)| matches!(step, Step::Run(call) if call.effect() == Effect::ReadOnly));
+    !fresh_read_only
+}
+
 impl Daemon {
     /// Runs the pending calls of a claimed note, writes the results, moves the note on.
     pub(crate) async fn execute(
@@ -40,12 +67,27 @@ impl Daemon {
         pass: Pass,
         mut ident: Identity,
     ) -> Result<(), DaemonError> {
-        let Some(text) = self.read_claimed(run, path).await? else {
+        let Some(mut text) = self.read_claimed(run, path).await? else {
             return Ok(());
         };
-        let parsed = parse_note(&text);
+        let mut parsed = parse_note(&text);
         let facts = self.facts_for(&parsed, pass, &mut ident).await?;
-        let plan = plan::plan(&parsed, &self.runner.registry, &self.rules(pass), &facts);
+        let rules = self.rules(pass);
+        let mut plan = plan::plan(&parsed, &self.runner.registry, &rules, &facts);
+        let id_on_note = note::frontmatter_property(&text, "tool_note");
+        if stamp_at_claim(&plan, pass, &facts) || id_on_note.is_some_and(|id| id != ident.note_id) {
+            match self.write_identity(run, path, &ident.note_id).await? {
+                Stamp::Gone => return Ok(()),
+                Stamp::NotYet => {}
+                Stamp::Written(stamped) => {
+                    // Planned again on the note as written: the same calls and facts, but
+                    // line numbers of INVALID_JSON now count the frontmatter the stamp added.
+                    text = stamped;
+                    parsed = parse_note(&text);
+                    plan = plan::plan(&parsed, &self.runner.registry, &rules, &facts);
+                }
+            }
+        }
         self.spend_decisions(&plan).await?;
         self.report_left_pending(path, plan.left_pending).await;
         let calls = self
