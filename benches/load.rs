@@ -254,9 +254,15 @@ struct Bench {
 
 impl Bench {
     fn new(search_url: &str) -> Bench {
+        // `VAULTD_BENCH_KEEP_IN=DIR`: vaults are made in DIR and kept. On ext4 without a
+        // journal, inodes freed in the last 60 s are skipped one by one when a new file is
+        // made (`recently_deleted()`), so a run right after another one's vault was removed
+        // measures that scan: for A/B runs back to back, keep them and remove DIR after.
+        let keep_in = std::env::var_os("VAULTD_BENCH_KEEP_IN");
         let dir = tempfile::Builder::new()
             .prefix("vaultd-load-")
-            .tempdir()
+            .keep(keep_in.is_some())
+            .tempdir_in(keep_in.map_or_else(std::env::temp_dir, PathBuf::from))
             .expect("tempdir");
         let root = dir.path().join("vault");
         let staging = dir.path().join("staging");

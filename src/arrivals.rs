@@ -11,20 +11,20 @@
 //! taken for a new note. A file system without hard links falls back to waiting
 //! `moved_in_grace`, then renaming.
 
+use crate::recent::Recent;
 use crate::vault::{FileKey, LeftBehind, Vault};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The arrivals of one daemon: when each note was renamed in, and the names its link claims
 /// left behind until they are dropped.
 #[derive(Debug, Default)]
 pub struct Arrivals {
     grace: Duration,
-    /// Path -> when a rename brought it in. Pruned as it is used: bounded by the notes
-    /// renamed in within one grace.
-    arrived: Mutex<HashMap<PathBuf, Instant>>,
+    /// Path -> when a rename brought it in, for one grace.
+    arrived: Mutex<Recent>,
     /// First names of claimed notes, until dropped: a look at one is not a new note.
     left: Mutex<HashMap<PathBuf, FileKey>>,
 }
@@ -33,6 +33,7 @@ impl Arrivals {
     pub fn new(grace: Duration) -> Arrivals {
         Arrivals {
             grace,
+            arrived: Mutex::new(Recent::new(grace)),
             ..Arrivals::default()
         }
     }
@@ -42,21 +43,21 @@ impl Arrivals {
         if self.grace.is_zero() {
             return;
         }
-        let now = Instant::now();
-        let mut arrived = self.arrived.lock().expect("arrivals lock poisoned");
-        arrived.retain(|_, at| now.duration_since(*at) < self.grace);
-        arrived.insert(path.to_path_buf(), now);
+        self.arrived
+            .lock()
+            .expect("arrivals lock poisoned")
+            .note(path);
     }
 
     /// How long the note's first name must still stay, if it arrived by rename within the
     /// grace: then it is to be claimed by link.
     pub fn keep_first_name_for(&self, path: &Path) -> Option<Duration> {
-        let at = self
+        let age = self
             .arrived
             .lock()
             .expect("arrivals lock poisoned")
-            .remove(path)?;
-        Some(self.grace.saturating_sub(at.elapsed())).filter(|d| !d.is_zero())
+            .take(path)?;
+        Some(self.grace.saturating_sub(age)).filter(|d| !d.is_zero())
     }
 
     /// Remembers a name a link claim left behind, until [`drop_one`](Self::drop_one).

@@ -46,6 +46,7 @@ pub mod journal;
 pub mod note;
 pub mod pipeline;
 pub mod private;
+pub mod recent;
 pub mod results;
 pub mod runner;
 pub mod secret;

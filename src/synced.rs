@@ -3,13 +3,13 @@
 //! finished. Pure parts take text and times; the scan reads only notes changed inside the
 //! window, so start-up on a large `Done/` costs one `stat` per old note.
 
+use crate::recent::Recent;
 use crate::vault::{State, Vault};
-use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 /// The file in the state dir that keeps this daemon's runner id across restarts.
 pub const RUNNER_ID_FILE: &str = "runner_id";
@@ -277,7 +277,7 @@ pub struct RunnerWatch {
     /// The note that showed a second runner; claiming stays paused until a restart.
     paused: Mutex<Option<ForeignNote>>,
     /// Paths this daemon just claimed, wrote or moved a note to, and when.
-    own: Mutex<HashMap<PathBuf, Instant>>,
+    own: Mutex<Recent>,
 }
 
 impl RunnerWatch {
@@ -287,18 +287,16 @@ impl RunnerWatch {
             window,
             taken_over_at,
             paused: Mutex::new(None),
-            own: Mutex::new(HashMap::new()),
+            own: Mutex::new(Recent::new(OWN_WRITE_TTL)),
         }
     }
 
     /// Notes that this daemon put `path` there (a claim, a results write, a move).
     pub fn wrote(&self, path: &Path) {
-        let mut own = self.own.lock().expect("own-writes lock poisoned");
-        let now = Instant::now();
-        if own.len() > 256 {
-            own.retain(|_, at| now.duration_since(*at) < OWN_WRITE_TTL);
-        }
-        own.insert(path.to_path_buf(), now);
+        self.own
+            .lock()
+            .expect("own-writes lock poisoned")
+            .note(path);
     }
 
     /// Whether an event at `path` is (very likely) this daemon's own write.
@@ -306,8 +304,8 @@ impl RunnerWatch {
         self.own
             .lock()
             .expect("own-writes lock poisoned")
-            .get(path)
-            .is_some_and(|at| at.elapsed() < OWN_WRITE_TTL)
+            .age(path)
+            .is_some()
     }
 
     /// Reads the head of the note at `path`: another runner's recent activity, or None.

@@ -224,7 +224,7 @@ impl Daemon {
         {
             let id = id.to_string();
             let q = id.clone();
-            let last = self.blocking(move |j| j.note_path(&q)).await?;
+            let last = self.read_journal(|j| j.note_path(&q))?;
             let copy = last.is_some_and(|p| {
                 p != rel
                     && std::fs::read_to_string(self.vault.root().join(&p))
@@ -246,7 +246,7 @@ impl Daemon {
             ..Identity::default()
         };
         let q = rel.clone();
-        let Some(claim) = self.blocking(move |j| j.last_claim_from(&q)).await? else {
+        let Some(claim) = self.read_journal(|j| j.last_claim_from(&q))? else {
             return Ok(ident);
         };
         let age = SystemTime::now()
@@ -300,18 +300,15 @@ impl Daemon {
         note_id: &str,
     ) -> Result<(HashMap<String, JournalCall>, Option<StaleCopy>), DaemonError> {
         let q = note_id.to_string();
-        let own = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+        let own = by_call_id(self.read_journal(|j| j.note_calls(&q))?);
         let q = note_id.to_string();
-        let Some((of, within_grace)) = self.blocking(move |j| j.copy_of(&q)).await? else {
+        let Some((of, within_grace)) = self.read_journal(|j| j.copy_of(&q))? else {
             return Ok((own, None));
         };
         let q = of.clone();
-        let mut prior = by_call_id(self.blocking(move |j| j.note_calls(&q)).await?);
+        let mut prior = by_call_id(self.read_journal(|j| j.note_calls(&q))?);
         let q = of.clone();
-        let note = self
-            .blocking(move |j| j.note_path(&q))
-            .await?
-            .unwrap_or_default();
+        let note = self.read_journal(|j| j.note_path(&q))?.unwrap_or_default();
         prior.extend(own);
         let stale = StaleCopy {
             of: Claim {
@@ -379,7 +376,7 @@ impl Daemon {
                 continue;
             }
             let id = call.call_id.clone();
-            if self.blocking(move |j| j.approved_any(&id)).await? {
+            if self.read_journal(|j| j.approved_any(&id))? {
                 return Ok(true);
             }
         }
@@ -387,7 +384,6 @@ impl Daemon {
     }
 }
 
-/// `n-` + 12 random hex digits (DESIGN §9.2).
 /// What [`Daemon::write_identity`] came to.
 pub(crate) enum Stamp {
     /// The note as written, stamped.
@@ -398,6 +394,7 @@ pub(crate) enum Stamp {
     NotYet,
 }
 
+/// `n-` + 12 random hex digits (DESIGN §9.2).
 pub(crate) fn new_note_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     // RandomState is seeded from the OS's randomness once per process, then stepped; mixed

@@ -491,6 +491,18 @@ impl Daemon {
         self.config.approval_via == ApprovalVia::Cli
     }
 
+    /// A journal read, run right here on the async worker instead of in the blocking pool.
+    /// Reads are indexed lookups on their own connection that take microseconds and, in WAL
+    /// mode, never wait for the writer: the hop to a pool thread and back (two context
+    /// switches) cost more than the read (issue 16's profile, BENCHMARKS.md). Writes, which
+    /// wait for a commit, go through [`blocking`](Self::blocking).
+    pub(crate) fn read_journal<T>(
+        &self,
+        f: impl FnOnce(&Journal) -> Result<T, JournalError>,
+    ) -> Result<T, DaemonError> {
+        Ok(f(&self.journal)?)
+    }
+
     pub(crate) async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Journal) -> Result<T, JournalError> + Send + 'static,

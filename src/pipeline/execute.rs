@@ -155,7 +155,7 @@ impl Daemon {
     ) -> Result<Facts, DaemonError> {
         let decisions = if self.approval_via_cli() {
             let questions = Facts::questions(parsed);
-            self.blocking(move |j| {
+            self.read_journal(|j| {
                 let mut found = HashMap::new();
                 for (call_id, hash) in questions {
                     if let Some(d) = j.approval(&call_id, &hash)? {
@@ -163,15 +163,11 @@ impl Daemon {
                     }
                 }
                 Ok(found)
-            })
-            .await?
+            })?
         } else {
             HashMap::new()
         };
-        let key = ident.note_id.clone();
-        let calls_started = self
-            .blocking(move |j| budget::calls_started(j, &key))
-            .await?;
+        let calls_started = self.read_journal(|j| budget::calls_started(j, &ident.note_id))?;
         Ok(Facts {
             prior: std::mem::take(&mut ident.prior),
             stale: ident.stale.as_ref().map(|s| s.within_grace),
