@@ -261,7 +261,7 @@ impl Bench {
         let keep_in = std::env::var_os("VAULTD_BENCH_KEEP_IN");
         let dir = tempfile::Builder::new()
             .prefix("vaultd-load-")
-            .keep(keep_in.is_some())
+            .disable_cleanup(keep_in.is_some())
             .tempdir_in(keep_in.map_or_else(std::env::temp_dir, PathBuf::from))
             .expect("tempdir");
         let root = dir.path().join("vault");
