@@ -14,4 +14,4 @@ pub use parse::{
     json_block_contents, params_hash, parse_note,
 };
 pub use render::{Block, append_blocks, set_note_id, set_runner, stamp_claim};
-pub use write::{WriteError, read_settled, update_note};
+pub use write::{WriteError, read_settled, update_note, update_note_then_move};

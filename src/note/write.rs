@@ -42,6 +42,25 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// temp file is dropped and `build` runs again on the new content, so the other writer's
 /// change is kept. When `build` changes nothing, nothing is written.
 pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
+    update(path, build, true)
+}
+
+/// [`update_note`] without the fsync of the note's folder after the rename, for a caller that
+/// moves the note on at once: the move's fsync of the folder it leaves ([`crate::vault::Vault::move_to`])
+/// makes this rename durable too, before anything is recorded as done. A caller whose move
+/// then fails must fsync the folder itself ([`crate::vault::fsync_dir`]).
+pub fn update_note_then_move(
+    path: &Path,
+    build: impl Fn(&str) -> String,
+) -> Result<String, WriteError> {
+    update(path, build, false)
+}
+
+fn update(
+    path: &Path,
+    build: impl Fn(&str) -> String,
+    sync_folder: bool,
+) -> Result<String, WriteError> {
     for attempt in 1..=MAX_ATTEMPTS {
         if attempt > 1 {
             std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
@@ -91,7 +110,9 @@ pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String
         drop(guard);
         // The rename is done: a failed folder fsync only weakens durability after a crash,
         // and reporting it as a failed write would make the caller append twice.
-        sync_parent(path);
+        if sync_folder {
+            sync_parent(path);
+        }
         return Ok(new);
     }
     Err(io_error(

@@ -117,9 +117,19 @@ impl Daemon {
         let now = SystemTime::now();
         let note_id = note_id.to_string();
         let runner = self.runners.me.clone();
+        // Moved on right after (`finish_run`): that move's folder fsyncs cover this rename.
+        let moves_on = self
+            .vault
+            .locate(path)
+            .is_some_and(|(here, _)| here != next);
         let written = tokio::task::spawn_blocking(move || {
             let other_note = std::cell::Cell::new(false);
-            let written = note::update_note(&path_buf, |current| {
+            let update = if moves_on {
+                note::update_note_then_move
+            } else {
+                note::update_note
+            };
+            let written = update(&path_buf, &|current: &str| {
                 let appended = append_results(
                     current,
                     &note_id,
@@ -175,9 +185,18 @@ impl Daemon {
             path.to_path_buf()
         } else {
             let (vault, p) = (self.vault.clone(), path.to_path_buf());
-            let dest = tokio::task::spawn_blocking(move || vault.move_to(&p, next))
-                .await
-                .expect("move task does not panic")?;
+            let dest = tokio::task::spawn_blocking(move || {
+                let moved = vault.move_to(&p, next);
+                if moved.is_err()
+                    && let Some(folder) = p.parent()
+                {
+                    // The results write left this folder's fsync to the move (`write_back`).
+                    crate::vault::fsync_dir(folder);
+                }
+                moved
+            })
+            .await
+            .expect("move task does not panic")?;
             self.runners.wrote(&dest);
             dest
         };
