@@ -160,27 +160,14 @@ impl Runner {
         let (call_id, name) = (call.call_id.as_str(), call.name());
         let limits = rate_windows(call.tool.policy.rate_limit);
         let redacted = self.redact_value(Value::Object(call.parameters.clone()));
-        let (j, cid, tname, effect) = (
-            self.journal.clone(),
-            call_id.to_string(),
-            name.to_string(),
-            call.effect(),
-        );
-        let admitted = tokio::task::spawn_blocking(move || {
-            j.call_started_within(run, &cid, &tname, effect, &redacted, &limits)
-        })
-        .await;
+        let admitted = self
+            .journal
+            .call_started_within_async(run, call_id, name, call.effect(), &redacted, &limits)
+            .await;
         let error = match admitted {
-            Ok(Ok(StartAdmission::Started)) => return Ok(()),
-            Ok(Ok(StartAdmission::RateLimited { window, reset_at })) => {
+            Ok(StartAdmission::Started) => return Ok(()),
+            Ok(StartAdmission::RateLimited { window, reset_at }) => {
                 rate_limited(name, &window, reset_at)
-            }
-            Ok(Err(e)) => {
-                return Err(CallResult::failed_now(
-                    call_id,
-                    name,
-                    journal_down(&e.to_string()),
-                ));
             }
             Err(e) => {
                 return Err(CallResult::failed_now(
@@ -198,13 +185,8 @@ impl Runner {
     /// Records a call's outcome in the journal (also for calls that never started, so
     /// `vaultd log` shows them) and returns it.
     pub async fn record(&self, run: RunId, result: CallResult) -> CallResult {
-        let (j, r) = (self.journal.clone(), result.clone());
-        match tokio::task::spawn_blocking(move || j.call_finished(run, &r)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}")
-            }
-            Err(e) => tracing::error!(call_id = %result.call_id, "journal task failed: {e}"),
+        if let Err(e) = self.journal.call_finished_async(run, &result).await {
+            tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}")
         }
         result
     }

@@ -164,14 +164,10 @@ impl Daemon {
             .as_ref()
             .map(|s| (s.of.note_id.clone(), s.within_grace));
         let left_key = left.map(|l| l.file.encode());
+        let copy_of = copy_of.as_ref().map(|(id, grace)| (id.as_str(), *grace));
         let run = self
-            .blocking(move |j| {
-                let copy_of = copy_of.as_ref().map(|(id, grace)| (id.as_str(), *grace));
-                match &left_key {
-                    Some(key) => j.begin_linked_run(&note, &id, &from, copy_of, key),
-                    None => j.begin_note_run(&note, Some(&id), Some(&from), copy_of),
-                }
-            })
+            .journal
+            .begin_claim_async(&note, &id, &from, copy_of, left_key.as_deref())
             .await?;
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
         self.execute(run, claimed, pass, std::mem::take(ident))

@@ -3,6 +3,7 @@
 
 use super::events::{EventFields, event};
 use super::runs::{record_move, run_note};
+use super::writer::Wait;
 use super::{
     Failure, Journal, JournalError, RunId, Tx, attach, exec, from_ms, from_ns, now_ms, query_one,
     to_ms, to_ns, undo,
@@ -69,6 +70,17 @@ impl Journal {
     pub fn call_finished(&self, run: RunId, result: &CallResult) -> Result<(), JournalError> {
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
         self.write(move |tx| record_outcome(tx, run, &outcome))
+    }
+
+    /// [`call_finished`](Self::call_finished) for async callers (the runner).
+    pub async fn call_finished_async(
+        &self,
+        run: RunId,
+        result: &CallResult,
+    ) -> Result<(), JournalError> {
+        let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
+        self.write_async(Wait::Durable, move |tx| record_outcome(tx, run, &outcome))
+            .await
     }
 
     /// [`call_finished`](Self::call_finished) for many results in one transaction: the

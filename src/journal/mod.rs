@@ -34,6 +34,18 @@
 //! counts the same way. Reads (another connection) see a `read_only` start once its group
 //! committed: at the latest when any later durable write has returned ([`Journal::flush`]).
 //!
+//! # The claim
+//! The daemon's claim record (`begin_claim_async`) is waited for until it ran in the writer's
+//! transaction (its run id is known), not until it commits. Nothing a crash could
+//! then repeat depends on it alone: every call that must not run twice has a durable start
+//! record, and the single writer commits jobs in order, so that start's commit carries the
+//! claim's too. A kill before that commit is the case of a kill between the claim's rename and
+//! its record, which recovery always handled: the note is found in In_Progress unknown to the
+//! journal (DESIGN §8.15: `read_only` calls run, others get UNKNOWN_OUTCOME; none of them can
+//! have started), and a name a link claim left behind is still recognised by the inode it
+//! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
+//! path to Done.
+//!
 //! # Tables (schema version 3, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
@@ -227,6 +239,19 @@ impl Journal {
     ) -> Result<T, JournalError> {
         self.writer
             .submit(writer::Wait::Executed, f)
+            .map_err(|e| attach(&self.path, e))
+    }
+
+    /// [`write`](Self::write) (`Durable`) or [`write_executed`](Self::write_executed) for an
+    /// async caller, awaited without a blocking thread.
+    async fn write_async<T: Send + 'static>(
+        &self,
+        wait: writer::Wait,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        self.writer
+            .submit_async(wait, f)
+            .await
             .map_err(|e| attach(&self.path, e))
     }
 

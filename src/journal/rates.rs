@@ -2,7 +2,8 @@
 //! in one transaction so two calls cannot both take the last slot.
 
 use super::calls::{insert_start, needs_durable_start};
-use super::{Journal, JournalError, RunId, Tx, from_ms, now_ms, query_one, to_ms};
+use super::writer::Wait;
+use super::{Failure, Journal, JournalError, RunId, Tx, from_ms, now_ms, query_one, to_ms};
 use crate::tools::Effect;
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
@@ -52,40 +53,32 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
-        let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
-        let limits = limits.to_vec();
-        let now = now_ms();
-        if !needs_durable_start(effect) && limits.is_empty() {
-            self.write_queued("a read_only call's start", move |tx| {
-                insert_start(tx, now, run, &call_id, &tool, effect, &params)
-            })?;
-            return Ok(StartAdmission::Started);
+        match start_write(run, call_id, tool, effect, params, limits) {
+            StartWrite::Queued(insert) => {
+                self.write_queued("a read_only call's start", insert)?;
+                Ok(StartAdmission::Started)
+            }
+            StartWrite::Admit(Wait::Durable, admit) => self.write(admit),
+            StartWrite::Admit(Wait::Executed, admit) => self.write_executed(admit),
         }
-        let admit = move |tx: &Tx<'_>| {
-            let (call_id, tool, params) = (call_id.as_str(), tool.as_str(), params.as_str());
-            let mut worst: Option<(RateWindow, i64)> = None;
-            for &window in &limits {
-                if let Some(reset_at) = window_reset(tx, tool, window, now)?
-                    && worst.is_none_or(|(_, r)| reset_at > r)
-                {
-                    worst = Some((window, reset_at));
-                }
+    }
+
+    /// [`call_started_within`](Self::call_started_within) for async callers (the runner).
+    pub async fn call_started_within_async(
+        &self,
+        run: RunId,
+        call_id: &str,
+        tool: &str,
+        effect: Effect,
+        params: &Value,
+        limits: &[RateWindow],
+    ) -> Result<StartAdmission, JournalError> {
+        match start_write(run, call_id, tool, effect, params, limits) {
+            StartWrite::Queued(insert) => {
+                self.write_queued("a read_only call's start", insert)?;
+                Ok(StartAdmission::Started)
             }
-            match worst {
-                Some((window, reset_at)) => Ok(StartAdmission::RateLimited {
-                    window,
-                    reset_at: from_ms(reset_at),
-                }),
-                None => {
-                    insert_start(tx, now, run, call_id, tool, effect, params)?;
-                    Ok(StartAdmission::Started)
-                }
-            }
-        };
-        if needs_durable_start(effect) {
-            self.write(admit)
-        } else {
-            self.write_executed(admit)
+            StartWrite::Admit(wait, admit) => self.write_async(wait, admit).await,
         }
     }
 
@@ -163,6 +156,61 @@ pub(super) fn window_reset(
     .optional()?;
     // No such start (max = 0): the window never frees; say one window from now.
     Ok(Some(leaving.unwrap_or(now).saturating_add(length)))
+}
+
+/// How a call's start is written: queued (a `read_only` call with no limit to check), or an
+/// admission (rate limits checked and the start inserted in one job) waited for as `Wait`.
+enum StartWrite {
+    Queued(TxJob<()>),
+    Admit(Wait, TxJob<StartAdmission>),
+}
+
+/// A write job answering `T`.
+type TxJob<T> = Box<dyn FnOnce(&Tx<'_>) -> Result<T, Failure> + Send>;
+
+fn start_write(
+    run: RunId,
+    call_id: &str,
+    tool: &str,
+    effect: Effect,
+    params: &Value,
+    limits: &[RateWindow],
+) -> StartWrite {
+    let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
+    let limits = limits.to_vec();
+    let now = now_ms();
+    if !needs_durable_start(effect) && limits.is_empty() {
+        return StartWrite::Queued(Box::new(move |tx| {
+            insert_start(tx, now, run, &call_id, &tool, effect, &params)
+        }));
+    }
+    let admit = move |tx: &Tx<'_>| {
+        let (call_id, tool, params) = (call_id.as_str(), tool.as_str(), params.as_str());
+        let mut worst: Option<(RateWindow, i64)> = None;
+        for &window in &limits {
+            if let Some(reset_at) = window_reset(tx, tool, window, now)?
+                && worst.is_none_or(|(_, r)| reset_at > r)
+            {
+                worst = Some((window, reset_at));
+            }
+        }
+        match worst {
+            Some((window, reset_at)) => Ok(StartAdmission::RateLimited {
+                window,
+                reset_at: from_ms(reset_at),
+            }),
+            None => {
+                insert_start(tx, now, run, call_id, tool, effect, params)?;
+                Ok(StartAdmission::Started)
+            }
+        }
+    };
+    let wait = if needs_durable_start(effect) {
+        Wait::Durable
+    } else {
+        Wait::Executed
+    };
+    StartWrite::Admit(wait, Box::new(admit))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use super::calls::run_calls;
 use super::events::{EventFields, event};
+use super::writer::Wait;
 use super::{
     Failure, Journal, JournalCall, JournalError, Tx, exec, from_ms, now_ms, query_one, to_ms,
 };
@@ -104,39 +105,74 @@ impl Journal {
         let (note_id, claimed_from) = (note_id.map(str::to_owned), claimed_from.map(str::to_owned));
         let copy_of = copy_of.map(|(of, grace)| (of.to_owned(), grace));
         let left_behind = left_behind.map(str::to_owned);
-        self.write(move |tx| {
-            let (note, note_id, claimed_from) =
-                (note.as_str(), note_id.as_deref(), claimed_from.as_deref());
-            let copy_of = copy_of.as_ref().map(|(of, grace)| (of.as_str(), *grace));
-            let now = now_ms();
-            let stale = exec(
-                tx,
-                "UPDATE runs SET ended_at_ms = ?1, final_state = 'superseded'
+        self.write(claim_job(note, note_id, claimed_from, copy_of, left_behind))
+    }
+}
+
+/// The job of a claim's run record (see [`Journal::begin_note_run`]).
+fn claim_job(
+    note: String,
+    note_id: Option<String>,
+    claimed_from: Option<String>,
+    copy_of: Option<(String, bool)>,
+    left_behind: Option<String>,
+) -> impl FnOnce(&Tx<'_>) -> Result<RunId, Failure> + Send + 'static {
+    move |tx: &Tx<'_>| {
+        let (note, note_id, claimed_from) =
+            (note.as_str(), note_id.as_deref(), claimed_from.as_deref());
+        let copy_of = copy_of.as_ref().map(|(of, grace)| (of.as_str(), *grace));
+        let now = now_ms();
+        let stale = exec(
+            tx,
+            "UPDATE runs SET ended_at_ms = ?1, final_state = 'superseded'
                  WHERE note = ?2 AND ended_at_ms IS NULL",
-                params![now, note],
-            )?;
-            if stale > 0 {
-                tracing::warn!(note, "journal: closing a stale open run of the same note");
-            }
-            exec(
-                tx,
-                "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
+            params![now, note],
+        )?;
+        if stale > 0 {
+            tracing::warn!(note, "journal: closing a stale open run of the same note");
+        }
+        exec(
+            tx,
+            "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
                                    copy_within_grace, left_behind)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    note,
-                    now,
-                    note_id,
-                    claimed_from,
-                    copy_of.map(|c| c.0),
-                    copy_of.map(|c| c.1),
-                    left_behind
-                ],
-            )?;
-            let run = tx.last_insert_rowid();
-            event(tx, now, "claim", Some(run), note, &EventFields::default())?;
-            Ok(run)
-        })
+            params![
+                note,
+                now,
+                note_id,
+                claimed_from,
+                copy_of.map(|c| c.0),
+                copy_of.map(|c| c.1),
+                left_behind
+            ],
+        )?;
+        let run = tx.last_insert_rowid();
+        event(tx, now, "claim", Some(run), note, &EventFields::default())?;
+        Ok(run)
+    }
+}
+
+impl Journal {
+    /// The daemon's claim record, for async callers: [`begin_linked_run`]
+    /// (Self::begin_linked_run) when `left_behind` is given, else [`begin_note_run`]
+    /// (Self::begin_note_run). Returns once it ran in the writer's transaction, not once it
+    /// is durable (see "The claim" in the module doc): reads see it after its group commits.
+    pub async fn begin_claim_async(
+        &self,
+        note: &str,
+        note_id: &str,
+        claimed_from: &str,
+        copy_of: Option<(&str, bool)>,
+        left_behind: Option<&str>,
+    ) -> Result<RunId, JournalError> {
+        let job = claim_job(
+            note.to_owned(),
+            Some(note_id.to_owned()),
+            Some(claimed_from.to_owned()),
+            copy_of.map(|(of, grace)| (of.to_owned(), grace)),
+            left_behind.map(str::to_owned),
+        );
+        self.write_async(Wait::Executed, job).await
     }
 
     /// Records a rename of the run's note to `to` (vault-relative). `ends_run` closes the run

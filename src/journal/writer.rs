@@ -14,7 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 
 /// Jobs that may wait for the writer before a caller blocks on sending: backpressure, so a
@@ -88,21 +88,38 @@ impl Writer {
         f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, Failure> {
         let (reply, answer) = sync_channel::<Result<T, Failure>>(1);
-        let job: Job = Box::new(move |tx| match tx.and_then(f) {
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                Ran::Failed
-            }
-            Ok(out) if wait == Wait::Executed => {
-                let _ = reply.send(Ok(out));
-                Ran::Done(None)
-            }
-            Ok(out) => Ran::Done(Some(Box::new(move |commit: Result<(), Failure>| {
-                let _ = reply.send(commit.map(|()| out));
-            }))),
-        });
-        self.send(job)?;
+        self.send(answering(wait, f, move |r| {
+            let _ = reply.send(r);
+        }))?;
         answer.recv().map_err(|_| stopped())?
+    }
+
+    /// [`submit`](Self::submit) for async callers: the job is queued from the caller's task
+    /// and its answer awaited, with no thread blocked meanwhile (a blocking-pool thread per
+    /// write cost two context switches more; issue 16's profile).
+    pub(super) async fn submit_async<T: Send + 'static>(
+        &self,
+        wait: Wait,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let (reply, answer) = tokio::sync::oneshot::channel::<Result<T, Failure>>();
+        let job = answering(wait, f, move |r| {
+            let _ = reply.send(r);
+        });
+        let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
+        match jobs.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Disconnected(_)) => return Err(stopped()),
+            // The queue is full (backpressure): wait for room off the async workers.
+            Err(TrySendError::Full(job)) => {
+                let jobs = jobs.clone();
+                tokio::task::spawn_blocking(move || jobs.send(job))
+                    .await
+                    .map_err(|_| stopped())?
+                    .map_err(|_| stopped())?;
+            }
+        }
+        answer.await.map_err(|_| stopped())?
     }
 
     /// Queues `f` and returns at once: it joins the next group commit. Its errors, and a
@@ -143,6 +160,28 @@ impl Drop for Writer {
             tracing::error!("journal: the writer thread panicked");
         }
     }
+}
+
+/// A job running `f` that gives its answer to `reply` once `wait` is met (or its error, or
+/// the failed commit's).
+fn answering<T: Send + 'static>(
+    wait: Wait,
+    f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    reply: impl FnOnce(Result<T, Failure>) + Send + 'static,
+) -> Job {
+    Box::new(move |tx| match tx.and_then(f) {
+        Err(e) => {
+            reply(Err(e));
+            Ran::Failed
+        }
+        Ok(out) if wait == Wait::Executed => {
+            reply(Ok(out));
+            Ran::Done(None)
+        }
+        Ok(out) => Ran::Done(Some(Box::new(move |commit: Result<(), Failure>| {
+            reply(commit.map(|()| out));
+        }))),
+    })
 }
 
 fn stopped() -> Failure {

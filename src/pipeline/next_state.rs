@@ -181,25 +181,34 @@ impl Daemon {
         reason: &str,
     ) -> Result<PathBuf, DaemonError> {
         let here = self.vault.locate(path).map(|(s, _)| s);
-        let dest = if here == Some(next) || !path.exists() {
-            path.to_path_buf()
-        } else {
-            let (vault, p) = (self.vault.clone(), path.to_path_buf());
-            let dest = tokio::task::spawn_blocking(move || {
-                let moved = vault.move_to(&p, next);
-                if moved.is_err()
-                    && let Some(folder) = p.parent()
-                {
-                    // The results write left this folder's fsync to the move (`write_back`).
-                    crate::vault::fsync_dir(folder);
+        let moves = here != Some(next) && path.exists();
+        let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
+        // The move and its journal record in one trip to the blocking pool.
+        let (dest, recorded) = tokio::task::spawn_blocking(move || {
+            let dest = if moves {
+                match vault.move_to(&p, next) {
+                    Ok(dest) => dest,
+                    Err(e) => {
+                        if let Some(folder) = p.parent() {
+                            // The results write left this folder's fsync to the move
+                            // (`write_back`).
+                            crate::vault::fsync_dir(folder);
+                        }
+                        return Err(DaemonError::from(e));
+                    }
                 }
-                moved
-            })
-            .await
-            .expect("move task does not panic")?;
+            } else {
+                p
+            };
+            let ids: Vec<&str> = written.iter().map(String::as_str).collect();
+            let recorded = journal.written_and_moved(run, &ids, &vault.relative(&dest), true);
+            Ok((dest, recorded))
+        })
+        .await
+        .expect("move task does not panic")?;
+        if moves {
             self.runners.wrote(&dest);
-            dest
-        };
+        }
         let rel = self.vault.relative(&dest);
         // One line per finished note, with its outcome and why (point 10 of issue 10); a held
         // note's line says what to do next (§13).
@@ -219,11 +228,7 @@ impl Daemon {
             }
             _ => tracing::info!(note = %rel, state = next.as_str(), "note processed: {reason}"),
         }
-        self.blocking(move |j| {
-            let ids: Vec<&str> = written.iter().map(String::as_str).collect();
-            j.written_and_moved(run, &ids, &rel, true)
-        })
-        .await?;
+        recorded?;
         Ok(dest)
     }
 
