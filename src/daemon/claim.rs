@@ -74,14 +74,18 @@ impl Daemon {
     async fn move_or_link(
         self: &Arc<Self>,
         path: &Path,
-    ) -> Result<(PathBuf, Option<LeftBehind>), VaultError> {
+    ) -> Result<(PathBuf, Option<LeftBehind>, Claimed), VaultError> {
         if let Some(keep) = self.arrivals.keep_first_name_for(path) {
             let (vault, p) = (self.vault.clone(), path.to_path_buf());
-            let linked = tokio::task::spawn_blocking(move || vault.link_to(&p, State::InProgress))
-                .await
-                .expect("claim task does not panic");
+            let linked = tokio::task::spawn_blocking(move || {
+                let (claimed, left) = vault.link_to(&p, State::InProgress)?;
+                let read = note::read_settled(&claimed);
+                Ok((claimed, left, read))
+            })
+            .await
+            .expect("claim task does not panic");
             match linked {
-                Ok((claimed, left)) => {
+                Ok((claimed, left, read)) => {
                     self.arrivals.hold(&left);
                     let (me, l) = (self.clone(), left.clone());
                     tokio::spawn(async move {
@@ -91,17 +95,20 @@ impl Daemon {
                         })
                         .await;
                     });
-                    return Ok((claimed, Some(left)));
+                    return Ok((claimed, Some(left), read));
                 }
                 Err(LinkError::Unsupported) => tokio::time::sleep(keep).await,
                 Err(LinkError::Vault(e)) => return Err(e),
             }
         }
         let (vault, p) = (self.vault.clone(), path.to_path_buf());
-        tokio::task::spawn_blocking(move || vault.move_to(&p, State::InProgress))
-            .await
-            .expect("claim task does not panic")
-            .map(|claimed| (claimed, None))
+        tokio::task::spawn_blocking(move || {
+            let claimed = vault.move_to(&p, State::InProgress)?;
+            let read = note::read_settled(&claimed);
+            Ok((claimed, None, read))
+        })
+        .await
+        .expect("claim task does not panic")
     }
 
     /// Moves a note into In_Progress. A note renamed in within `moved_in_grace` is claimed by
@@ -110,7 +117,7 @@ impl Daemon {
     pub(crate) async fn claim_note(
         self: &Arc<Self>,
         path: &Path,
-    ) -> Option<(PathBuf, Option<LeftBehind>)> {
+    ) -> Option<(PathBuf, Option<LeftBehind>, Claimed)> {
         match self.move_or_link(path).await {
             Ok(p) => Some(p),
             Err(VaultError::Move { source, .. })
@@ -132,7 +139,7 @@ impl Daemon {
         pass: Pass,
         ident: &mut Identity,
     ) -> Result<(), DaemonError> {
-        let Some((claimed, left)) = self.claim_note(path).await else {
+        let Some((claimed, left, read)) = self.claim_note(path).await else {
             return Ok(());
         };
         self.runners.wrote(&claimed);
@@ -140,7 +147,7 @@ impl Daemon {
         self.mark_inflight(&claimed);
         let from = self.vault.relative(path);
         let outcome = self
-            .begin_and_execute(&claimed, &from, pass, ident, left.as_ref())
+            .begin_and_execute(&claimed, &from, pass, ident, left.as_ref(), read)
             .await;
         self.inflight
             .lock()
@@ -156,6 +163,7 @@ impl Daemon {
         pass: Pass,
         ident: &mut Identity,
         left: Option<&LeftBehind>,
+        read: Claimed,
     ) -> Result<(), DaemonError> {
         let note = self.vault.relative(claimed);
         let (id, from) = (ident.note_id.clone(), from.to_string());
@@ -170,7 +178,7 @@ impl Daemon {
             .begin_claim_async(&note, &id, &from, copy_of, left_key.as_deref())
             .await?;
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
-        self.execute(run, claimed, pass, std::mem::take(ident))
+        self.execute(run, claimed, pass, std::mem::take(ident), Some(read))
             .await
     }
 
@@ -379,6 +387,10 @@ impl Daemon {
         Ok(false)
     }
 }
+
+/// The claimed note as read right after its claim, in the same trip to the blocking pool
+/// ([`note::read_settled`]).
+pub(crate) type Claimed = Result<Vec<u8>, note::WriteError>;
 
 /// What [`Daemon::write_identity`] came to.
 pub(crate) enum Stamp {

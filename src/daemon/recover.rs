@@ -123,7 +123,8 @@ impl Daemon {
                 this_run,
                 stale,
             };
-            self.execute(run, path, Pass::Recover { known }, ident).await
+            self.execute(run, path, Pass::Recover { known }, ident, None)
+                .await
         }
         .await;
         self.deactivate(&note_id);

@@ -4,7 +4,7 @@
 //! handed to the write back.
 
 use crate::call::{CallResult, HeldCall};
-use crate::daemon::claim::Stamp;
+use crate::daemon::claim::{Claimed, Stamp};
 use crate::daemon::intake::stamp;
 use crate::daemon::{Daemon, DaemonError, Identity, Pass};
 use crate::guard::budget;
@@ -66,8 +66,9 @@ impl Daemon {
         path: &Path,
         pass: Pass,
         mut ident: Identity,
+        read: Option<Claimed>,
     ) -> Result<(), DaemonError> {
-        let Some(mut text) = self.read_claimed(run, path).await? else {
+        let Some(mut text) = self.read_claimed(run, path, read).await? else {
             return Ok(());
         };
         let mut parsed = parse_note(&text);
@@ -100,12 +101,20 @@ impl Daemon {
 
     /// The claimed note's text, read once its writer is done; None when there is nothing to
     /// run (gone, not UTF-8 any more, unreadable for now).
-    async fn read_claimed(&self, run: RunId, path: &Path) -> Result<Option<String>, DaemonError> {
-        let read = {
-            let path = path.to_path_buf();
-            tokio::task::spawn_blocking(move || note::read_settled(&path))
-                .await
-                .expect("read task does not panic")
+    async fn read_claimed(
+        &self,
+        run: RunId,
+        path: &Path,
+        read: Option<Claimed>,
+    ) -> Result<Option<String>, DaemonError> {
+        let read = match read {
+            Some(read) => read,
+            None => {
+                let path = path.to_path_buf();
+                tokio::task::spawn_blocking(move || note::read_settled(&path))
+                    .await
+                    .expect("read task does not panic")
+            }
         };
         match read {
             Ok(bytes) => match String::from_utf8(bytes) {
