@@ -321,6 +321,47 @@ mod tests {
         (dir, Arc::new(journal))
     }
 
+    /// The async path: answers after the commit (`Durable`) or the run (`Executed`), and a
+    /// full queue makes the caller wait for room (off the async worker) instead of failing.
+    #[test]
+    fn async_writes_are_answered_and_wait_for_room_in_a_full_queue() {
+        let (_dir, journal) = shared_journal();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let (release, holder) = hold_the_writer(&journal);
+        for _ in 0..super::QUEUE {
+            journal.write_queued("filler", |_| Ok(())).unwrap();
+        }
+        let j = journal.clone();
+        let waiting = rt.spawn(async move {
+            let result = crate::call::CallResult::failed_now(
+                "c-1",
+                "search_web",
+                crate::call::CallError::new(crate::call::ErrorCode::Timeout, "slow"),
+            );
+            j.call_finished_async(run, &result).await
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !waiting.is_finished(),
+            "the queue is full and the writer held"
+        );
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        rt.block_on(waiting)
+            .unwrap()
+            .expect("recorded once there was room");
+        let calls = journal.open_runs().unwrap()[0].calls.len();
+        assert_eq!(
+            calls, 1,
+            "the outcome is in, and reads see it: it was durable"
+        );
+    }
+
     #[test]
     fn many_threads_writing_at_once_each_see_their_own_writes() {
         let (_dir, journal) = shared_journal();
