@@ -46,7 +46,7 @@
 //! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
 //! path to Done.
 //!
-//! # Tables (schema version 3, kept in `PRAGMA user_version`)
+//! # Tables (schema version 4, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
 //!   the note's identity (its `tool_note` property, DESIGN §9.2) and `claimed_from` the path it

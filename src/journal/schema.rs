@@ -66,6 +66,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX runs_by_claimed_from ON runs (claimed_from);",
     // Version 3: the first name a hard-link claim leaves behind for `moved_in_grace`.
     "ALTER TABLE runs ADD COLUMN left_behind TEXT;",
+    // Version 4: start-up reads the recent left-behind names without scanning every run.
+    "CREATE INDEX runs_left_behind ON runs (claimed_at_ms) WHERE left_behind IS NOT NULL;",
 ];
 
 /// The read connection: waits for a writer like the write connection, and refuses to write.
@@ -115,6 +117,28 @@ mod tests {
     use crate::journal::testing::*;
     use crate::journal::{CallProgress, Journal};
     use crate::tools::Effect;
+
+    #[test]
+    fn start_up_finds_left_behind_names_by_index_not_by_scanning_runs() {
+        let (_dir, journal) = fresh_journal();
+        let plan: Vec<String> = {
+            let conn = journal.reader();
+            let mut st = conn
+                .prepare(
+                    "EXPLAIN QUERY PLAN SELECT claimed_from, left_behind FROM runs
+                     WHERE left_behind IS NOT NULL AND claimed_at_ms >= ?1",
+                )
+                .unwrap();
+            st.query_map([0i64], |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        assert!(
+            plan.iter().any(|step| step.contains("runs_left_behind")),
+            "{plan:?}"
+        );
+    }
 
     #[test]
     fn a_version_1_journal_is_migrated_in_place_keeping_its_rows() {
