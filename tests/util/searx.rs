@@ -18,6 +18,8 @@ struct Counters {
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     queries: Mutex<Vec<String>>,
+    /// Summed time from a request's last header line to its response written, in µs.
+    busy_us: std::sync::atomic::AtomicU64,
 }
 
 /// What the server answers.
@@ -89,6 +91,11 @@ impl SearxServer {
         self.counters.max_in_flight.load(Ordering::SeqCst)
     }
 
+    /// The server's own time on the requests so far (delay included), summed.
+    pub fn busy(&self) -> Duration {
+        Duration::from_micros(self.counters.busy_us.load(Ordering::SeqCst))
+    }
+
     pub fn queries(&self) -> Vec<String> {
         self.counters.queries.lock().unwrap().clone()
     }
@@ -135,6 +142,7 @@ async fn serve_connection(
             .and_then(|p| p.parse().ok())
             .unwrap_or(1);
 
+        let received = std::time::Instant::now();
         c.requests.fetch_add(1, Ordering::SeqCst);
         c.queries.lock().unwrap().push(query.clone());
         let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -164,6 +172,8 @@ async fn serve_connection(
             body.len()
         );
         write.write_all(response.as_bytes()).await?;
+        let took = received.elapsed().as_micros() as u64;
+        c.busy_us.fetch_add(took, Ordering::SeqCst);
     }
 }
 
