@@ -20,18 +20,18 @@ impl Daemon {
     /// Queues every note of the watched folders. Returns how many notes were looked at and
     /// how many of them hold a pending call (the "queued" of the start-up line: a note
     /// without calls waits for its agent, not for vaultd).
-    pub(crate) fn scan_all(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> (usize, usize) {
+    /// Dispatches every note of the watched folders; returns their paths.
+    pub(crate) fn scan_all(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Vec<PathBuf> {
         let me = self.clone();
         tasks.spawn(async move { me.resume_stranded().await });
-        let (mut looked, mut queued) = (0, 0);
+        let mut seen = Vec::new();
         for folder in self.watched_states() {
             for path in self.vault.scan(folder) {
-                queued += usize::from(has_pending_call(&path));
-                self.dispatch(path);
-                looked += 1;
+                self.dispatch(path.clone());
+                seen.push(path);
             }
         }
-        (looked, queued)
+        seen
     }
 
     pub(crate) fn watched_folders(&self) -> Vec<PathBuf> {
