@@ -39,10 +39,10 @@ pub(crate) struct Outcome {
 /// by hand, copied or synced while they run; it matters for calls that must not run twice.
 /// A note whose every planned step is a fresh `read_only` run, claimed from Needs_Action with
 /// nothing in the journal for it (and not a copy whose id is replaced, checked by the caller),
-/// has none: if it is moved or the daemon dies mid-run, its
-/// calls simply run again (§9.3), and the results write adds the three properties. Skipping
-/// the stamp there saves one whole note write (temp file, fsync, rename, folder fsync) per
-/// note, about a third of the daemon's work on such a note (BENCHMARKS.md, issue 16).
+/// has none: if it is moved or the daemon dies mid-run, its calls simply run again (§9.3),
+/// and the results write adds the three properties. Skipping the stamp there saves one whole
+/// note write (temp file, fsync, rename, folder fsync) per note, about a third of the daemon's
+/// work on such a note (BENCHMARKS.md, issue 16). A deviation from DESIGN §9.2, in the README.
 pub(crate) fn stamp_at_claim(plan: &Plan, pass: Pass, facts: &Facts) -> bool {
     if matches!(pass, Pass::Recover { .. }) {
         return false; // stamped by the recovery itself, before the note is read
