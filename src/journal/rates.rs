@@ -54,13 +54,16 @@ impl Journal {
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
         match start_write(run, call_id, tool, effect, params, limits) {
-            StartWrite::Queued(insert) => {
-                self.write_queued("a read_only call's start", insert)?;
-                Ok(StartAdmission::Started)
-            }
+            StartWrite::Queued(insert) => self.queue_start(insert),
             StartWrite::Admit(Wait::Durable, admit) => self.write(admit),
             StartWrite::Admit(Wait::Executed, admit) => self.write_executed(admit),
         }
+    }
+
+    /// A `read_only` start with no limit to check: queued, not waited for.
+    fn queue_start(&self, insert: TxJob<()>) -> Result<StartAdmission, JournalError> {
+        self.write_queued("a read_only call's start", insert)?;
+        Ok(StartAdmission::Started)
     }
 
     /// [`call_started_within`](Self::call_started_within) for async callers (the runner).
@@ -74,10 +77,7 @@ impl Journal {
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
         match start_write(run, call_id, tool, effect, params, limits) {
-            StartWrite::Queued(insert) => {
-                self.write_queued("a read_only call's start", insert)?;
-                Ok(StartAdmission::Started)
-            }
+            StartWrite::Queued(insert) => self.queue_start(insert),
             StartWrite::Admit(wait, admit) => self.write_async(wait, admit).await,
         }
     }
