@@ -162,12 +162,7 @@ pub struct Daemon {
 
 /// The shared HTTP client: one connection pool for every tool.
 pub fn http_client() -> Result<reqwest::Client, DaemonError> {
-    reqwest::Client::builder()
-        .user_agent(concat!("vaultd/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(Duration::from_secs(10))
-        .pool_idle_timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| DaemonError::Http(e.without_url().to_string()))
+    crate::tools::http::client().map_err(|e| DaemonError::Http(e.without_url().to_string()))
 }
 
 /// The redactor for every secret in the config.

@@ -11,6 +11,7 @@
 
 pub mod builtin;
 pub mod command;
+pub mod http;
 pub mod mcp;
 pub mod vault;
 
