@@ -159,6 +159,16 @@ impl std::ops::Deref for Tx<'_> {
     }
 }
 
+/// The tables outside the numbered migrations (`CREATE … IF NOT EXISTS`), in one transaction:
+/// a new journal's cost one commit (one WAL fsync), not one per table; an existing one's, none.
+fn create_tables(conn: &mut Connection) -> Result<(), Failure> {
+    let tx = conn.transaction()?;
+    tx.execute_batch(catalog::TABLES)?;
+    undo::ensure_schema(&tx)?;
+    tx.execute_batch(runners::TABLES)?;
+    Ok(tx.commit()?)
+}
+
 impl Journal {
     /// Opens (creating if needed) `state_dir/journal.sqlite` and brings its schema up to date.
     ///
@@ -183,11 +193,7 @@ impl Journal {
         let wrap = |f: Failure| attach(&path, f);
         let mut conn = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         schema::configure(&mut conn).map_err(wrap)?;
-        conn.execute_batch(catalog::TABLES)
-            .map_err(|e| wrap(e.into()))?;
-        undo::ensure_schema(&conn).map_err(wrap)?;
-        conn.execute_batch(runners::TABLES)
-            .map_err(|e| wrap(e.into()))?;
+        create_tables(&mut conn).map_err(wrap)?;
         // Opened after the writer's connection set WAL mode and migrated the schema.
         let reader = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         schema::configure_reader(&reader).map_err(wrap)?;
