@@ -142,6 +142,38 @@ unsafe extern "C" {
     fn libc_geteuid() -> u32;
 }
 
+/// `once` over a note another program still has open for writing: it waits for the writer
+/// (DESIGN §9.1) and then runs the note, instead of ending with the note left untouched.
+#[tokio::test(flavor = "multi_thread")]
+async fn once_waits_for_a_writer_that_still_has_the_note_open() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let original = note_with_calls("Open", &[search_call("still open")]);
+    let path = vault.drop_note("a.md", &original);
+    let writer = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    let child = vault
+        .cmd()
+        .arg("once")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(path.exists(), "claimed while a writer had it open");
+    drop(writer);
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let text = vault.read("Done", "a.md");
+    assert!(text.contains(&original), "{text}");
+    assert_eq!(results_in(&text).len(), 1, "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_read_only_folder_is_an_error_in_the_log_and_the_note_survives() {
     let server = SearxServer::start(Duration::ZERO).await;

@@ -34,7 +34,7 @@ impl Daemon {
             {
                 return Ok(()); // waiting for the agent, not for us: left exactly as it is
             }
-            if self.still_being_written(path, &text, &parsed) {
+            if self.still_being_written(path, &text, &parsed).await {
                 return Ok(());
             }
             if pass == Pass::Approved

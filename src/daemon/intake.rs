@@ -250,16 +250,21 @@ impl Daemon {
     /// Whether `path` must wait before it is judged (DESIGN §9.1): a writer has it open, or
     /// its last call block is unfinished and its last change younger than `settle_max`. Then
     /// a wait is started (a settle, or a look again when `settle_max` has passed).
-    pub(crate) fn still_being_written(
+    pub(crate) async fn still_being_written(
         self: &Arc<Self>,
         path: &Path,
         text: &str,
         parsed: &ParsedNote,
     ) -> bool {
         if note::write::writer_busy(path).unwrap_or(false) {
-            let me = self.clone();
-            let p = path.to_path_buf();
-            tokio::spawn(async move { me.settle_then_look(p).await });
+            let settle = self.clone().settle_then_look(path.to_path_buf());
+            if self.mode == Mode::Once {
+                // `once` ends when no note task runs and none is queued: this task waits for
+                // the writer itself, and the settled note is queued before it ends.
+                settle.await;
+            } else {
+                tokio::spawn(settle);
+            }
             return true;
         }
         if self.mode == Mode::Once || !unfinished_tail(text, parsed) {
