@@ -507,11 +507,18 @@ pub(crate) fn unfinished_tail(text: &str, parsed: &ParsedNote) -> bool {
 
 /// True when the note holds a call without a result (read errors: false; the note task
 /// reports them).
-pub(crate) fn has_pending_call(path: &Path) -> bool {
-    std::fs::read_to_string(path).is_ok_and(|text| {
-        let note = crate::note::parse_note(&text);
-        note.pending_calls().next().is_some()
-    })
+/// Whether the note at `path` has a call to run; None when it is no longer there.
+pub(crate) fn has_pending_call(path: &Path) -> Option<bool> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(
+            crate::note::parse_note(&text)
+                .pending_calls()
+                .next()
+                .is_some(),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(_) => Some(false),
+    }
 }
 
 #[cfg(test)]

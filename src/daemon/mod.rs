@@ -396,8 +396,12 @@ impl Daemon {
         let looked = seen.len();
         let me = self.clone();
         tokio::spawn(async move {
+            // A note gone since the scan was claimed by the tasks already running (or moved
+            // away): it counts, as it was queued when vaultd started.
             let queued = tokio::task::spawn_blocking(move || {
-                seen.iter().filter(|p| intake::has_pending_call(p)).count()
+                seen.iter()
+                    .filter(|p| intake::has_pending_call(p).unwrap_or(true))
+                    .count()
             })
             .await
             .unwrap_or(0);
