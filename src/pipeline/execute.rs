@@ -11,7 +11,7 @@ use crate::guard::budget;
 use crate::guard::hold_alert::HeldSummary;
 use crate::journal::RunId;
 use crate::note::{self, ParsedNote, parse_note};
-use crate::pipeline::next_state::{WriteBack, next_state, outcome_reason};
+use crate::pipeline::next_state::{Ending, Finished, next_state, outcome_reason};
 use crate::pipeline::plan::{self, Approval, Facts, Plan, Rules, Step};
 use crate::tools::Effect;
 use crate::vault::State;
@@ -345,12 +345,20 @@ impl Daemon {
             })
             .collect();
         match self
-            .write_back(path, &ident.note_id, results, held, next)
+            .write_back_and_finish(
+                run,
+                path,
+                &ident.note_id,
+                (results, held),
+                Ending {
+                    next,
+                    reason: &reason,
+                    foreign: &foreign,
+                },
+            )
             .await?
         {
-            WriteBack::Written(mut ids) => {
-                ids.retain(|id| !foreign.contains(id));
-                let finished = self.finish_run(run, path, next, ids, &reason).await;
+            Finished::Moved(finished) => {
                 if let Ok(dest) = &finished
                     && !newly_held.is_empty()
                 {
@@ -375,10 +383,10 @@ impl Daemon {
                     return Err(e);
                 }
             }
-            WriteBack::Gone => self.abandon(run, path).await?,
+            Finished::Gone => self.abandon(run, path).await?,
             // The note stays in In_Progress with its run open; the next periodic scan (or
             // start-up) writes the recorded results from the journal and moves it on.
-            WriteBack::Failed => {}
+            Finished::Failed => {}
         }
         Ok(())
     }

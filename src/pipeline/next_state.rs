@@ -13,6 +13,109 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+/// How [`Daemon::write_back_and_finish`] went.
+#[derive(Debug)]
+pub(crate) enum Finished {
+    /// Written, then moved on and recorded: where the note is now, or why not.
+    Moved(Result<PathBuf, DaemonError>),
+    /// The note is no longer where the run left it.
+    Gone,
+    /// Not written: retried later.
+    Failed,
+}
+
+/// Where a run's note goes next and why; `foreign`: ids of outcomes another run owns, written
+/// into the note but not recorded as this run's.
+pub(crate) struct Ending<'a> {
+    pub next: State,
+    pub reason: &'a str,
+    pub foreign: &'a std::collections::HashSet<String>,
+}
+
+/// A run's results, to append to its note in the blocking pool.
+struct Appender {
+    path: PathBuf,
+    note_id: String,
+    results: Vec<CallResult>,
+    held: Vec<HeldCall>,
+    next: State,
+    runner: crate::synced::RunnerId,
+    now: SystemTime,
+    /// The note moves on right after: the rename's folder fsync is left to that move.
+    moves_on: bool,
+}
+
+impl Appender {
+    /// The results write; `Gone` when the note at the path carries another `tool_note`.
+    fn write(self) -> Result<String, note::WriteError> {
+        let other_note = std::cell::Cell::new(false);
+        let update = if self.moves_on {
+            note::update_note_then_move
+        } else {
+            note::update_note
+        };
+        let written = update(&self.path, &|current: &str| {
+            let appended = append_results(
+                current,
+                &self.note_id,
+                &self.results,
+                &self.held,
+                self.next,
+                self.runner.as_str(),
+                self.now,
+            );
+            other_note.set(appended.is_none());
+            appended.unwrap_or_else(|| current.to_string())
+        });
+        if other_note.get() {
+            return Err(note::WriteError::Gone(self.path));
+        }
+        written
+    }
+}
+
+/// Where a finished note is, whether this trip moved it, and whether the journal took the record.
+struct Moved {
+    dest: PathBuf,
+    moved: bool,
+    recorded: Result<(), crate::journal::JournalError>,
+}
+
+/// The note's move to `next` (unless it is already there or gone) and its journal record: the
+/// written ids and the end of the run, in one commit. Blocking.
+fn move_and_record(
+    vault: &crate::vault::Vault,
+    journal: &crate::journal::Journal,
+    run: RunId,
+    p: PathBuf,
+    next: State,
+    written: &[String],
+) -> Result<Moved, DaemonError> {
+    let here = vault.locate(&p).map(|(s, _)| s);
+    let moves = here != Some(next) && p.exists();
+    let dest = if moves {
+        match vault.move_to(&p, next) {
+            Ok(dest) => dest,
+            Err(e) => {
+                if let Some(folder) = p.parent() {
+                    // The results write left this folder's fsync to the move (`write_back`).
+                    crate::vault::fsync_dir(folder);
+                }
+                return Err(DaemonError::from(e));
+            }
+        }
+    } else {
+        p
+    };
+    let ids: Vec<&str> = written.iter().map(String::as_str).collect();
+    let recorded = journal.written_and_moved(run, &ids, &vault.relative(&dest), true);
+    Ok(Moved {
+        dest,
+        moved: moves,
+        recorded,
+    })
+}
+
 /// How appending a run's results into its note went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum WriteBack {
@@ -112,43 +215,89 @@ impl Daemon {
         held: Vec<HeldCall>,
         next: State,
     ) -> Result<WriteBack, DaemonError> {
-        let path_buf = path.to_path_buf();
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
-        let now = SystemTime::now();
-        let note_id = note_id.to_string();
-        let runner = self.runners.me.clone();
-        // Moved on right after (`finish_run`): that move's folder fsyncs cover this rename.
-        let moves_on = self
-            .vault
-            .locate(path)
-            .is_some_and(|(here, _)| here != next);
-        let written = tokio::task::spawn_blocking(move || {
-            let other_note = std::cell::Cell::new(false);
-            let update = if moves_on {
-                note::update_note_then_move
-            } else {
-                note::update_note
-            };
-            let written = update(&path_buf, &|current: &str| {
-                let appended = append_results(
-                    current,
-                    &note_id,
-                    &results,
-                    &held,
-                    next,
-                    runner.as_str(),
-                    now,
-                );
-                other_note.set(appended.is_none());
-                appended.unwrap_or_else(|| current.to_string())
-            });
-            if other_note.get() {
-                return Err(note::WriteError::Gone(path_buf));
-            }
-            written
+        let append = self.appender(path, note_id, results, held, next);
+        let written = tokio::task::spawn_blocking(move || append.write())
+            .await
+            .expect("write task does not panic");
+        self.written(path, ids, written).await
+    }
+
+    /// [`write_back`](Self::write_back), then [`finish_run`](Self::finish_run) once the results
+    /// are in, in one trip to the blocking pool (the note's last two steps, for every run).
+    /// `Finished` carries what `finish_run` returned.
+    pub(crate) async fn write_back_and_finish(
+        &self,
+        run: RunId,
+        path: &Path,
+        note_id: &str,
+        (results, held): (Vec<CallResult>, Vec<HeldCall>),
+        ending: Ending<'_>,
+    ) -> Result<Finished, DaemonError> {
+        let Ending {
+            next,
+            reason,
+            foreign,
+        } = ending;
+        let mut ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
+        let append = self.appender(path, note_id, results, held, next);
+        let mut recorded_ids = ids.clone();
+        recorded_ids.retain(|id| !foreign.contains(id));
+        let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
+        let (written, moved) = tokio::task::spawn_blocking(move || {
+            let written = append.write();
+            let moved = written
+                .is_ok()
+                .then(|| move_and_record(&vault, &journal, run, p, next, &recorded_ids));
+            (written, moved)
         })
         .await
         .expect("write task does not panic");
+        match self
+            .written(path, std::mem::take(&mut ids), written)
+            .await?
+        {
+            WriteBack::Written(_) => {
+                let moved = moved.expect("a written note was moved on");
+                Ok(Finished::Moved(self.after_move(moved, next, reason)))
+            }
+            WriteBack::Gone => Ok(Finished::Gone),
+            WriteBack::Failed => Ok(Finished::Failed),
+        }
+    }
+
+    /// What appends this run's results to the note at `path`, ready to run off the workers.
+    fn appender(
+        &self,
+        path: &Path,
+        note_id: &str,
+        results: Vec<CallResult>,
+        held: Vec<HeldCall>,
+        next: State,
+    ) -> Appender {
+        Appender {
+            path: path.to_path_buf(),
+            note_id: note_id.to_string(),
+            results,
+            held,
+            next,
+            runner: self.runners.me.clone(),
+            now: SystemTime::now(),
+            // Moved on right after (`finish_run`): that move's folder fsyncs cover this rename.
+            moves_on: self
+                .vault
+                .locate(path)
+                .is_some_and(|(here, _)| here != next),
+        }
+    }
+
+    /// The results write's outcome as a [`WriteBack`]; a failure is logged and recorded.
+    async fn written(
+        &self,
+        path: &Path,
+        ids: Vec<String>,
+        written: Result<String, note::WriteError>,
+    ) -> Result<WriteBack, DaemonError> {
         match written {
             // Recorded with the move that follows (`finish_run`), in one journal commit.
             Ok(_) => {
@@ -180,33 +329,30 @@ impl Daemon {
         written: Vec<String>,
         reason: &str,
     ) -> Result<PathBuf, DaemonError> {
-        let here = self.vault.locate(path).map(|(s, _)| s);
-        let moves = here != Some(next) && path.exists();
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
         // The move and its journal record in one trip to the blocking pool.
-        let (dest, recorded) = tokio::task::spawn_blocking(move || {
-            let dest = if moves {
-                match vault.move_to(&p, next) {
-                    Ok(dest) => dest,
-                    Err(e) => {
-                        if let Some(folder) = p.parent() {
-                            // The results write left this folder's fsync to the move
-                            // (`write_back`).
-                            crate::vault::fsync_dir(folder);
-                        }
-                        return Err(DaemonError::from(e));
-                    }
-                }
-            } else {
-                p
-            };
-            let ids: Vec<&str> = written.iter().map(String::as_str).collect();
-            let recorded = journal.written_and_moved(run, &ids, &vault.relative(&dest), true);
-            Ok((dest, recorded))
+        let moved = tokio::task::spawn_blocking(move || {
+            move_and_record(&vault, &journal, run, p, next, &written)
         })
         .await
-        .expect("move task does not panic")?;
-        if moves {
+        .expect("move task does not panic");
+        self.after_move(moved, next, reason)
+    }
+
+    /// The log line of a finished note, with its outcome and why; the move's or the record's
+    /// error, if any.
+    fn after_move(
+        &self,
+        moved: Result<Moved, DaemonError>,
+        next: State,
+        reason: &str,
+    ) -> Result<PathBuf, DaemonError> {
+        let Moved {
+            dest,
+            moved,
+            recorded,
+        } = moved?;
+        if moved {
             self.runners.wrote(&dest);
         }
         let rel = self.vault.relative(&dest);
