@@ -82,7 +82,8 @@ pub(super) fn configure_reader(conn: &Connection) -> Result<(), Failure> {
 pub(super) fn configure(conn: &mut Connection) -> Result<(), Failure> {
     // First, so that everything after it waits for a CLI or daemon holding the lock.
     conn.busy_timeout(Duration::from_secs(5))?;
-    // Room for every statement of the hot paths (about 15), so none is prepared twice.
+    // Room for every statement of the hot paths (about 20 with the writer's BEGIN, SAVEPOINT,
+    // RELEASE and COMMIT), so none is prepared twice.
     conn.set_prepared_statement_cache_capacity(32);
     let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
