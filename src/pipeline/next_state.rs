@@ -239,10 +239,13 @@ impl Daemon {
             reason,
             foreign,
         } = ending;
-        let mut ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
+        let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
+        let recorded_ids: Vec<String> = ids
+            .iter()
+            .filter(|id| !foreign.contains(*id))
+            .cloned()
+            .collect();
         let append = self.appender(path, note_id, results, held, next);
-        let mut recorded_ids = ids.clone();
-        recorded_ids.retain(|id| !foreign.contains(id));
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
         let (written, moved) = tokio::task::spawn_blocking(move || {
             let written = append.write();
@@ -253,10 +256,7 @@ impl Daemon {
         })
         .await
         .expect("write task does not panic");
-        match self
-            .written(path, std::mem::take(&mut ids), written)
-            .await?
-        {
+        match self.written(path, ids, written).await? {
             WriteBack::Written(_) => {
                 let moved = moved.expect("a written note was moved on");
                 Ok(Finished::Moved(self.after_move(moved, next, reason)))
