@@ -15,9 +15,11 @@ use vaultd::tools::{Effect, Policy, Registry, Source, Tool, ToolCall, ToolFuture
 use vaultd::vault::Vault;
 
 /// `tally`: remembers the call ids and words it was called with; fails on the word "boom".
+/// Takes `delay` per call.
 struct Tally {
     spec: ToolSpec,
     seen: Arc<Mutex<Vec<(String, String)>>>,
+    delay: Duration,
 }
 
 impl Tool for Tally {
@@ -27,6 +29,7 @@ impl Tool for Tally {
 
     fn run<'a>(&'a self, call: ToolCall<'a>) -> ToolFuture<'a> {
         Box::pin(async move {
+            tokio::time::sleep(self.delay).await;
             let word = call.parameters["word"].as_str().unwrap_or("").to_string();
             let mut seen = self.seen.lock().unwrap();
             seen.push((call.call_id.to_string(), word.clone()));
@@ -42,7 +45,7 @@ impl Tool for Tally {
     }
 }
 
-fn tally_source(seen: Arc<Mutex<Vec<(String, String)>>>) -> Registry {
+fn tally_source(seen: Arc<Mutex<Vec<(String, String)>>>, delay: Duration) -> Registry {
     let mut registry = Registry::empty();
     let spec = ToolSpec {
         name: "tally".to_string(),
@@ -63,7 +66,7 @@ fn tally_source(seen: Arc<Mutex<Vec<(String, String)>>>) -> Registry {
         approval: None,
     };
     registry
-        .add(Box::new(Tally { spec, seen }), policy)
+        .add(Box::new(Tally { spec, seen, delay }), policy)
         .unwrap();
     registry
 }
@@ -77,6 +80,10 @@ fn tally_call(word: &str) -> String {
 
 /// Runs the daemon once over `vault` with the tally tool as its only tool source.
 async fn run_once(vault: &TestVault, seen: Arc<Mutex<Vec<(String, String)>>>) {
+    run_once_with(vault, tally_source(seen, Duration::ZERO)).await
+}
+
+async fn run_once_with(vault: &TestVault, registry: Registry) {
     let config = vaultd::config::load(&Overrides {
         config: Some(vault.config.clone()),
         ..Overrides::default()
@@ -89,7 +96,7 @@ async fn run_once(vault: &TestVault, seen: Arc<Mutex<Vec<(String, String)>>>) {
         mode: Mode::Once,
         vault: v,
         journal,
-        registry: tally_source(seen),
+        registry,
         redactor: Arc::new(Redactor::new([], &[])),
         config,
     };
@@ -149,4 +156,47 @@ async fn a_test_tool_source_runs_in_process_through_the_whole_pipeline() {
     // A second pass finds nothing pending: nothing runs twice.
     run_once(&vault, seen.clone()).await;
     assert_eq!(seen.lock().unwrap().len(), 3);
+}
+
+/// STYLE habit 3: a note task is spawned only with its note slot in hand (`workers` × 4), so a
+/// backlog is a list of paths, not a task per note. Counted with the runtime's own task count
+/// while `once` works through 120 notes with 2 workers (8 slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_paths_not_tasks() {
+    let vault = TestVault::new("http://127.0.0.1:9", "workers = 2");
+    let notes = 120;
+    for i in 0..notes {
+        vault.drop_note(&format!("n{i:03}.md"), &format!("# N\n{}", tally_call("x")));
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (m, sampled) = (most.clone(), metrics.clone());
+    let sampler = tokio::spawn(async move {
+        loop {
+            m.fetch_max(
+                sampled.num_alive_tasks(),
+                std::sync::atomic::Ordering::SeqCst,
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    run_once_with(
+        &vault,
+        tally_source(seen.clone(), Duration::from_millis(20)),
+    )
+    .await;
+    sampler.abort();
+    assert_eq!(seen.lock().unwrap().len(), notes, "every note ran");
+    assert_eq!(
+        std::fs::read_dir(vault.root.join("Done")).unwrap().count(),
+        notes
+    );
+    let most = most.load(std::sync::atomic::Ordering::SeqCst) - before;
+    // 8 note tasks, the sampler and the daemon's few of its own; a task per note would be 120.
+    assert!(
+        most <= 24,
+        "{most} tasks alive at once for {notes} queued notes"
+    );
 }
