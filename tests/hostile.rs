@@ -174,6 +174,36 @@ async fn once_waits_for_a_writer_that_still_has_the_note_open() {
     assert_eq!(results_in(&text).len(), 1, "{log}");
 }
 
+/// ... but not all day: after `settle_max` it leaves the note for the next run and ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn once_leaves_a_note_kept_open_past_settle_max_for_the_next_run() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "settle_max = \"1s\"");
+    let original = note_with_calls("Open", &[search_call("kept open")]);
+    let path = vault.drop_note("a.md", &original);
+    let _writer = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    let (code, log) = tokio::task::spawn_blocking({
+        let cmd = vault.cmd();
+        move || {
+            let mut cmd = cmd;
+            let out = cmd.arg("once").output().unwrap();
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("left where it is for the next run"), "{log}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
+    assert_eq!(server.requests(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_read_only_folder_is_an_error_in_the_log_and_the_note_survives() {
     let server = SearxServer::start(Duration::ZERO).await;

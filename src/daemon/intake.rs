@@ -224,6 +224,14 @@ impl Daemon {
             if !busy && age >= settle {
                 break true;
             }
+            if self.mode == Mode::Once && began.elapsed() >= self.config.settle_max {
+                // `once` does not wait for an editor that keeps the note open all day.
+                tracing::warn!(
+                    note = %self.vault.relative(&path),
+                    "note still open for writing after settle_max; left where it is for the next run"
+                );
+                break false;
+            }
             if !logged && began.elapsed() >= self.config.settle_max {
                 logged = true;
                 tracing::warn!(
@@ -505,9 +513,8 @@ pub(crate) fn unfinished_tail(text: &str, parsed: &ParsedNote) -> bool {
             .is_none_or(|rest| rest.trim().is_empty())
 }
 
-/// True when the note holds a call without a result (read errors: false; the note task
-/// reports them).
-/// Whether the note at `path` has a call to run; None when it is no longer there.
+/// Whether the note at `path` holds a call without a result; None when it is no longer there
+/// (read errors: false; the note task reports them).
 pub(crate) fn has_pending_call(path: &Path) -> Option<bool> {
     match std::fs::read_to_string(path) {
         Ok(text) => Some(
