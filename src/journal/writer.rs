@@ -203,8 +203,10 @@ fn write_groups(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        commit_group(conn, group, path);
+        // Counted before its callers are answered: one who reads the count after its write
+        // returned sees its own group (the tests count groups so).
         groups.fetch_add(1, Ordering::SeqCst);
+        commit_group(conn, group, path);
     }
 }
 
