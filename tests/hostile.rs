@@ -185,20 +185,8 @@ async fn once_leaves_a_note_kept_open_past_settle_max_for_the_next_run() {
         .append(true)
         .open(&path)
         .unwrap();
-    let (code, log) = tokio::task::spawn_blocking({
-        let cmd = vault.cmd();
-        move || {
-            let mut cmd = cmd;
-            let out = cmd.arg("once").output().unwrap();
-            (
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            )
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(code, Some(0), "{log}");
+    let (code, log) = vault.once_async().await;
+    assert_eq!(code, 0, "{log}");
     assert!(log.contains("left where it is for the next run"), "{log}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
     assert_eq!(server.requests(), 0);

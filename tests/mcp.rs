@@ -498,20 +498,8 @@ async fn the_size_limit_applies_to_built_in_tools_too() {
     );
     let call = json!({ "name": "search_web", "parameters": { "query": "many things", "num_results": 20 }, "id": "s1" });
     vault.drop_note("s.md", &note_with_calls("s", &[call]));
-    let (code, log) = tokio::task::spawn_blocking({
-        let cmd = vault.cmd();
-        move || {
-            let mut cmd = cmd;
-            let out = cmd.arg("once").output().unwrap();
-            (
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            )
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(code, Some(0), "{log}");
+    let (code, log) = vault.once_async().await;
+    assert_eq!(code, 0, "{log}");
     let text = vault.read("Done", "s.md");
     let r = &results_in(&text)[0];
     let id = property(&text, "tool_note").expect("the claim gave the note an id");

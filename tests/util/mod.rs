@@ -163,6 +163,20 @@ impl TestVault {
         c
     }
 
+    /// [`once`](Self::once) off the async workers, for a test whose fake servers run on them.
+    pub async fn once_async(&self) -> (i32, String) {
+        let mut cmd = self.cmd();
+        tokio::task::spawn_blocking(move || {
+            let out = cmd.arg("once").output().expect("run vaultd once");
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+        .await
+        .expect("the vaultd once task")
+    }
+
     /// `vaultd once`; returns (exit code, stderr).
     pub fn once(&self) -> (i32, String) {
         let out = self.cmd().arg("once").output().expect("run vaultd once");
