@@ -324,6 +324,9 @@ pub(super) fn insert_start(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![run, call_id, tool, effect.as_str(), params_json, now],
     )?;
+    if let Some(rates) = tx.rates {
+        rates.borrow_mut().started(tool, now);
+    }
     let fields = EventFields {
         call_id: Some(call_id),
         tool: Some(tool),

@@ -148,14 +148,24 @@ impl std::fmt::Display for Failure {
 }
 
 /// The connection a journal query runs on, inside its transaction (a savepoint of the
-/// writer's group transaction, or a read transaction).
-struct Tx<'a>(&'a Connection);
+/// writer's group transaction, or a read transaction). In the writer, it also carries the
+/// rate-limit windows the writer keeps ([`rates::RateCache`]).
+struct Tx<'a> {
+    conn: &'a Connection,
+    rates: Option<&'a std::cell::RefCell<rates::RateCache>>,
+}
+
+impl<'a> Tx<'a> {
+    fn read(conn: &'a Connection) -> Tx<'a> {
+        Tx { conn, rates: None }
+    }
+}
 
 impl std::ops::Deref for Tx<'_> {
     type Target = Connection;
 
     fn deref(&self) -> &Connection {
-        self.0
+        self.conn
     }
 }
 
@@ -282,7 +292,7 @@ impl Journal {
         let mut conn = self.reader();
         let run = || {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-            let out = f(&Tx(&tx))?;
+            let out = f(&Tx::read(&tx))?;
             tx.commit()?;
             Ok(out)
         };

@@ -5,8 +5,10 @@ use super::calls::{insert_start, needs_durable_start};
 use super::writer::Wait;
 use super::{Failure, Journal, JournalError, RunId, Tx, from_ms, now_ms, query_one, to_ms};
 use crate::tools::Effect;
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, SystemTime};
 
 /// One rate limit of a tool: at most `max` starts within any `length` (an hour, a day).
@@ -132,14 +134,18 @@ pub(super) fn count_since(tx: &Tx<'_>, tool: &str, since_ms: i64) -> rusqlite::R
 }
 
 /// When `window` of `tool` frees a slot, if it is full now: with n starts in the window and
-/// room for `max`, the (n - max + 1)-th oldest must leave it.
+/// room for `max`, the (n - max + 1)-th oldest must leave it. In the writer, from its
+/// [`RateCache`]; elsewhere counted in the table.
 pub(super) fn window_reset(
     tx: &Tx<'_>,
     tool: &str,
     window: RateWindow,
     now: i64,
 ) -> rusqlite::Result<Option<i64>> {
-    let length = i64::try_from(window.length.as_millis()).unwrap_or(i64::MAX);
+    if let Some(rates) = tx.rates {
+        return rates.borrow_mut().reset(tx, tool, window, now);
+    }
+    let length = window_ms(window);
     let since = now.saturating_sub(length);
     let used = count_since(tx, tool, since)?;
     if used < window.max {
@@ -156,6 +162,129 @@ pub(super) fn window_reset(
     .optional()?;
     // No such start (max = 0): the window never frees; say one window from now.
     Ok(Some(leaving.unwrap_or(now).saturating_add(length)))
+}
+
+fn window_ms(window: RateWindow) -> i64 {
+    i64::try_from(window.length.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The rate-limit windows the writer thread keeps, so that an admission costs the same however
+/// many calls the window holds. It counted them (`count(*)` over the window, twice per call
+/// for an hour and a day limit): a day of 100,000 calls made every admission read 200,000
+/// index entries, in the one thread every journal write waits for (issue 16's profile: a
+/// third of that thread's time with 2,000 calls in the window).
+///
+/// Per (tool, window length, max) it holds the start times in the window, oldest first, at
+/// most the newest `max` of them: enough to decide (n ≥ max) and to name the start whose
+/// leaving frees a slot (the max-th newest). It is exact, not an estimate:
+/// - it is filled from the `calls` table the first time a window is asked for, inside the
+///   writer's transaction (so it sees the group's own uncommitted starts), and then follows
+///   every start this writer inserts ([`RateCache::started`], called by `insert_start`);
+/// - whatever the writer rolls back (a failed job, a failed commit) empties it
+///   ([`RateCache::clear`]), and so does a commit by another process (`PRAGMA data_version`,
+///   checked at the start of every group, when the group holds the write lock);
+/// - a clock stepped back past a window's start reloads that window.
+#[derive(Default)]
+pub(super) struct RateCache {
+    data_version: Option<i64>,
+    windows: HashMap<WindowKey, Starts>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct WindowKey {
+    tool: String,
+    length_ms: i64,
+    max: u64,
+}
+
+/// Start times (ms) at or after `since`, ascending, at most `max` of them (the newest).
+struct Starts {
+    since: i64,
+    at: VecDeque<i64>,
+}
+
+impl RateCache {
+    /// At the start of a group (write lock held): forgets everything if another connection
+    /// committed since the last look.
+    pub(super) fn check(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+        let version: i64 = conn
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |r| r.get(0))?;
+        if self.data_version != Some(version) {
+            self.windows.clear();
+            self.data_version = Some(version);
+        }
+        Ok(())
+    }
+
+    /// Forgets every window: they reload from the table when next asked for.
+    pub(super) fn clear(&mut self) {
+        self.windows.clear();
+    }
+
+    /// A start of `tool` at `at` was inserted in the current transaction.
+    pub(super) fn started(&mut self, tool: &str, at: i64) {
+        for (key, starts) in &mut self.windows {
+            if key.tool != tool || at < starts.since {
+                continue;
+            }
+            // Usually the newest; a clock stepped back puts it in its place.
+            let i = starts.at.partition_point(|&t| t <= at);
+            starts.at.insert(i, at);
+            while starts.at.len() as u64 > key.max {
+                starts.at.pop_front();
+            }
+        }
+    }
+
+    /// [`window_reset`] from the kept window.
+    fn reset(
+        &mut self,
+        conn: &Connection,
+        tool: &str,
+        window: RateWindow,
+        now: i64,
+    ) -> rusqlite::Result<Option<i64>> {
+        let length = window_ms(window);
+        let since = now.saturating_sub(length);
+        let key = WindowKey {
+            tool: tool.to_owned(),
+            length_ms: length,
+            max: window.max,
+        };
+        let starts = match self.windows.entry(key) {
+            Entry::Occupied(e) if e.get().since <= since => e.into_mut(),
+            Entry::Occupied(mut e) => {
+                *e.get_mut() = load(conn, tool, since, window.max)?;
+                e.into_mut()
+            }
+            Entry::Vacant(e) => e.insert(load(conn, tool, since, window.max)?),
+        };
+        while starts.at.front().is_some_and(|&t| t < since) {
+            starts.at.pop_front();
+        }
+        starts.since = since;
+        if (starts.at.len() as u64) < window.max {
+            return Ok(None);
+        }
+        // Full: the max-th newest start leaves first (none when max = 0: one window from now).
+        let leaving = starts.at.front().copied().unwrap_or(now);
+        Ok(Some(leaving.saturating_add(length)))
+    }
+}
+
+/// The newest `max` starts of `tool` at or after `since`, from the table.
+fn load(conn: &Connection, tool: &str, since: i64, max: u64) -> rusqlite::Result<Starts> {
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let mut stmt = conn.prepare_cached(
+        "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2
+         ORDER BY started_at_ms DESC LIMIT ?3",
+    )?;
+    let mut at = stmt
+        .query_map(params![tool, since, limit], |r| r.get::<_, i64>(0))?
+        .collect::<rusqlite::Result<VecDeque<i64>>>()?;
+    at.make_contiguous().reverse();
+    Ok(Starts { since, at })
 }
 
 /// How a call's start is written: queued (a `read_only` call with no limit to check), or an
@@ -218,6 +347,7 @@ mod tests {
     use crate::journal::testing::*;
     use crate::journal::*;
     use crate::tools::Effect;
+    use rusqlite::params;
     use serde_json::json;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -355,5 +485,117 @@ mod tests {
                 .unwrap(),
             StartAdmission::Started
         );
+    }
+
+    fn hourly(max: u64) -> RateWindow {
+        RateWindow {
+            max,
+            length: Duration::from_secs(3600),
+        }
+    }
+
+    fn admit(journal: &Journal, run: RunId, id: &str, window: RateWindow) -> StartAdmission {
+        journal
+            .call_started_within(
+                run,
+                id,
+                "search_web",
+                Effect::ReadOnly,
+                &json!({ "query": id }),
+                &[window],
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn the_writers_windows_match_the_table_when_full() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let window = hourly(3);
+        let started: Vec<_> = (0..5)
+            .map(|i| admit(&journal, run, &format!("c-{i}"), window))
+            .collect();
+        assert_eq!(
+            started
+                .iter()
+                .filter(|a| **a == StartAdmission::Started)
+                .count(),
+            3
+        );
+        journal.flush().unwrap();
+        let oldest = journal
+            .oldest_call_since("search_web", UNIX_EPOCH)
+            .unwrap()
+            .unwrap();
+        for refused in &started[3..] {
+            assert_eq!(
+                *refused,
+                StartAdmission::RateLimited {
+                    window,
+                    reset_at: oldest + Duration::from_secs(3600)
+                }
+            );
+        }
+        // A second window of the same tool is kept apart, and filled from the table.
+        assert_eq!(
+            admit(&journal, run, "c-5", hourly(4)),
+            StartAdmission::Started
+        );
+        assert!(matches!(
+            admit(&journal, run, "c-6", hourly(4)),
+            StartAdmission::RateLimited { .. }
+        ));
+    }
+
+    #[test]
+    fn a_start_another_process_recorded_counts() {
+        let (dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let window = hourly(2);
+        // The first admission fills the writer's window (one start).
+        assert_eq!(admit(&journal, run, "c-1", window), StartAdmission::Started);
+        journal.flush().unwrap();
+        // Another process (its own connection) records a start of the same tool.
+        let other = rusqlite::Connection::open(dir.path().join("journal.sqlite")).unwrap();
+        other
+            .execute(
+                "INSERT INTO calls (run_id, call_id, tool, effect, started_at_ms)
+                 VALUES (?1, 'elsewhere', 'search_web', 'read_only', ?2)",
+                params![run, super::now_ms()],
+            )
+            .unwrap();
+        drop(other);
+        // Two starts in the window: full.
+        assert!(matches!(
+            admit(&journal, run, "c-2", window),
+            StartAdmission::RateLimited { .. }
+        ));
+    }
+
+    #[test]
+    fn a_start_rolled_back_does_not_count() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let window = hourly(2);
+        assert_eq!(admit(&journal, run, "c-1", window), StartAdmission::Started);
+        // A write that inserted a start and then failed: rolled back.
+        let failed = journal.write(move |tx| {
+            super::insert_start(
+                tx,
+                super::now_ms(),
+                run,
+                "c-gone",
+                "search_web",
+                Effect::ReadOnly,
+                "{}",
+            )?;
+            Err::<(), _>(Failure::Other("failed after the insert".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(admit(&journal, run, "c-2", window), StartAdmission::Started);
+        assert!(matches!(
+            admit(&journal, run, "c-3", window),
+            StartAdmission::RateLimited { .. }
+        ));
     }
 }

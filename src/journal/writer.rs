@@ -8,8 +8,10 @@
 //! [`Journal`](super::Journal) was dropped), after the jobs still queued have run and
 //! committed, and closes the connection.
 
+use super::rates::RateCache;
 use super::{Failure, Tx};
 use rusqlite::Connection;
+use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -195,6 +197,7 @@ fn write_groups(
     path: &std::path::Path,
     groups: &AtomicU64,
 ) {
+    let rates = RefCell::new(RateCache::default());
     while let Ok(first) = queue.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -206,21 +209,37 @@ fn write_groups(
         // Counted before its callers are answered: one who reads the count after its write
         // returned sees its own group (the tests count groups so).
         groups.fetch_add(1, Ordering::SeqCst);
-        commit_group(conn, group, path);
+        commit_group(conn, group, path, &rates);
     }
 }
 
 /// Runs `group` in one `BEGIN IMMEDIATE` transaction, each job in its own savepoint, then
 /// commits and tells every waiting caller how the commit went.
-fn commit_group(conn: &Connection, group: Vec<Job>, path: &std::path::Path) {
-    if let Err(e) = fixed(conn, "BEGIN IMMEDIATE") {
+///
+/// `rates` mirrors the start records the jobs insert: whatever is rolled back (a failed job, a
+/// failed commit) empties it, and it is emptied too when another process committed since the
+/// last group (it reloads from the table when next asked).
+fn commit_group(
+    conn: &Connection,
+    group: Vec<Job>,
+    path: &std::path::Path,
+    rates: &RefCell<RateCache>,
+) {
+    let begun = fixed(conn, "BEGIN IMMEDIATE").and_then(|()| rates.borrow_mut().check(conn));
+    if let Err(e) = begun {
         tracing::error!(path = %path.display(), "journal: cannot begin a transaction: {e}");
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
         for job in group {
             job(Err(shared(&e)));
         }
         return;
     }
-    let tx = Tx(conn);
+    let tx = Tx {
+        conn,
+        rates: Some(rates),
+    };
     let mut waiting: Vec<AfterCommit> = Vec::with_capacity(group.len());
     for job in group {
         if let Err(e) = fixed(conn, "SAVEPOINT job") {
@@ -238,7 +257,10 @@ fn commit_group(conn: &Connection, group: Vec<Job>, path: &std::path::Path) {
                 waiting.extend(after);
                 fixed(conn, "RELEASE job")
             }
-            Ran::Failed => fixed(conn, "ROLLBACK TO job").and_then(|()| fixed(conn, "RELEASE job")),
+            Ran::Failed => {
+                rates.borrow_mut().clear();
+                fixed(conn, "ROLLBACK TO job").and_then(|()| fixed(conn, "RELEASE job"))
+            }
         };
         if let Err(e) = end {
             tracing::error!("journal: cannot end a savepoint: {e}");
@@ -247,6 +269,7 @@ fn commit_group(conn: &Connection, group: Vec<Job>, path: &std::path::Path) {
     let commit = fixed(conn, "COMMIT");
     if let Err(e) = &commit {
         tracing::error!(path = %path.display(), "journal: commit failed: {e}");
+        rates.borrow_mut().clear();
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
