@@ -350,7 +350,7 @@ async fn the_periodic_rescan_finds_a_note_the_watcher_missed() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn symlinks_conflict_copies_and_temp_files_are_never_touched() {
+async fn symlinks_fifos_conflict_copies_and_temp_files_are_never_touched() {
     let server = SearxServer::start(Duration::ZERO).await;
     let vault = TestVault::new(&server.base_url(), "");
     let call = note_with_calls("Ignored", &[search_call("must not run")]);
@@ -381,6 +381,17 @@ async fn symlinks_conflict_copies_and_temp_files_are_never_touched() {
     for name in ignored {
         vault.drop_note(name, &call);
     }
+    // A FIFO named like a note, made while the daemon watches: reading it would wait for a
+    // writer that never comes.
+    let fifo = std::ffi::CString::new(
+        vault
+            .path("Needs_Action", "pipe.md")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
     vault.drop_note("marker.md", &note_with_calls("M", &[search_call("marker")]));
     vault.wait_until_in("Done", "marker.md");
     drop(daemon);
@@ -397,6 +408,13 @@ async fn symlinks_conflict_copies_and_temp_files_are_never_touched() {
             .unwrap()
             .file_type()
             .is_symlink()
+    );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(vault.path("Needs_Action", "pipe.md"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
     );
     assert_eq!(server.queries(), vec!["marker"]);
 }

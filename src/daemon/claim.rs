@@ -24,7 +24,7 @@ impl Daemon {
             if self.arrivals.is_left_behind(path) {
                 return Ok(()); // the first name of a note claimed by link, about to go
             }
-            let Some(text) = self.read_note(path) else {
+            let Some((text, busy)) = self.read_note_noting_writer(path) else {
                 return Ok(());
             };
             let parsed = parse_note(&text);
@@ -34,7 +34,7 @@ impl Daemon {
             {
                 return Ok(()); // waiting for the agent, not for us: left exactly as it is
             }
-            if self.still_being_written(path, &text, &parsed).await {
+            if self.still_being_written(path, &text, &parsed, busy).await {
                 return Ok(());
             }
             if pass == Pass::Approved

@@ -255,16 +255,18 @@ impl Daemon {
         }
     }
 
-    /// Whether `path` must wait before it is judged (DESIGN §9.1): a writer has it open, or
-    /// its last call block is unfinished and its last change younger than `settle_max`. Then
-    /// a wait is started (a settle, or a look again when `settle_max` has passed).
+    /// Whether `path` must wait before it is judged (DESIGN §9.1): a writer had it open when
+    /// it was read (`writer_busy`), or its last call block is unfinished and its last change
+    /// younger than `settle_max`. Then a wait is started (a settle, or a look again when
+    /// `settle_max` has passed).
     pub(crate) async fn still_being_written(
         self: &Arc<Self>,
         path: &Path,
         text: &str,
         parsed: &ParsedNote,
+        writer_busy: bool,
     ) -> bool {
-        if note::write::writer_busy(path).unwrap_or(false) {
+        if writer_busy {
             let settle = self.clone().settle_then_look(path.to_path_buf());
             if self.mode == Mode::Once {
                 // `once` ends when no note task runs and none is queued: this task waits for
@@ -400,40 +402,44 @@ impl Daemon {
     /// Reads a note for processing; `None` (with the problem recorded once) when it is not a
     /// regular file, too big, unreadable or not UTF-8. Such notes are left exactly as they are.
     pub(crate) fn read_note(&self, path: &Path) -> Option<String> {
-        let meta = match std::fs::symlink_metadata(path) {
-            Ok(m) => m,
-            Err(_) => return None, // gone: moved or deleted meanwhile
+        self.read_note_noting_writer(path).map(|(text, _)| text)
+    }
+
+    /// [`read_note`](Self::read_note), and whether another process may still be writing the
+    /// note (`note::write::writer_busy`), both from one open of it.
+    pub(crate) fn read_note_noting_writer(&self, path: &Path) -> Option<(String, bool)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Neither through a symlink nor waiting for a FIFO's writer: only a regular file is read.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path);
+        let mut file = match opened {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return None, // a symlink
+            Err(e) => {
+                let meta = std::fs::symlink_metadata(path).ok()?;
+                let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                if meta.file_type().is_file() && !self.acceptable(path, &meta, mtime) {
+                    return None;
+                }
+                let message = format!("note cannot be read: {e}; left untouched");
+                self.problem(path, meta.len(), mtime, message);
+                return None;
+            }
         };
+        let meta = file.metadata().ok()?;
         if !meta.file_type().is_file() {
             return None;
         }
         let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        if meta.permissions().readonly() {
-            // Nobody may write it: a person made it read-only on purpose (root included).
-            self.problem(
-                path,
-                meta.len(),
-                mtime,
-                "note is read-only (no write permission); left untouched".to_string(),
-            );
+        if !self.acceptable(path, &meta, mtime) {
             return None;
         }
-        if meta.len() > self.config.max_note_bytes {
-            self.problem(
-                path,
-                meta.len(),
-                mtime,
-                format!(
-                    "note is {} bytes, over max_note_bytes = {}; left untouched",
-                    meta.len(),
-                    self.config.max_note_bytes
-                ),
-            );
-            return None;
-        }
-        match std::fs::read(path) {
-            Ok(bytes) => match String::from_utf8(bytes) {
-                Ok(s) => Some(s),
+        match note::write::read_noting_writer(&mut file) {
+            Ok((bytes, busy)) => match String::from_utf8(bytes) {
+                Ok(s) => Some((s, busy)),
                 Err(e) => {
                     self.problem(
                         path,
@@ -458,6 +464,35 @@ impl Daemon {
                 None
             }
         }
+    }
+
+    /// False (the problem recorded once) for a note vaultd must not touch: read-only, or over
+    /// `max_note_bytes`.
+    fn acceptable(&self, path: &Path, meta: &std::fs::Metadata, mtime: SystemTime) -> bool {
+        if meta.permissions().readonly() {
+            // Nobody may write it: a person made it read-only on purpose (root included).
+            self.problem(
+                path,
+                meta.len(),
+                mtime,
+                "note is read-only (no write permission); left untouched".to_string(),
+            );
+            return false;
+        }
+        if meta.len() > self.config.max_note_bytes {
+            self.problem(
+                path,
+                meta.len(),
+                mtime,
+                format!(
+                    "note is {} bytes, over max_note_bytes = {}; left untouched",
+                    meta.len(),
+                    self.config.max_note_bytes
+                ),
+            );
+            return false;
+        }
+        true
     }
 
     pub(crate) fn problem(&self, path: &Path, len: u64, mtime: SystemTime, message: String) {

@@ -65,10 +65,12 @@ fn update(
         if attempt > 1 {
             std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
         }
-        if writer_busy(path)? {
+        let Some(bytes) = read_unless_busy(path)? else {
             continue;
-        }
-        let current = read_note(path)?;
+        };
+        let current = String::from_utf8(bytes).map_err(|_| WriteError::NotUtf8 {
+            path: path.to_path_buf(),
+        })?;
         let new = build(&current);
         if new == current {
             return Ok(new);
@@ -224,12 +226,51 @@ fn ignore_lease_break_signal() {
 /// waiting, whatever its state), so a note half-written in place is not taken for the whole.
 pub fn read_settled(path: &Path) -> Result<Vec<u8>, WriteError> {
     for attempt in 1..=MAX_ATTEMPTS {
-        if !writer_busy(path)? {
-            break;
+        if let Some(bytes) = read_unless_busy(path)? {
+            return Ok(bytes);
         }
         std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
     }
     fs::read(path).map_err(|e| read_error(path, e))
+}
+
+/// The note's bytes, or None while another process may still be writing it (as
+/// [`writer_busy`] tells): one open where a check and a read took two (issue 16: every note
+/// is read so twice on its way to Done).
+fn read_unless_busy(path: &Path) -> Result<Option<Vec<u8>>, WriteError> {
+    let mut file = File::open(path).map_err(|e| read_error(path, e))?;
+    let (bytes, busy) = read_noting_writer(&mut file).map_err(|e| read_error(path, e))?;
+    Ok((!busy).then_some(bytes))
+}
+
+/// Reads an open note to its end and says whether another process may be writing it (then
+/// the bytes may be half a note), as [`writer_busy`] decides. On Linux the read happens under
+/// the read lease that answers the question, so no writer can open the note before it is read.
+pub(crate) fn read_noting_writer(file: &mut File) -> io::Result<(Vec<u8>, bool)> {
+    use std::io::Read;
+    let read = |file: &mut File| {
+        // Most notes fit: one read() for the bytes, one for the end.
+        let mut bytes = Vec::with_capacity(8 * 1024);
+        file.read_to_end(&mut bytes).map(|_| bytes)
+    };
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        ignore_lease_break_signal();
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl on a valid, open descriptor; the lease is dropped before it closes.
+        if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) } == 0 {
+            let bytes = read(file);
+            // SAFETY: as above.
+            unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+            return bytes.map(|b| (b, false));
+        }
+        if io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
+            return read(file).map(|b| (b, true));
+        }
+    }
+    let busy = recently_modified(&file.metadata()?, QUIET);
+    read(file).map(|b| (b, busy))
 }
 
 /// True while another process may still be writing the note in place.
@@ -263,18 +304,14 @@ pub fn writer_busy(path: &Path) -> Result<bool, WriteError> {
 /// True when the note's mtime is less than `quiet` ago (a clock step back counts as quiet).
 fn modified_within(path: &Path, quiet: Duration) -> Result<bool, WriteError> {
     let meta = fs::metadata(path).map_err(|e| read_error(path, e))?;
-    Ok(meta
-        .modified()
-        .ok()
-        .and_then(|m| m.elapsed().ok())
-        .is_some_and(|age| age < quiet))
+    Ok(recently_modified(&meta, quiet))
 }
 
-fn read_note(path: &Path) -> Result<String, WriteError> {
-    let bytes = fs::read(path).map_err(|e| read_error(path, e))?;
-    String::from_utf8(bytes).map_err(|_| WriteError::NotUtf8 {
-        path: path.to_path_buf(),
-    })
+fn recently_modified(meta: &fs::Metadata, quiet: Duration) -> bool {
+    meta.modified()
+        .ok()
+        .and_then(|m| m.elapsed().ok())
+        .is_some_and(|age| age < quiet)
 }
 
 fn read_error(path: &Path, e: io::Error) -> WriteError {
@@ -422,6 +459,25 @@ mod tests {
         drop(guard);
         writer.join().unwrap();
         assert_eq!(fs::read_to_string(&path).unwrap(), "text more");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_note_open_for_writing_is_not_read_until_its_writer_closes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"first half");
+        let writer = OpenOptions::new().append(true).open(&path).unwrap();
+        assert_eq!(read_unless_busy(&path).unwrap(), None);
+        drop(writer);
+        // Readers do not count; a note bigger than the first buffer is read whole.
+        let _reader = File::open(&path).unwrap();
+        let big = "line of a long note\n".repeat(5_000);
+        fs::write(&path, &big).unwrap();
+        assert_eq!(read_unless_busy(&path).unwrap(), Some(big.into_bytes()));
+        assert!(matches!(
+            read_unless_busy(&dir.path().join("gone.md")),
+            Err(WriteError::Gone(_))
+        ));
     }
 
     #[test]
