@@ -13,5 +13,5 @@ pub use parse::{
     CallBlock, CallBody, HeldRef, LineEnding, ParsedNote, frontmatter_property,
     json_block_contents, params_hash, parse_note,
 };
-pub use render::{Block, append_blocks, set_note_id, set_runner, stamp_claim};
+pub use render::{Block, append_and_set, append_blocks, set_note_id, set_runner, stamp_claim};
 pub use write::{WriteError, read_settled, update_note, update_note_then_move};

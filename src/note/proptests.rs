@@ -167,6 +167,27 @@ proptest! {
     }
 
     #[test]
+    fn the_one_pass_results_write_is_the_step_by_step_one(text in note_text()) {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let results: Vec<CallResult> = parse_note(&text)
+            .pending_calls()
+            .map(|c| result_for(&c.call_id, matches!(c.body, CallBody::Call { .. })))
+            .collect();
+        let blocks: Vec<Block> = results.iter().map(Block::Result).collect();
+        let steps = append_blocks(&text, &blocks, "done", now);
+        let steps = crate::note::set_runner(&steps, "vaultd@host");
+        let steps = crate::note::set_note_id(&steps, "n-0123456789ab");
+        let one = crate::note::append_and_set(
+            &text,
+            |_| blocks.clone(),
+            "done",
+            now,
+            &[("tool_runner", "vaultd@host"), ("tool_note", "n-0123456789ab")],
+        );
+        prop_assert_eq!(one, steps);
+    }
+
+    #[test]
     fn parse_never_panics(text in "(?s).{0,400}") {
         let _ = parse_note(&text);
     }

@@ -423,25 +423,31 @@ pub fn append_results(
     {
         return None;
     }
-    let cur = parse_note(current);
-    let mut blocks: Vec<Block<'_>> = results
-        .iter()
-        .filter(|r| !cur.has_result(&r.call_id))
-        .map(Block::Result)
-        .collect();
-    for h in held {
-        let shown = cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
-        if !shown && !cur.has_result(&h.call_id) {
-            blocks.push(Block::Held(h));
+    let pick = |cur: &note::ParsedNote| {
+        let mut blocks: Vec<Block<'_>> = results
+            .iter()
+            .filter(|r| !cur.has_result(&r.call_id))
+            .map(Block::Result)
+            .collect();
+        for h in held {
+            let shown = cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
+            if !shown && !cur.has_result(&h.call_id) {
+                blocks.push(Block::Held(h));
+            }
         }
+        blocks
+    };
+    let mut extra = vec![("tool_runner", runner)];
+    if note::frontmatter_property(current, "tool_note").is_none() && !note_id.is_empty() {
+        extra.push(("tool_note", note_id));
     }
-    let text = note::append_blocks(current, &blocks, next.as_str(), now);
-    let text = note::set_runner(&text, runner);
-    if note::frontmatter_property(&text, "tool_note").is_none() && !note_id.is_empty() {
-        Some(note::set_note_id(&text, note_id))
-    } else {
-        Some(text)
-    }
+    Some(note::append_and_set(
+        current,
+        pick,
+        next.as_str(),
+        now,
+        &extra,
+    ))
 }
 
 /// Where a note goes after its run: Pending_Approval while a call waits for a person, Failed
