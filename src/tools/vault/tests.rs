@@ -661,3 +661,85 @@ async fn undo_of_a_whole_note_plans_each_change_on_the_state_the_newer_ones_leav
     assert_eq!(f.read("Agent/a.md"), "new\n");
     assert_eq!(f.read("Agent/b.md"), "0\n1\n2\n");
 }
+
+/// Keywords that draft 7 does not know (it ignores them) or reads differently.
+fn later_draft_keywords(schema: &Value, at: &str, found: &mut Vec<String>) {
+    const LATER: &[&str] = &[
+        "prefixItems",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "dependentRequired",
+        "dependentSchemas",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "$recursiveRef",
+        "$anchor",
+        "minContains",
+        "maxContains",
+    ];
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map {
+                if LATER.contains(&key.as_str()) || (key == "items" && value.is_array()) {
+                    found.push(format!("{at}/{key}"));
+                }
+                if key == "properties" || key == "$defs" || key == "definitions" {
+                    // Names, not keywords: each value is a schema.
+                    for (name, sub) in value.as_object().into_iter().flatten() {
+                        later_draft_keywords(sub, &format!("{at}/{key}/{name}"), found);
+                    }
+                } else if key != "enum" && key != "const" && key != "examples" {
+                    later_draft_keywords(value, &format!("{at}/{key}"), found);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                later_draft_keywords(item, &format!("{at}/{i}"), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The registry checks vaultd's own schemas as draft-07 documents (`Registry::add`): none may
+/// use a keyword that only later drafts give a meaning to.
+#[test]
+fn vaultds_own_schemas_mean_the_same_in_draft_7() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("vault");
+    std::fs::create_dir_all(&root).unwrap();
+    let builtin = Registry::from_config(
+        &crate::config::ToolsConfig::defaults(),
+        reqwest::Client::new(),
+        None,
+    )
+    .unwrap();
+    let mut vault = Registry::empty();
+    let raw = RawVault {
+        write: Some(vec!["Agent/**".into()]),
+        ..RawVault::default()
+    };
+    super::register(&config(&root, raw, Vec::new()), None, &mut vault).unwrap();
+    let mut checked = 0;
+    for tool in builtin.tools().chain(vault.tools()) {
+        let spec = tool.spec();
+        assert!(matches!(
+            spec.source,
+            crate::tools::Source::Builtin | crate::tools::Source::Vault
+        ));
+        let mut found = Vec::new();
+        later_draft_keywords(&spec.schema, "", &mut found);
+        assert!(found.is_empty(), "{}: {found:?}", spec.name);
+        checked += 1;
+    }
+    assert!(checked > TOOL_NAMES.len(), "{checked} tools checked");
+    // The check itself finds what it looks for.
+    let mut found = Vec::new();
+    later_draft_keywords(
+        &json!({"properties": {"items": {"prefixItems": []}}, "items": [{}]}),
+        "",
+        &mut found,
+    );
+    assert_eq!(found, ["/items", "/properties/items/prefixItems"]);
+}
