@@ -201,6 +201,7 @@ impl Journal {
             crate::private::narrow(Path::new(&side));
         }
         let wrap = |f: Failure| attach(&path, f);
+        schema::page_cache_on_demand();
         let mut conn = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         schema::configure(&mut conn).map_err(wrap)?;
         create_tables(&mut conn).map_err(wrap)?;

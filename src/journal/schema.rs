@@ -72,6 +72,28 @@ pub(super) const MIGRATIONS: &[&str] = &[
 
 /// Plans fixed when a statement is prepared, not redone for its bound values (SQLite's query
 /// planner stability guarantee): a cached statement is then never prepared again.
+/// SQLite gives each connection's page cache a bulk allocation of 20 pages (~86 KB) at its
+/// first read; the journal's two connections kept ~170 KB so for the daemon's life while an
+/// idle daemon's journal needs a few pages. Pages are then allocated one at a time, as
+/// needed. A process-wide setting, made before SQLite's first connection (after it, SQLite
+/// refuses it and keeps its default, which is harmless: tests open connections of their own).
+pub(super) fn page_cache_on_demand() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: SQLITE_CONFIG_PAGECACHE takes (void*, int, int); a null buffer with N = 0
+        // asks for no bulk allocation. Before sqlite3_initialize it is allowed; after, it
+        // returns SQLITE_MISUSE and changes nothing.
+        unsafe {
+            rusqlite::ffi::sqlite3_config(
+                rusqlite::ffi::SQLITE_CONFIG_PAGECACHE,
+                std::ptr::null_mut::<std::ffi::c_void>(),
+                0 as std::ffi::c_int,
+                0 as std::ffi::c_int,
+            );
+        }
+    });
+}
+
 fn stable_plans(conn: &Connection) -> Result<(), Failure> {
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
