@@ -61,8 +61,10 @@ fn update(
     build: impl Fn(&str) -> String,
     sync_folder: bool,
 ) -> Result<String, WriteError> {
+    // After a writer was caught in the rename (see below): what we wrote, and their text.
+    let mut carried: Option<(String, String)> = None;
     for attempt in 1..=MAX_ATTEMPTS {
-        if attempt > 1 {
+        if attempt > 1 && carried.is_none() {
             std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
         }
         let Some(bytes) = read_unless_busy(path)? else {
@@ -71,7 +73,19 @@ fn update(
         let current = String::from_utf8(bytes).map_err(|_| WriteError::NotUtf8 {
             path: path.to_path_buf(),
         })?;
-        let new = build(&current);
+        // Built on their text while the note is still what we wrote over it.
+        let base = match carried.take() {
+            Some((ours, theirs)) if ours == current => theirs,
+            Some(_) => {
+                tracing::warn!(
+                    note = %path.display(),
+                    "a write that landed in the replaced copy of the note could not be carried over: the note changed again meanwhile"
+                );
+                current.clone()
+            }
+            None => current.clone(),
+        };
+        let new = build(&base);
         if new == current {
             return Ok(new);
         }
@@ -108,6 +122,13 @@ fn update(
         if let Err(source) = fs::rename(&temp, path) {
             let _ = fs::remove_file(&temp);
             return Err(io_error(path, source));
+        }
+        // A process that opened the note between the check and the rename waited for the
+        // lease and now writes into the replaced file: its change is read from there once it
+        // is done, and the note is written again on it.
+        if let Some(theirs) = guard.missed_writer(path, &current)? {
+            carried = Some((new, theirs));
+            continue;
         }
         drop(guard);
         // The rename is done: a failed folder fsync only weakens durability after a crash,
@@ -197,6 +218,49 @@ impl Guard {
                 && lease == libc::F_WRLCK);
         }
         Ok(true)
+    }
+}
+
+impl Guard {
+    /// After the rename: when a process opened the replaced file under the lease (it waits for
+    /// the lease to go, then writes there), that file's text once it is done, if it differs
+    /// from `current`. The lease is released here.
+    fn missed_writer(&self, path: &Path, current: &str) -> Result<Option<String>, WriteError> {
+        #[cfg(target_os = "linux")]
+        if self.write_lease {
+            use std::io::{Read, Seek};
+            use std::os::fd::AsRawFd;
+            let fd = self.file.as_raw_fd();
+            // SAFETY: fcntl on a valid, open descriptor owned by `self.file`.
+            if unsafe { libc::fcntl(fd, libc::F_GETLEASE) } == libc::F_WRLCK {
+                return Ok(None);
+            }
+            // SAFETY: as above; the waiting opener goes on.
+            unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+            for attempt in 1..=MAX_ATTEMPTS {
+                // SAFETY: as above; a read lease is granted once no one has it open to write.
+                if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) } == 0 {
+                    // SAFETY: as above.
+                    unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+                    break;
+                }
+                std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
+            }
+            let mut bytes = Vec::new();
+            let mut file = &self.file;
+            file.rewind()
+                .and_then(|_| file.read_to_end(&mut bytes))
+                .map_err(|e| read_error(path, e))?;
+            if bytes == current.as_bytes() {
+                return Ok(None);
+            }
+            return String::from_utf8(bytes)
+                .map(Some)
+                .map_err(|_| WriteError::NotUtf8 {
+                    path: path.to_path_buf(),
+                });
+        }
+        Ok(None)
     }
 }
 
@@ -478,6 +542,42 @@ mod tests {
             read_unless_busy(&dir.path().join("gone.md")),
             Err(WriteError::Gone(_))
         ));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_writer_caught_in_the_rename_is_waited_for_and_its_text_read_from_the_replaced_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"text");
+        let untouched = Guard::take(&path).unwrap().unwrap();
+        assert_eq!(untouched.missed_writer(&path, "text").unwrap(), None);
+        drop(untouched);
+        let guard = Guard::take(&path).unwrap().unwrap();
+        assert!(guard.write_lease);
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                // Opens the file the name points to now; its open waits for the lease.
+                let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+                f.write_all(b" more").unwrap();
+            })
+        };
+        let start = std::time::Instant::now();
+        while guard.still(&path, "text").unwrap() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the open was never seen"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The rename lands while that open waits: its write goes to the replaced file.
+        let temp = dir.path().join(".a.md.new.tmp");
+        fs::write(&temp, "text\nresult\n").unwrap();
+        fs::rename(&temp, &path).unwrap();
+        let theirs = guard.missed_writer(&path, "text").unwrap();
+        writer.join().unwrap();
+        assert_eq!(theirs.as_deref(), Some("text more"));
+        assert_eq!(fs::read_to_string(&path).unwrap(), "text\nresult\n");
     }
 
     #[test]
