@@ -1,0 +1,54 @@
+//! Release builds of the binaries on x86_64 Linux place the functions vaultd runs from start-up
+//! through its first note together (`scripts/symbol-order.txt`, made by
+//! `scripts/symbol-order`). A daemon keeps every code page it touched, and the kernel maps the
+//! 64 KiB around each first touch: start-up code scattered over the binary kept ~9 MiB of it
+//! resident where ~3 MiB runs (idle RSS 14.9 → 9.6 MiB, BENCHMARKS.md). It takes LLD, rustc's
+//! linker on that target since 1.90; `VAULTD_SYMBOL_ORDER=0` leaves it out (another linker).
+
+use std::env;
+use std::path::Path;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=scripts/symbol-order.txt");
+    println!("cargo:rerun-if-env-changed=VAULTD_SYMBOL_ORDER");
+    let wanted = env::var("VAULTD_SYMBOL_ORDER").map_or(true, |v| v != "0");
+    let release = env::var("PROFILE").as_deref() == Ok("release");
+    let target = env::var("TARGET").unwrap_or_default();
+    if !(wanted && release && target == "x86_64-unknown-linux-gnu" && links_with_lld()) {
+        return;
+    }
+    let dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let order = Path::new(&dir).join("scripts/symbol-order.txt");
+    if !order.is_file() {
+        return;
+    }
+    println!(
+        "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+        order.display()
+    );
+    // Functions of the list that this build does not have (renamed, gone) are skipped.
+    println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+}
+
+/// Whether rustc links with LLD: its default on x86_64 Linux from 1.90, unless the flags name
+/// another linker.
+fn links_with_lld() -> bool {
+    let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    if flags.contains("linker") {
+        return false;
+    }
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
+    let Ok(out) = Command::new(rustc).arg("--version").output() else {
+        return false;
+    };
+    // "rustc 1.95.0 (59807616e 2026-04-14)"
+    let version = String::from_utf8_lossy(&out.stdout);
+    let minor = version
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.split('.').nth(1))
+        .and_then(|m| m.parse::<u32>().ok());
+    minor.is_some_and(|m| m >= 90)
+}
