@@ -469,6 +469,28 @@ mod tests {
             .collect()
     }
 
+    /// A thread appending " more" to the note `guard` holds a write lease on; returns once
+    /// the guard sees its open (which waits for the lease).
+    #[cfg(target_os = "linux")]
+    fn append_under(guard: &Guard, path: &Path) -> std::thread::JoinHandle<()> {
+        let writer = {
+            let path = path.to_path_buf();
+            std::thread::spawn(move || {
+                let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+                f.write_all(b" more").unwrap();
+            })
+        };
+        let start = std::time::Instant::now();
+        while guard.still(path, "text").unwrap() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the open was never seen"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        writer
+    }
+
     #[test]
     fn a_half_written_note_is_left_to_its_writer_until_quiet() {
         let dir = tempfile::tempdir().unwrap();
@@ -504,22 +526,8 @@ mod tests {
             .expect("nobody has the note open");
         assert!(guard.write_lease, "a note of our own gets a write lease");
         assert!(guard.still(&path, "text").unwrap());
-        let writer = {
-            let path = path.clone();
-            std::thread::spawn(move || {
-                // Blocks in open() until the guard is dropped.
-                let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-                f.write_all(b" more").unwrap();
-            })
-        };
-        let start = std::time::Instant::now();
-        while guard.still(&path, "text").unwrap() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "the open was never seen"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        // Blocks in open() until the guard is dropped.
+        let writer = append_under(&guard, &path);
         drop(guard);
         writer.join().unwrap();
         assert_eq!(fs::read_to_string(&path).unwrap(), "text more");
@@ -554,22 +562,8 @@ mod tests {
         drop(untouched);
         let guard = Guard::take(&path).unwrap().unwrap();
         assert!(guard.write_lease);
-        let writer = {
-            let path = path.clone();
-            std::thread::spawn(move || {
-                // Opens the file the name points to now; its open waits for the lease.
-                let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-                f.write_all(b" more").unwrap();
-            })
-        };
-        let start = std::time::Instant::now();
-        while guard.still(&path, "text").unwrap() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "the open was never seen"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        // Opens the file the name points to now; its open waits for the lease.
+        let writer = append_under(&guard, &path);
         // The rename lands while that open waits: its write goes to the replaced file.
         let temp = dir.path().join(".a.md.new.tmp");
         fs::write(&temp, "text\nresult\n").unwrap();
