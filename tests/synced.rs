@@ -551,6 +551,12 @@ async fn two_daemons_on_synced_replicas_one_runs_the_other_refuses_a_take_over_p
     for n in 0..4 {
         b.wait_until_in("Done", &format!("n{n}.md"));
     }
+    // And the sync has taken them out of B's Needs_Action: a note B still finds there when it
+    // takes over is one it never heard of (a replica's daemon cannot know A ran it: the
+    // README's "inside the sync delay" case), which would make it a second send.
+    wait_until("B's inbox is synced", DEADLINE, || {
+        (0..4).all(|n| !b.path("Needs_Action", &format!("n{n}.md")).exists())
+    });
     // B on the replica refuses, naming A.
     let (code, err) = run_refused(&b);
     assert_ne!(code, 0, "{err}");
