@@ -1,6 +1,6 @@
 //! `vaultd approve NOTE` / `vaultd reject NOTE`: a person's decision on the held calls of one
 //! note, recorded in the journal and bound to the exact parameters its `[!question]` shows
-//! (DESIGN §4). They work whether or not the daemon runs.
+//! (docs/design.md §4). They work whether or not the daemon runs.
 //!
 //! - **approve** records `Approved` for every held call whose question still matches the call
 //!   (call id + [`params_hash`](crate::note::params_hash)) and moves the note to `Approved/`. The daemon runs a held call
@@ -8,7 +8,7 @@
 //!   with `approval_via = "cli"` a note an agent moves into `Approved/` by hand is left alone,
 //!   and a call edited after approval is asked about again.
 //! - **reject** records `Rejected`, writes a `REJECTED` result for every held call itself
-//!   (the daemon's plan and write back, `tool_runner` stamped as DESIGN §9.9 asks of whoever
+//!   (the daemon's plan and write back, `tool_runner` stamped as docs/design.md §9.9 asks of whoever
 //!   updates a note; no daemon needed: nothing runs) and moves the note to `Rejected/`.
 
 use crate::config::Config;
@@ -207,7 +207,7 @@ pub fn reject(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
     }
     let now = SystemTime::now();
     // The daemon's write back: results not shown yet, `tool_status`, and this vault's
-    // `tool_runner` (DESIGN §9.9: whoever updates a note is its runner).
+    // `tool_runner` (docs/design.md §9.9: whoever updates a note is its runner).
     note::update_note(&target.path, |current| {
         append_results(
             current,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::SystemTime;
 
-/// The closed set of error codes of DESIGN §4; agents match on these strings.
+/// The closed set of error codes of docs/design.md §4; agents match on these strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
@@ -60,12 +60,12 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
-/// The `error` object of a failed `tool_result` (DESIGN §3).
+/// The `error` object of a failed `tool_result` (docs/design.md §3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallError {
     pub code: ErrorCode,
     pub message: String,
-    /// DESIGN §8.4: true for TIMEOUT, RATE_LIMITED and transport-level EXECUTION_ERRORs.
+    /// docs/design.md §8.4: true for TIMEOUT, RATE_LIMITED and transport-level EXECUTION_ERRORs.
     pub retryable: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<Value>,
@@ -107,13 +107,13 @@ impl std::error::Error for CallError {}
 pub struct ToolOutput {
     pub data: Value,
     pub summary: String,
-    /// What a `state_change` tool did to the vault (DESIGN §11.3): the journal stores it in
+    /// What a `state_change` tool did to the vault (docs/design.md §11.3): the journal stores it in
     /// the same transaction as the call's outcome, so every recorded change is undoable.
     /// Never written into the note.
     pub undo: Option<UndoRecord>,
 }
 
-/// The vault changes of one call, enough to put every file back (DESIGN §11.3).
+/// The vault changes of one call, enough to put every file back (docs/design.md §11.3).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct UndoRecord {
     /// In the order they were made.
@@ -170,7 +170,7 @@ impl CallResult {
     }
 }
 
-/// A call held for a person's approval (DESIGN §4): rendered as a `[!question]` callout.
+/// A call held for a person's approval (docs/design.md §4): rendered as a `[!question]` callout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeldCall {
     pub call_id: String,

@@ -30,7 +30,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Taken by every subcommand (DESIGN §8.8).
+/// Taken by every subcommand (docs/design.md §8.8).
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
     /// The vault folder (overrides `vault` in the config).
@@ -197,7 +197,7 @@ pub enum Command {
     },
 }
 
-/// Synced vaults (DESIGN §9.9).
+/// Synced vaults (docs/design.md §9.9).
 #[derive(Debug, Clone, Copy, clap::Args)]
 pub struct RunnerArgs {
     /// Run this vault from here although another vaultd (on a replica of a synced vault)
@@ -578,7 +578,7 @@ fn resolve_note(config: &Config, arg: &Path, folders: &[crate::vault::State]) ->
     }
 }
 
-/// What would happen to a call that is still pending, as the daemon's plan decides it (DESIGN
+/// What would happen to a call that is still pending, as the daemon's plan decides it (docs/design.md
 /// §12.1's decision): its `check` status, the decision and the error when it is not run.
 fn decision_of(step: &Step) -> (&'static str, Value, Option<&crate::call::CallError>) {
     fn not_run<'a>(

@@ -78,30 +78,30 @@ pub struct RawConfig {
     pub watch: Option<String>,
     pub poll_interval: Option<String>,
     pub rescan_interval: Option<String>,
-    /// DESIGN §9.1: quiet time after a note written in place before it is read.
+    /// docs/design.md §9.1: quiet time after a note written in place before it is read.
     pub settle: Option<String>,
     /// How long a note that arrived by rename waits before it is claimed (`mv` of several).
     pub moved_in_grace: Option<String>,
-    /// DESIGN §9.1: how long a note whose last call block is unfinished is waited for.
+    /// docs/design.md §9.1: how long a note whose last call block is unfinished is waited for.
     pub settle_max: Option<String>,
-    /// DESIGN §9.6: a copy of a claimed note within this is that note.
+    /// docs/design.md §9.6: a copy of a claimed note within this is that note.
     pub stale_copy_grace: Option<String>,
-    /// DESIGN §9.6: up to this, a copy's started side effects are held.
+    /// docs/design.md §9.6: up to this, a copy's started side effects are held.
     pub stale_copy_window: Option<String>,
-    /// DESIGN §9.9: another runner's notes this recent stop start-up.
+    /// docs/design.md §9.9: another runner's notes this recent stop start-up.
     pub runner_window: Option<String>,
-    /// Who may approve held calls, for every tool (DESIGN §4).
+    /// Who may approve held calls, for every tool (docs/design.md §4).
     pub approval_via: Option<ApprovalVia>,
     #[serde(default)]
     pub folders: RawFolders,
     #[serde(default)]
     pub tools: RawTools,
-    /// A result `data` larger than this goes to `Tool_Results/` (DESIGN §10.6).
+    /// A result `data` larger than this goes to `Tool_Results/` (docs/design.md §10.6).
     pub max_result_bytes: Option<usize>,
     /// `[mcp.NAME]`: MCP servers, read by their tool source.
     #[serde(default)]
     pub mcp: BTreeMap<String, crate::tools::mcp::config::RawServer>,
-    /// Guardrails (DESIGN §12), validated by `guard::config_from_raw`.
+    /// Guardrails (docs/design.md §12), validated by `guard::config_from_raw`.
     pub note_budget: Option<u64>,
     #[serde(default)]
     pub notify: crate::guard::RawNotify,
@@ -162,22 +162,22 @@ pub struct Config {
     /// A full scan every so often, because events are hints and the folders are the truth.
     pub rescan_interval: Duration,
     /// A note written in place is read after its writer closed it and it stayed unchanged
-    /// this long (DESIGN §9.1).
+    /// this long (docs/design.md §9.1).
     pub settle: Duration,
     /// A note that arrived by rename is claimed this long after it landed: GNU `mv` of
     /// several files `lstat`s each one right after moving it and fails when it is gone.
     pub moved_in_grace: Duration,
     /// A note whose last call block is unfinished is not judged before its last change is
-    /// this old (DESIGN §9.1).
+    /// this old (docs/design.md §9.1).
     pub settle_max: Duration,
     /// A note without `tool_note` at a path a note was claimed from this recently is that
-    /// note, come back as an editor's stale copy (DESIGN §9.6).
+    /// note, come back as an editor's stale copy (docs/design.md §9.6).
     pub stale_copy_grace: Duration,
     /// Up to this long after such a claim, the copy's already started side effects are held
-    /// for approval instead of run (DESIGN §9.6).
+    /// for approval instead of run (docs/design.md §9.6).
     pub stale_copy_window: Duration,
     /// A note another runner (a vaultd on a replica of a synced vault) updated this recently
-    /// stops `run`/`once` at start (DESIGN §9.9).
+    /// stops `run`/`once` at start (docs/design.md §9.9).
     pub runner_window: Duration,
     pub folders: Folders,
     pub tools: ToolsConfig,
@@ -187,9 +187,9 @@ pub struct Config {
     pub tool_results: String,
     /// `[mcp.NAME]` servers, validated.
     pub mcp: Vec<crate::tools::mcp::config::McpServerConfig>,
-    /// Dry run, note budget, circuit breaker, hold alerts (DESIGN §12).
+    /// Dry run, note budget, circuit breaker, hold alerts (docs/design.md §12).
     pub guard: crate::guard::GuardConfig,
-    /// Who may approve held calls: moving the note, or only `vaultd approve` (DESIGN §4).
+    /// Who may approve held calls: moving the note, or only `vaultd approve` (docs/design.md §4).
     pub approval_via: ApprovalVia,
     /// Things a person should change in the file that do not stop vaultd (an old spelling),
     /// each naming file:line; logged at start.
@@ -398,7 +398,7 @@ pub struct Overrides {
     pub skip_secrets: bool,
 }
 
-/// The config file to read, by the lookup order of DESIGN §6: `--config`, `$VAULTD_CONFIG`,
+/// The config file to read, by the lookup order of docs/design.md §6: `--config`, `$VAULTD_CONFIG`,
 /// `<vault>/.vaultd.toml`, the user config dir. `None` when no file exists (defaults apply).
 pub fn locate(overrides: &Overrides) -> Option<PathBuf> {
     let found = locate_relative(overrides)?;
@@ -439,7 +439,7 @@ fn default_state_dir() -> PathBuf {
 }
 
 /// The vault that holds the current folder: the first folder, walking up, that holds
-/// `.vaultd.toml` or `Needs_Action/` (DESIGN §13).
+/// `.vaultd.toml` or `Needs_Action/` (docs/design.md §13).
 pub fn find_vault_upwards() -> Option<PathBuf> {
     let cwd = std::env::current_dir().ok()?;
     let needs_action = Folders::default().needs_action;

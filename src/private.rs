@@ -1,5 +1,5 @@
 //! Files and folders vaultd creates outside the vault (journal, lock, outbox, `init`'s config):
-//! private to the user whatever the umask, and never opened through a symlink (DESIGN §9.5,
+//! private to the user whatever the umask, and never opened through a symlink (docs/design.md §9.5,
 //! §9.7).
 
 use std::fs::{File, OpenOptions};

@@ -1,4 +1,4 @@
-//! Results too big for a note (DESIGN §10.6): saved whole to `Tool_Results/<note id>/<call
+//! Results too big for a note (docs/design.md §10.6): saved whole to `Tool_Results/<note id>/<call
 //! id>.md` (a JSON block in a note, in a folder vaultd never watches), the callout's `data`
 //! replaced by `{ truncated, bytes, full: "[[…]]", preview }`. Binary content of MCP results
 //! goes beside it as an attachment.
@@ -15,7 +15,7 @@ pub const DEFAULT_FOLDER: &str = "Tool_Results";
 const PREVIEW_CHARS: usize = 1_000;
 
 /// A note id as one safe path segment (it names a folder inside the vault). Note ids are
-/// `n-` + hex (DESIGN §9.2); anything else is cleaned rather than trusted.
+/// `n-` + hex (docs/design.md §9.2); anything else is cleaned rather than trusted.
 fn id_segment(note_id: &str) -> String {
     let clean: String = note_id
         .chars()
@@ -66,7 +66,7 @@ impl ResultStore {
     }
 
     /// Saves `data` whole, whatever its size, and returns the §10.6 stand-in (also used to keep
-    /// a note under `max_note_bytes`, DESIGN §9.8).
+    /// a note under `max_note_bytes`, docs/design.md §9.8).
     pub fn save_whole(
         &self,
         note_id: &str,

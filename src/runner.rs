@@ -18,11 +18,11 @@ pub struct Runner {
     pub registry: Arc<Registry>,
     pub journal: Arc<Journal>,
     pub redactor: Arc<Redactor>,
-    /// Circuit breakers per tool or MCP server (DESIGN §12.3); the daemon sets its own.
+    /// Circuit breakers per tool or MCP server (docs/design.md §12.3); the daemon sets its own.
     pub breakers: Arc<Breakers>,
     /// The global cap of `workers` calls running at once, across all notes.
     permits: Arc<Semaphore>,
-    /// The result size limit (DESIGN §10.6); None keeps every result in the note.
+    /// The result size limit (docs/design.md §10.6); None keeps every result in the note.
     results: Option<ResultStore>,
 }
 

@@ -39,7 +39,7 @@ impl std::fmt::Debug for Secret {
 }
 
 impl Secret {
-    /// Resolves a reference. `file:` secrets have one trailing newline trimmed (DESIGN §8.7).
+    /// Resolves a reference. `file:` secrets have one trailing newline trimmed (docs/design.md §8.7).
     pub fn resolve(reference: &str) -> Result<Secret, SecretError> {
         let value = if let Some(name) = reference.strip_prefix("env:") {
             std::env::var(name)

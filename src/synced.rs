@@ -1,4 +1,4 @@
-//! Synced vaults (DESIGN §9.9): this daemon's runner id, and spotting notes that another
+//! Synced vaults (docs/design.md §9.9): this daemon's runner id, and spotting notes that another
 //! runner — a vaultd on a replica of the vault, brought here by a sync client — has claimed or
 //! finished. Pure parts take text and times; the scan reads only notes changed inside the
 //! window, so start-up on a large `Done/` costs one `stat` per old note.
@@ -268,7 +268,7 @@ pub fn foreign_note(
 /// event for it comes within milliseconds; a later event there is someone else's.
 const OWN_WRITE_TTL: Duration = Duration::from_secs(5);
 
-/// A running daemon's view of other runners (DESIGN §9.9): the take-over cutoff, the pause,
+/// A running daemon's view of other runners (docs/design.md §9.9): the take-over cutoff, the pause,
 /// and the paths it just wrote itself, whose events need no read at all.
 pub struct RunnerWatch {
     pub me: RunnerId,
@@ -342,7 +342,7 @@ pub fn how_to_resume(host: &str) -> String {
     )
 }
 
-/// Why start-up stops (DESIGN §9.9): names the other runner, its newest note, and the two
+/// Why start-up stops (docs/design.md §9.9): names the other runner, its newest note, and the two
 /// ways out.
 pub fn refusal(found: &[ForeignNote], vault: &Vault, window: Duration) -> String {
     let newest = found

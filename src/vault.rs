@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// A note's state: which folder it is in (DESIGN §1).
+/// A note's state: which folder it is in (docs/design.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
     NeedsAction,
@@ -19,7 +19,7 @@ pub enum State {
     Rejected,
     Done,
     Failed,
-    /// Watched: every call gets a preview, nothing runs (DESIGN §12.1).
+    /// Watched: every call gets a preview, nothing runs (docs/design.md §12.1).
     DryRun,
 }
 
@@ -116,7 +116,7 @@ impl Vault {
         self.check_one_filesystem()
     }
 
-    /// DESIGN §9.7: a state folder that is a symlink, or resolves outside the vault, stops
+    /// docs/design.md §9.7: a state folder that is a symlink, or resolves outside the vault, stops
     /// `run`/`once` at start.
     pub fn refuse_symlinked_folders(&self) -> Result<(), VaultError> {
         let root = self
@@ -517,7 +517,7 @@ fn is_hidden(name: &OsStr) -> bool {
     name.as_bytes().first() == Some(&b'.')
 }
 
-/// DESIGN §1 and §8.15: only `*.md`; hidden files and folders, editor temp files and sync
+/// docs/design.md §1 and §8.15: only `*.md`; hidden files and folders, editor temp files and sync
 /// conflict copies never count.
 pub fn is_ignored(rel: &Path) -> bool {
     for c in rel.components() {
@@ -598,7 +598,7 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
-/// Makes renames into or out of `dir` durable, sharing fsyncs between callers (issue 16):
+/// Makes renames into or out of `dir` durable, sharing fsyncs between callers (for throughput):
 /// a caller that arrives while an fsync of the same folder runs waits for the next one, which
 /// then serves every caller that arrived meanwhile — ten notes finishing together cost two
 /// folder fsyncs, not ten. Each caller returns only after an fsync that *started* after its

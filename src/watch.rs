@@ -16,7 +16,7 @@ pub enum Hint {
     /// The file was renamed into place (moved in, or saved atomically): whole, look at it now.
     Ready(PathBuf),
     /// A writer closed the file after writing it in place: look once it stayed unchanged
-    /// for `settle` (it may reopen it to append, DESIGN §9.1).
+    /// for `settle` (it may reopen it to append, docs/design.md §9.1).
     Closed(PathBuf),
     /// The file changed and may still be being written: look once it is closed and quiet.
     Changed(PathBuf),

@@ -1,4 +1,4 @@
-//! End-to-end tests of approval (DESIGN §4): sends to unlisted recipients wait in
+//! End-to-end tests of approval (docs/design.md §4): sends to unlisted recipients wait in
 //! Pending_Approval/; a person decides by moving the note (`approval_via = "folder"`) or with
 //! `vaultd approve` / `vaultd reject` (`approval_via = "cli"`); a decision counts only for the
 //! exact parameters the question showed. Emails go to the file outbox, which the tests count.
@@ -336,7 +336,7 @@ async fn vaultd_reject_stamps_this_vault_s_runner_like_every_write_of_the_daemon
         &note_with_calls("Rej", &[mail_call("stranger@elsewhere.net", "Refused")]),
     );
     m.once_ok();
-    // The held note as another runner last wrote it (DESIGN §9.9).
+    // The held note as another runner last wrote it (docs/design.md §9.9).
     let held = m.vault.read("Pending_Approval", "rej.md");
     let me = property(&held, "tool_runner").expect("the claim stamps tool_runner");
     let theirs = held.replace(&format!("tool_runner: {me}"), "tool_runner: laptop-beef");

@@ -1,4 +1,4 @@
-//! The command line as a new user meets it (issue 11): the vault found from the current
+//! The command line as a new user meets it (docs/design.md §13): the vault found from the current
 //! folder, NOTE arguments, `init` then `once`, quiet closed pipes, error wording, `check`'s
 //! decisions, progress, completions, help, `mv` of several notes, the README's quick start.
 

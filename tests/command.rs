@@ -1,4 +1,4 @@
-//! Command tools end to end (DESIGN §10.5): real programs under the real `vaultd` binary, in
+//! Command tools end to end (docs/design.md §10.5): real programs under the real `vaultd` binary, in
 //! the real Landlock sandbox of this kernel. Each escape attempt ends as the contract says,
 //! parameters reach the program as one argument each, and journal, approval, rate limits
 //! and recovery behave as for built-in tools.
@@ -59,7 +59,7 @@ fn the_sandbox_denies_writes_and_reads_outside_and_caps_output() {
             .to_string(),
         // 4: 50 MB on stdout: the first max_output_bytes kept, the rest drained.
         "yes | head -c 52428800; echo done >&2".to_string(),
-        // 5: the environment is only the DESIGN list.
+        // 5: the environment is only the list of docs/design.md §10.5.
         "env | cut -d= -f1 | sort | tr '\\n' ' '".to_string(),
     ];
     let calls: Vec<Value> = scripts

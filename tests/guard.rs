@@ -1,4 +1,4 @@
-//! Guardrails (DESIGN §12) end to end with the real binary: dry run previews that touch
+//! Guardrails (docs/design.md §12) end to end with the real binary: dry run previews that touch
 //! nothing, the note budget across agent rounds, circuit breakers against a failing search
 //! server, hold alerts to a loopback Slack webhook, and escaped untrusted text.
 

@@ -143,7 +143,7 @@ unsafe extern "C" {
 }
 
 /// `once` over a note another program still has open for writing: it waits for the writer
-/// (DESIGN §9.1) and then runs the note, instead of ending with the note left untouched.
+/// (docs/design.md §9.1) and then runs the note, instead of ending with the note left untouched.
 #[tokio::test(flavor = "multi_thread")]
 async fn once_waits_for_a_writer_that_still_has_the_note_open() {
     let server = SearxServer::start(Duration::ZERO).await;
@@ -525,7 +525,7 @@ async fn ten_thousand_calls_in_one_note_run_ten_quota_ten_and_leave_the_rest_pen
     let note = vault.read("Failed", "many.md");
     assert!(note.contains(&text));
     let results = results_in(&note);
-    // DESIGN §9.8: max_calls_per_note run, as many more get QUOTA_EXCEEDED, the other 9,980
+    // docs/design.md §9.8: max_calls_per_note run, as many more get QUOTA_EXCEEDED, the other 9,980
     // stay pending (the note does not grow by 9,990 blocks).
     assert_eq!(results.len(), 20);
     assert!(log.contains("9980 more pending calls"), "{log}");

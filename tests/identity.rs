@@ -1,5 +1,5 @@
-//! Issue 10, "never read a note half-written, never run a call twice": each numbered case of
-//! the issue against the real binary, a real Slack-format webhook (wiremock) and a real SMTP
+//! Never read a note half-written, never run a call twice (docs/design.md §9): each case of
+//! §9.1-§9.8 against the real binary, a real Slack-format webhook (wiremock) and a real SMTP
 //! server on 127.0.0.1, with the hand moves and editor saves that used to break it.
 
 use crate::util::searx::SearxServer;
@@ -275,7 +275,7 @@ async fn a_copy_of_a_finished_note_gets_a_new_id_and_runs_its_own_calls() {
 
 // When the stamp is written: before a send starts, so the note that carries the send is tied to
 // its journal records while it runs; with the results for a note of only `read_only` calls
-// (one note write fewer, issue 16), whose calls may run again anyway (§9.3).
+// (one note write fewer, for speed: §9.2), whose calls may run again anyway (§9.3).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_send_is_stamped_before_it_starts_a_search_with_its_results() {
     let search = SearxServer::start(Duration::from_millis(1500)).await;
@@ -785,7 +785,7 @@ async fn a_result_that_would_overflow_the_note_goes_to_an_attachment() {
     );
 }
 
-// Issue 10's "renamed in = read at once" and issue 11's "mv of several notes always succeeds",
+// "Renamed in = read at once" (§9.1) and "`mv` of several notes always succeeds" (§1),
 // together: a note renamed in is claimed by a hard link at once; its first name stays for
 // `moved_in_grace` (here long, to look at it) and then goes.
 #[tokio::test(flavor = "multi_thread")]

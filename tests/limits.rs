@@ -1,4 +1,4 @@
-//! Rate limits (DESIGN §5): counted in the journal, so they hold across notes and restarts;
+//! Rate limits (docs/design.md §5): counted in the journal, so they hold across notes and restarts;
 //! a call over the limit is `RATE_LIMITED` with the reset time, and `vaultd status` shows
 //! the use against the limits.
 

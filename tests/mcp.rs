@@ -1,4 +1,4 @@
-//! MCP servers as tools (DESIGN §10.4) and the result size limit (§10.6), end to end: the real
+//! MCP servers as tools (docs/design.md §10.4) and the result size limit (§10.6), end to end: the real
 //! `vaultd` binary against real MCP servers — the in-tree rmcp test server and the MCP
 //! project's reference server `server-everything` (installed by scripts/test from npm).
 
@@ -452,7 +452,7 @@ fn oversized_and_binary_results_go_to_tool_results() {
         text.len()
     );
     let r = results_in(&text);
-    // Filed under the note's identity (tool_note, DESIGN §9.2), not its name.
+    // Filed under the note's identity (tool_note, docs/design.md §9.2), not its name.
     let id = property(&text, "tool_note").expect("the claim gave the note an id");
     assert_eq!(r[0]["data"]["truncated"], true);
     assert_eq!(r[0]["data"]["full"], format!("[[Tool_Results/{id}/big-1]]"));

@@ -216,7 +216,8 @@ fn failed_result(vault: &TestVault, name: &str, text: &str) -> serde_json::Value
     assert!(!results.is_empty(), "no result in {note}");
     let r = results.last().unwrap().clone();
     assert_eq!(r["ok"], false);
-    // A block that never became a call is titled "broken call" (issue 11).
+    // A block that never became a call is titled "broken call" (§3), not with the name of
+    // a tool it never called.
     let shown_name = match r["name"].as_str().unwrap() {
         "tool_call" => "broken call",
         name => name,

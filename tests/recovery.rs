@@ -310,7 +310,7 @@ async fn a_failed_result_written_before_the_kill_still_sends_the_note_to_failed(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_note_unknown_to_the_journal_in_in_progress_is_finished_once() {
-    // DESIGN §8.15: a kill between the claim (rename) and its journal record.
+    // docs/design.md §8.15: a kill between the claim (rename) and its journal record.
     let server = SearxServer::start(Duration::ZERO).await;
     let smtp = SmtpServer::start();
     let vault = TestVault::new(&server.base_url(), &smtp_config(&smtp));

@@ -1,4 +1,4 @@
-//! Secrets never leak (DESIGN §5, §8.12): a Slack webhook URL and an SMTP password, taken from
+//! Secrets never leak (docs/design.md §5, §8.12): a Slack webhook URL and an SMTP password, taken from
 //! `env:` references, against servers that fail in the ways that make clients quote what they
 //! sent (a 500 that echoes the token, a refused login that echoes the credentials) and against
 //! closed ports. The token or password must appear in no file under the test's folder — the

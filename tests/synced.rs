@@ -1,4 +1,4 @@
-//! Issue 18, synced vaults (DESIGN §9.9, §9.6): one runner per vault, and old copies that come
+//! Synced vaults (docs/design.md §9.9, §9.6): one runner per vault, and old copies that come
 //! back never send twice. The real binary on temp vaults, a loopback Slack webhook (wiremock),
 //! a SearXNG-format search server; a second runner is simulated the way a sync client shows
 //! it — notes with another `tool_runner` appearing by rename — and, in the two-daemon test, by

@@ -1,5 +1,5 @@
 //! The claim: a note with pending calls is renamed into In_Progress, given its identity
-//! (`tool_note`, DESIGN §9.2) and what the journal knows of its calls (§9.3, §9.6), then run.
+//! (`tool_note`, docs/design.md §9.2) and what the journal knows of its calls (§9.3, §9.6), then run.
 
 use super::Daemon;
 use crate::daemon::intake::stamp;
@@ -182,7 +182,7 @@ impl Daemon {
             .await
     }
 
-    /// Stamps a claimed note with `tool_note` (DESIGN §9.2), `tool_runner` and `tool_updated`
+    /// Stamps a claimed note with `tool_note` (docs/design.md §9.2), `tool_runner` and `tool_updated`
     /// (§9.9), before any of its calls starts. False when the note is gone (the run is then
     /// abandoned). Any other failure is logged: the results write adds them later. A note
     /// whose calls are all fresh `read_only` runs is not stamped here: its results write adds
@@ -402,7 +402,7 @@ pub(crate) enum Stamp {
     NotYet,
 }
 
-/// `n-` + 12 random hex digits (DESIGN §9.2).
+/// `n-` + 12 random hex digits (docs/design.md §9.2).
 pub(crate) fn new_note_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     // RandomState is seeded from the OS's randomness once per process, then stepped; mixed

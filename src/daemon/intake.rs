@@ -1,5 +1,5 @@
 //! Intake and settle: scans and watcher hints become note tasks (bounded by the note slots);
-//! a note written in place is looked at once its writer is done (DESIGN §9.1); a note that
+//! a note written in place is looked at once its writer is done (docs/design.md §9.1); a note that
 //! cannot be read is reported once and left alone.
 
 use super::Daemon;
@@ -198,7 +198,7 @@ impl Daemon {
         tasks.spawn(async move { me.note_task(path, slot).await });
     }
 
-    /// DESIGN §9.1: a note written in place is looked at once no process has it open for
+    /// docs/design.md §9.1: a note written in place is looked at once no process has it open for
     /// writing and it stayed unchanged for `settle`. A note that keeps changing is waited for
     /// (logged once), never failed or claimed meanwhile. One wait per path.
     pub(crate) async fn settle_then_look(self: Arc<Self>, path: PathBuf) {
@@ -255,7 +255,7 @@ impl Daemon {
         }
     }
 
-    /// Whether `path` must wait before it is judged (DESIGN §9.1): a writer had it open when
+    /// Whether `path` must wait before it is judged (docs/design.md §9.1): a writer had it open when
     /// it was read (`writer_busy`), or its last call block is unfinished and its last change
     /// younger than `settle_max`. Then a wait is started (a settle, or a look again when
     /// `settle_max` has passed).
@@ -531,7 +531,7 @@ pub(crate) fn modified_age(path: &Path) -> Option<Duration> {
     )
 }
 
-/// DESIGN §9.1: the note's last call block is unfinished — a fence not closed, or a block
+/// docs/design.md §9.1: the note's last call block is unfinished — a fence not closed, or a block
 /// with `"tool_call"` that does not parse — with nothing but blank space after it.
 pub(crate) fn unfinished_tail(text: &str, parsed: &ParsedNote) -> bool {
     let Some(last) = parsed.calls.last() else {

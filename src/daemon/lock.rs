@@ -1,9 +1,9 @@
-//! One daemon per vault: the `flock` on `<vault>/.vaultd.lock` (DESIGN §9.5).
+//! One daemon per vault: the `flock` on `<vault>/.vaultd.lock` (docs/design.md §9.5).
 
 use crate::daemon::DaemonError;
 use std::path::{Path, PathBuf};
 
-/// Holds the vault lock while alive; removes the lock file when dropped (DESIGN §9.5).
+/// Holds the vault lock while alive; removes the lock file when dropped (docs/design.md §9.5).
 pub struct VaultLock {
     file: std::fs::File,
     path: PathBuf,

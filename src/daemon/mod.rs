@@ -36,7 +36,7 @@ pub(crate) mod recover;
 pub use lock::{VaultLock, lock_vault, running_daemon};
 
 /// Folders only vaultd moves notes into: another runner's claims and finished notes show up
-/// here by sync (DESIGN §9.9).
+/// here by sync (docs/design.md §9.9).
 pub(crate) const RUNNER_STATES: [State; 4] = [
     State::InProgress,
     State::PendingApproval,
@@ -69,7 +69,7 @@ pub enum DaemonError {
     },
     #[error("cannot build the HTTP client: {0}")]
     Http(String),
-    /// Another runner's recent notes are in the vault (DESIGN §9.9).
+    /// Another runner's recent notes are in the vault (docs/design.md §9.9).
     #[error("{0}")]
     SecondRunner(String),
     #[error("cannot read or create this daemon's runner id in {dir}: {source}")]
@@ -97,7 +97,7 @@ pub(crate) enum Pass {
     Recover { known: bool },
 }
 
-/// Who a claimed note is and what the journal knows of its calls (DESIGN §9.2, §9.3, §9.6).
+/// Who a claimed note is and what the journal knows of its calls (docs/design.md §9.2, §9.3, §9.6).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Identity {
     /// The note's `tool_note`.
@@ -152,7 +152,7 @@ pub struct Daemon {
     pub(crate) settling: Mutex<HashSet<PathBuf>>,
     /// `once` judges an unfinished last block at once: it is run when the writer is done.
     pub(crate) mode: Mode,
-    /// `[notify] on_hold`: one message per held note (DESIGN §12.4).
+    /// `[notify] on_hold`: one message per held note (docs/design.md §12.4).
     pub(crate) hold_alerts: HoldAlerts,
     /// This daemon's `tool_runner`, and whether a second runner paused claiming (§9.9).
     pub(crate) runners: RunnerWatch,
@@ -299,7 +299,7 @@ fn result_store(config: &Config) -> ResultStore {
     )
 }
 
-/// The start-up check of DESIGN §9.9: with `take_over`, records that other runners' notes up
+/// The start-up check of docs/design.md §9.9: with `take_over`, records that other runners' notes up
 /// to now are history; then refuses to start while a note of another runner is younger than
 /// `runner_window`. Reads only notes whose mtime is inside the window.
 fn one_runner(
@@ -390,7 +390,7 @@ impl Daemon {
 
     /// The first scan; a long backlog gets progress reports until it is done.
     /// The notes are dispatched first and counted beside them (reading every note to count
-    /// its pending calls took ~60 ms for 2,000 notes before the first claim; issue 16).
+    /// its pending calls took ~60 ms for 2,000 notes before the first claim).
     fn start_up_scan(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> JoinHandle<()> {
         let seen = self.scan_all(tasks);
         let looked = seen.len();
@@ -503,7 +503,7 @@ impl Daemon {
     /// A journal read, run right here on the async worker instead of in the blocking pool.
     /// Reads are indexed lookups on their own connection that take microseconds and, in WAL
     /// mode, never wait for the writer: the hop to a pool thread and back (two context
-    /// switches) cost more than the read (issue 16's profile, BENCHMARKS.md). Writes, which
+    /// switches) cost more than the read (a CPU profile under load, BENCHMARKS.md). Writes, which
     /// wait for a commit, go through [`blocking`](Self::blocking).
     pub(crate) fn read_journal<T>(
         &self,

@@ -1,5 +1,5 @@
 //! Recovery: notes a previous daemon left in In_Progress, and runs whose results could not
-//! be written or whose note could not be moved, are finished from the journal (DESIGN §5, §8.15).
+//! be written or whose note could not be moved, are finished from the journal (docs/design.md §5, §8.15).
 
 use super::Daemon;
 use crate::daemon::claim::{Stamp, by_call_id, new_note_id, valid_note_id};
@@ -55,7 +55,7 @@ impl Daemon {
         }
     }
 
-    /// Finishes a note found in In_Progress (DESIGN §5, §8.15, §9.3): continues its open run
+    /// Finishes a note found in In_Progress (docs/design.md §5, §8.15, §9.3): continues its open run
     /// `open` if the journal has one at this path, else starts one. Its identity is the
     /// `tool_note` it carries, else the run's, else a new one (written into it).
     pub(crate) async fn recover_note(
@@ -131,7 +131,7 @@ impl Daemon {
         outcome
     }
 
-    /// Start-up: finishes every note left in In_Progress from the journal (DESIGN §5, §8.15).
+    /// Start-up: finishes every note left in In_Progress from the journal (docs/design.md §5, §8.15).
     pub(crate) async fn recover(
         self: &Arc<Self>,
         tasks: &mut JoinSet<()>,

@@ -1,4 +1,4 @@
-//! Circuit breakers (DESIGN §12.3): after `failures` consecutive retryable failures of one
+//! Circuit breakers (docs/design.md §12.3): after `failures` consecutive retryable failures of one
 //! tool (or of any tool of one MCP server), its calls fail at once for `open_for` with a
 //! retryable EXECUTION_ERROR ("circuit open until …"); then one trial call decides. The state
 //! lives in memory; every transition is logged and the open circuits are mirrored into

@@ -1,11 +1,11 @@
-//! The note budget (DESIGN §12.2): at most `note_budget` calls ever run for one note, across
+//! The note budget (docs/design.md §12.2): at most `note_budget` calls ever run for one note, across
 //! rounds, so a runaway agent loop stops by itself. The count comes from the journal.
 
 use crate::call::{CallError, ErrorCode};
 use crate::journal::{Journal, JournalError};
 
 /// How many calls have ever started for the note with identity `note_id` (its `tool_note`,
-/// DESIGN §9.2), across all its rounds and whatever it was renamed to meanwhile.
+/// docs/design.md §9.2), across all its rounds and whatever it was renamed to meanwhile.
 pub fn calls_started(journal: &Journal, note_id: &str) -> Result<u64, JournalError> {
     journal.calls_started_for_note(note_id)
 }

@@ -1,4 +1,4 @@
-//! Dry run (DESIGN §12.1): every pending call of a note in `Dry_Run/` gets, once, a folded
+//! Dry run (docs/design.md §12.1): every pending call of a note in `Dry_Run/` gets, once, a folded
 //! `[!example]-` callout holding a `tool_preview` — call id, tool, validated parameters,
 //! effect, the policy's decision and what would happen — and nothing runs: no request, no
 //! rate limit, no journal record. `vaultd check --preview` prints the same previews.

@@ -1,4 +1,4 @@
-//! Hold alerts (DESIGN §12.4): when a note is held for approval, one message naming the
+//! Hold alerts (docs/design.md §12.4): when a note is held for approval, one message naming the
 //! note, what is held and how to approve goes out through send_notification's own transports
 //! (`[notify] on_hold`). Never held itself, at most `on_hold_per_hour`, sent once per hold
 //! (a rescan does not repeat it); a failure is logged and never touches the note.
@@ -116,7 +116,7 @@ impl HoldAlerts {
         outcome
     }
 
-    /// A daemon that paused because a second runner works on the vault (DESIGN §9.9) says so
+    /// A daemon that paused because a second runner works on the vault (docs/design.md §9.9) says so
     /// through the same channel, once per pause (a pause lasts until a restart), within the
     /// hourly cap.
     pub async fn second_runner(

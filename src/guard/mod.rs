@@ -1,4 +1,4 @@
-//! Guardrails for agent loops left alone (DESIGN §12): dry run previews ([`dry_run`]), the
+//! Guardrails for agent loops left alone (docs/design.md §12): dry run previews ([`dry_run`]), the
 //! per-note call budget ([`budget`]), circuit breakers per tool or MCP server ([`breaker`]),
 //! alerts when a note is held ([`hold_alert`]) and escaping of untrusted text ([`text`]).
 //! This file reads their config keys: `note_budget`, `[notify]`, `[circuit_breaker]`.
@@ -53,7 +53,7 @@ pub struct RawCircuitBreaker {
 /// The validated guardrail settings.
 #[derive(Debug, Clone)]
 pub struct GuardConfig {
-    /// At most this many calls ever run for one note, across rounds (DESIGN §12.2).
+    /// At most this many calls ever run for one note, across rounds (docs/design.md §12.2).
     pub note_budget: u64,
     /// Where a message goes when a note is held; `None` sends nothing.
     pub on_hold: Option<HoldAlertConfig>,

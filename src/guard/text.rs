@@ -1,4 +1,4 @@
-//! Untrusted text (DESIGN §12.5): tool output written into a note has its bidi controls and
+//! Untrusted text (docs/design.md §12.5): tool output written into a note has its bidi controls and
 //! zero-width characters escaped as `\uXXXX`, so a result cannot disguise what it says.
 
 /// Bidi embeddings, overrides and isolates (U+202A–U+202E, U+2066–U+2069), and zero-width

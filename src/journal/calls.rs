@@ -1,5 +1,5 @@
 //! The `calls` table: one row per start of a call (or per outcome recorded without a start),
-//! its outcome and when its result block was written into the note (DESIGN §9.3).
+//! its outcome and when its result block was written into the note (docs/design.md §9.3).
 
 use super::events::{EventFields, event};
 use super::runs::{record_move, run_note};
@@ -128,7 +128,7 @@ impl Journal {
     }
 
     /// Every call the journal holds for the note `note_id`, across all its runs, each at the
-    /// progress of its newest row (DESIGN §9.3).
+    /// progress of its newest row (docs/design.md §9.3).
     pub fn note_calls(&self, note_id: &str) -> Result<Vec<JournalCall>, JournalError> {
         self.read(|tx| {
             let mut stmt = tx.prepare_cached(
@@ -143,7 +143,7 @@ impl Journal {
     }
 
     /// How many calls have started for the note `note_id`, across all its runs (the note
-    /// budget, DESIGN §12.2).
+    /// budget, docs/design.md §12.2).
     pub fn calls_started_for_note(&self, note_id: &str) -> Result<u64, JournalError> {
         self.read(|tx| {
             let n: i64 = query_one(
@@ -183,7 +183,7 @@ pub(super) struct EncodedOutcome {
     message: Option<String>,
     ended_ms: i64,
     duration_ms: u64,
-    /// A vault change to confirm in the same transaction (DESIGN §11.3).
+    /// A vault change to confirm in the same transaction (docs/design.md §11.3).
     undo: Option<UndoRecord>,
 }
 

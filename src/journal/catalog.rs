@@ -1,6 +1,6 @@
 //! The MCP tool catalog and pinned definitions: what each server listed last (so `vaultd
 //! tools` and `vaultd check` work without starting servers) and the definition hash a person
-//! accepted for each tool (DESIGN §10.4). Self-contained tables, created at open.
+//! accepted for each tool (docs/design.md §10.4). Self-contained tables, created at open.
 
 use super::{Failure, Journal, JournalError, Tx, now_ms, rfc3339};
 use rusqlite::{OptionalExtension, params};

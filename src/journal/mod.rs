@@ -14,7 +14,7 @@
 //! `BEGIN IMMEDIATE` for every group serialise two writers instead of failing.
 //!
 //! # Per-effect durability
-//! A call's start record exists so that recovery never runs a side effect twice (DESIGN §9.3):
+//! A call's start record exists so that recovery never runs a side effect twice (docs/design.md §9.3):
 //! "started, no outcome" turns an `external_side_effect` or `state_change` call into
 //! UNKNOWN_OUTCOME (or a §11.3 undo record) instead of a second run. Those starts stay durable
 //! before the tool runs. A `read_only` call needs no such guard: started with no outcome,
@@ -41,7 +41,7 @@
 //! record, and the single writer commits jobs in order, so that start's commit carries the
 //! claim's too. A kill before that commit is the case of a kill between the claim's rename and
 //! its record, which recovery always handled: the note is found in In_Progress unknown to the
-//! journal (DESIGN §8.15: `read_only` calls run, others get UNKNOWN_OUTCOME; none of them can
+//! journal (docs/design.md §8.15: `read_only` calls run, others get UNKNOWN_OUTCOME; none of them can
 //! have started), and a name a link claim left behind is still recognised by the inode it
 //! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
 //! path to Done.
@@ -49,7 +49,7 @@
 //! # Tables (schema version 4, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
-//!   the note's identity (its `tool_note` property, DESIGN §9.2) and `claimed_from` the path it
+//!   the note's identity (its `tool_note` property, docs/design.md §9.2) and `claimed_from` the path it
 //!   was claimed from (the stale-copy rule, §9.6); `copy_of` the note a stale copy stands for
 //!   (kept, so a copy killed or moved mid-run still never runs that note's calls again).
 //!   Version 1 journals get these columns, empty, in place; a run without a note id is given one when its note is next seen.

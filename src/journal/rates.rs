@@ -1,4 +1,4 @@
-//! Rate limits (DESIGN §5): counted from the start records in `calls`, checked and recorded
+//! Rate limits (docs/design.md §5): counted from the start records in `calls`, checked and recorded
 //! in one transaction so two calls cannot both take the last slot.
 
 use super::calls::{insert_start, needs_durable_start};
@@ -171,8 +171,8 @@ fn window_ms(window: RateWindow) -> i64 {
 /// The rate-limit windows the writer thread keeps, so that an admission costs the same however
 /// many calls the window holds. It counted them (`count(*)` over the window, twice per call
 /// for an hour and a day limit): a day of 100,000 calls made every admission read 200,000
-/// index entries, in the one thread every journal write waits for (issue 16's profile: a
-/// third of that thread's time with 2,000 calls in the window).
+/// index entries, in the one thread every journal write waits for (a CPU profile under load
+/// showed a third of that thread's time with 2,000 calls in the window).
 ///
 /// Per (tool, window length, max) it holds the start times in the window, oldest first, at
 /// most the newest `max` of them: enough to decide (n ≥ max) and to name the start whose

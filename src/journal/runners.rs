@@ -1,4 +1,4 @@
-//! Synced vaults (DESIGN §9.9) in the journal: the take-overs (`--take-over`: another
+//! Synced vaults (docs/design.md §9.9) in the journal: the take-overs (`--take-over`: another
 //! runner's notes up to that moment are history) and the pause a running daemon is in when it
 //! saw a second runner, which `vaultd status` (another process) shows. Self-contained tables,
 //! created at open.

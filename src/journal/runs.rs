@@ -1,5 +1,5 @@
 //! The `runs` table: one claim of one note, from the rename into In_Progress to the move
-//! out of it, and what the note identity rules (DESIGN §9.2, §9.6) ask of claims.
+//! out of it, and what the note identity rules (docs/design.md §9.2, §9.6) ask of claims.
 
 use super::calls::run_calls;
 use super::events::{EventFields, event};
@@ -13,7 +13,7 @@ use std::time::SystemTime;
 /// One claim of one note: from the rename into In_Progress to the move out of it.
 pub type RunId = i64;
 
-/// The newest claim made from one path (DESIGN §9.6): which note it was and where it is now.
+/// The newest claim made from one path (docs/design.md §9.6): which note it was and where it is now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
     pub note_id: String,
@@ -286,7 +286,7 @@ impl Journal {
     }
 
     /// The note the note `note_id` is a stale copy of, if it is one (its first claim said so),
-    /// and whether it came within the grace (DESIGN §9.6).
+    /// and whether it came within the grace (docs/design.md §9.6).
     pub fn copy_of(&self, note_id: &str) -> Result<Option<(String, bool)>, JournalError> {
         self.read(|tx| {
             Ok(query_one(

@@ -57,7 +57,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
         consumed_at_ms INTEGER,
         PRIMARY KEY (call_id, params_hash)
     );",
-    // Version 2: note identity (DESIGN §9.2, §9.6).
+    // Version 2: note identity (docs/design.md §9.2, §9.6).
     "ALTER TABLE runs ADD COLUMN note_id TEXT;
     ALTER TABLE runs ADD COLUMN claimed_from TEXT;
     ALTER TABLE runs ADD COLUMN copy_of TEXT;

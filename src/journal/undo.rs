@@ -1,4 +1,4 @@
-//! The undo table (DESIGN §11.3): for every vault change, each file's pre-image (bytes, or
+//! The undo table (docs/design.md §11.3): for every vault change, each file's pre-image (bytes, or
 //! absent) and post-image hash, keyed by call id and note, so `vaultd undo` and `vault_undo`
 //! can put the vault back.
 //!

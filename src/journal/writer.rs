@@ -98,7 +98,7 @@ impl Writer {
 
     /// [`submit`](Self::submit) for async callers: the job is queued from the caller's task
     /// and its answer awaited, with no thread blocked meanwhile (a blocking-pool thread per
-    /// write cost two context switches more; issue 16's profile).
+    /// write cost two context switches more, measured in a CPU profile under load).
     pub(super) async fn submit_async<T: Send + 'static>(
         &self,
         wait: Wait,
@@ -280,7 +280,7 @@ fn commit_group(
 }
 
 /// One of the statements every group runs, prepared once: parsing them anew for every job was
-/// ~7% of the daemon's CPU under load (issue 16's profile).
+/// ~7% of the daemon's CPU under load (measured in a CPU profile).
 fn fixed(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }

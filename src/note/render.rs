@@ -15,11 +15,11 @@ pub enum Block<'a> {
     Result(&'a CallResult),
     /// `> [!question]` with a `tool_approval` JSON: what will run and why it is held.
     Held(&'a HeldCall),
-    /// `> [!example]-` with a `tool_preview` JSON: what a dry run would do (DESIGN §12.1).
+    /// `> [!example]-` with a `tool_preview` JSON: what a dry run would do (docs/design.md §12.1).
     Preview(&'a Value),
 }
 
-/// Appends `blocks` to `text` (DESIGN §3, §8.11) and sets `tool_status` to `status`,
+/// Appends `blocks` to `text` (docs/design.md §3, §8.11) and sets `tool_status` to `status`,
 /// `tool_calls`/`tool_errors` counted from the result blocks of the new text, and
 /// `tool_updated` to `now`. With no blocks this is [`set_properties`].
 pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: SystemTime) -> String {
@@ -33,7 +33,7 @@ pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: System
 /// is are appended as [`append_blocks`] does, and the `extra` properties (`tool_runner`,
 /// `tool_note`) are set with the four, after them. The note is parsed twice (as it is, and as
 /// written, to count its results) where appending and setting each property parsed it anew:
-/// five times per note (issue 16's profile: a tenth of the daemon's CPU).
+/// five times per note (a tenth of the daemon's CPU, as a profile under load showed).
 pub fn append_and_set<'b>(
     text: &str,
     pick: impl FnOnce(&ParsedNote) -> Vec<Block<'b>>,
@@ -185,20 +185,20 @@ fn set_parsed(
     set_frontmatter(text, note, &props)
 }
 
-/// Sets the `tool_note` property (DESIGN §9.2), creating the frontmatter when the note has
+/// Sets the `tool_note` property (docs/design.md §9.2), creating the frontmatter when the note has
 /// none; every other byte stays as it was.
 pub fn set_note_id(text: &str, note_id: &str) -> String {
     let note = parse_note(text);
     set_frontmatter(text, &note, &[("tool_note", one_line(note_id))])
 }
 
-/// Sets `tool_runner` (DESIGN §9.9): which daemon wrote the note last.
+/// Sets `tool_runner` (docs/design.md §9.9): which daemon wrote the note last.
 pub fn set_runner(text: &str, runner: &str) -> String {
     let note = parse_note(text);
     set_frontmatter(text, &note, &[("tool_runner", one_line(runner))])
 }
 
-/// What a claim writes (DESIGN §9.2, §9.9): `tool_note`, `tool_runner`, and `tool_updated`
+/// What a claim writes (docs/design.md §9.2, §9.9): `tool_note`, `tool_runner`, and `tool_updated`
 /// (so a replica's daemon sees a fresh claim, not the note's last round).
 pub fn stamp_claim(text: &str, note_id: &str, runner: &str, now: SystemTime) -> String {
     let note = parse_note(text);
@@ -360,7 +360,7 @@ fn result_callout(result: &CallResult) -> Vec<String> {
             },
         },
     };
-    // The title quotes tool output (the summary): untrusted text, escaped (DESIGN §12.5).
+    // The title quotes tool output (the summary): untrusted text, escaped (docs/design.md §12.5).
     let mut lines = vec![format!("> {}", escape_untrusted(&one_line(&title)))];
     push_json_fence(&mut lines, &doc);
     lines
@@ -422,7 +422,7 @@ fn inert_line(line: &str) -> String {
 /// "> ```json", the pretty JSON with every line quoted, "> ```". Pretty JSON lines start
 /// with spaces and a JSON token and strings carry no raw line breaks, so nothing in them
 /// can close the fence early. Bidi controls and zero-width characters are written as `\uXXXX`
-/// escapes (the same JSON value), so the text cannot disguise what it says (DESIGN §12.5).
+/// escapes (the same JSON value), so the text cannot disguise what it says (docs/design.md §12.5).
 pub(crate) fn push_json_fence(lines: &mut Vec<String>, doc: &impl Serialize) {
     let json = serde_json::to_string_pretty(doc).expect("maps with string keys always serialize");
     let json = escape_untrusted(&json);

@@ -33,7 +33,7 @@ pub(crate) struct Outcome {
 }
 
 /// Whether a claimed note gets its identity (`tool_note`, `tool_runner`, `tool_updated`)
-/// written before its calls start (DESIGN §9.2, §9.9), or only with its results.
+/// written before its calls start (docs/design.md §9.2, §9.9), or only with its results.
 ///
 /// The stamp is what ties the journal's records of a note's calls to the note if it is moved
 /// by hand, copied or synced while they run; it matters for calls that must not run twice.
@@ -42,7 +42,7 @@ pub(crate) struct Outcome {
 /// has none: if it is moved or the daemon dies mid-run, its calls simply run again (§9.3),
 /// and the results write adds the three properties. Skipping the stamp there saves one whole
 /// note write (temp file, fsync, rename, folder fsync) per note, about a third of the daemon's
-/// work on such a note (BENCHMARKS.md, issue 16). A deviation from DESIGN §9.2, in the README.
+/// work on such a note (BENCHMARKS.md). docs/design.md §9.2 names this exception.
 pub(crate) fn stamp_at_claim(plan: &Plan, pass: Pass, facts: &Facts) -> bool {
     if matches!(pass, Pass::Recover { .. }) {
         return false; // stamped by the recovery itself, before the note is read
@@ -155,7 +155,7 @@ impl Daemon {
         }
     }
 
-    /// What planning needs from the journal, read now (DESIGN §9.3, §12.2, §4).
+    /// What planning needs from the journal, read now (docs/design.md §9.3, §12.2, §4).
     async fn facts_for(
         &self,
         parsed: &ParsedNote,

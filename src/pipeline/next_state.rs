@@ -128,7 +128,7 @@ pub(crate) enum WriteBack {
 }
 
 impl Daemon {
-    /// DESIGN §9.8: vaultd's additions never push a note past `max_note_bytes`. The biggest
+    /// docs/design.md §9.8: vaultd's additions never push a note past `max_note_bytes`. The biggest
     /// results' data go, whole, to `Tool_Results/<note id>/<call id>.md` (the §10.6 shape)
     /// until the note fits; the callout keeps a preview and a link.
     pub(crate) fn fit_results(
@@ -356,8 +356,8 @@ impl Daemon {
             self.runners.wrote(&dest);
         }
         let rel = self.vault.relative(&dest);
-        // One line per finished note, with its outcome and why (point 10 of issue 10); a held
-        // note's line says what to do next (§13).
+        // One line per finished note, with its outcome and why, so the log alone tells what
+        // became of each note; a held note's line says what to do next (§13).
         match next {
             State::Failed => {
                 tracing::warn!(note = %rel, state = next.as_str(), "note failed: {reason}")

@@ -12,7 +12,7 @@ use crate::tools::{Admission, Registry, ValidCall};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 
-/// How this pass decides calls the policy holds (DESIGN §4).
+/// How this pass decides calls the policy holds (docs/design.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Approval {
     /// `approval_via = "folder"`: the note being in Approved/ decides.
@@ -249,7 +249,7 @@ fn recorded(facts: &Facts, registry: &Registry, call_id: &str, name: &str) -> Re
     }
 }
 
-/// A held call (DESIGN §4). A question the note shows binds the decision to the exact
+/// A held call (docs/design.md §4). A question the note shows binds the decision to the exact
 /// parameters it lists: a call edited since is asked about again. With `approval_via =
 /// "folder"` the note being in Approved/ decides (a `vaultd approve` record is spent with
 /// it); with `"cli"` only a recorded decision does.
@@ -285,7 +285,7 @@ fn decide_held(
     }
 }
 
-/// The note budget (DESIGN §12.2): once the calls this note ever started reach the budget,
+/// The note budget (docs/design.md §12.2): once the calls this note ever started reach the budget,
 /// every further call that would run or be asked about gets QUOTA_EXCEEDED. Calls already
 /// started (recovery) are not charged again.
 fn apply_note_budget(

@@ -1,4 +1,4 @@
-//! Dry run: a note in Dry_Run/ gets a preview of each pending call; nothing runs (DESIGN §12.1).
+//! Dry run: a note in Dry_Run/ gets a preview of each pending call; nothing runs (docs/design.md §12.1).
 
 use crate::daemon::Daemon;
 use crate::daemon::DaemonError;
@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 impl Daemon {
     /// A note in Dry_Run/: each pending call gets its preview, once; nothing runs, nothing is
-    /// journaled, the note stays where it is (DESIGN §12.1).
+    /// journaled, the note stays where it is (docs/design.md §12.1).
     pub(crate) async fn preview_note(&self, path: &Path) -> Result<(), DaemonError> {
         let Some(text) = self.read_note(path) else {
             return Ok(());

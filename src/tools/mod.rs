@@ -2,7 +2,7 @@
 //! (enabled, timeout, rate limit, approval), and dispatch. The schema is the one source of
 //! truth: validation and `vaultd tools` both come from it.
 //!
-//! Tools come from sources (DESIGN §10.1), one folder each: [`builtin`] (`search_web`,
+//! Tools come from sources (docs/design.md §10.1), one folder each: [`builtin`] (`search_web`,
 //! `send_notification`); vault, command and MCP sources register the same way. A source is a
 //! `register(config, …, &mut Registry)` function called from [`Registry::from_config`]. Each
 //! source reads its own `[tools.*]` / `[mcp.*]` tables and names its secrets for the one
@@ -24,7 +24,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// What a tool does to the world (DESIGN §10.2); decides recovery after a crash (§9.3) and
+/// What a tool does to the world (docs/design.md §10.2); decides recovery after a crash (§9.3) and
 /// the default approval. Recovery uses the effect recorded at the call's start, never the
 /// live registry's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
@@ -62,7 +62,7 @@ impl Effect {
     }
 }
 
-/// Where a tool comes from (DESIGN §10.1); shown by `vaultd tools`.
+/// Where a tool comes from (docs/design.md §10.1); shown by `vaultd tools`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     Builtin,
@@ -101,7 +101,7 @@ pub struct ToolCall<'a> {
     pub call_id: &'a str,
     /// The vault-relative path of the note the call comes from, as claimed.
     pub note: &'a str,
-    /// The note's identity (its `tool_note` property, DESIGN §9.2): stable across moves and
+    /// The note's identity (its `tool_note` property, docs/design.md §9.2): stable across moves and
     /// renames. Command tools export it as `VAULTD_NOTE_ID`; undo and the note budget key on it.
     pub note_id: &'a str,
     /// Parameters that passed the tool's schema.
@@ -111,7 +111,7 @@ pub struct ToolCall<'a> {
 }
 
 /// A violation message quotes the value at fault; a 900 KB parameter must not come back
-/// into the note two or three times (DESIGN §9.8). Long messages keep their start.
+/// into the note two or three times (docs/design.md §9.8). Long messages keep their start.
 fn bounded_message(message: String) -> String {
     const MAX: usize = 300;
     if message.len() <= MAX {
@@ -153,7 +153,7 @@ pub trait Tool: Send + Sync {
     /// Runs the call. The runner enforces the deadline too; tools use it to bound retries.
     fn run<'a>(&'a self, call: ToolCall<'a>) -> ToolFuture<'a>;
 
-    /// What running this validated call would do, without doing any of it (DESIGN §12.1):
+    /// What running this validated call would do, without doing any of it (docs/design.md §12.1):
     /// the `would` object of a dry run's `tool_preview`. Pure: no request, no file written,
     /// no journal record. Secrets may appear only as references; the caller redacts the
     /// result once more. Tools override it to show the exact effect: the email as it would be
@@ -179,7 +179,7 @@ pub struct RegisteredTool {
     pub policy: Policy,
 }
 
-/// Per-tool policy, read from the tool's config table by its source (DESIGN §10.3).
+/// Per-tool policy, read from the tool's config table by its source (docs/design.md §10.3).
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub enabled: bool,
@@ -199,7 +199,7 @@ pub enum ApprovalRule {
 }
 
 impl ApprovalRule {
-    /// DESIGN §10.3: `always` for external side effects of command and MCP tools, `never`
+    /// docs/design.md §10.3: `always` for external side effects of command and MCP tools, `never`
     /// otherwise.
     pub fn default_for(effect: Effect) -> ApprovalRule {
         match effect {
@@ -238,7 +238,7 @@ impl RegisteredTool {
         }
     }
 
-    /// Every schema violation, with pointers relative to `parameters` (DESIGN §8.3).
+    /// Every schema violation, with pointers relative to `parameters` (docs/design.md §8.3).
     pub fn validate(&self, parameters: &Map<String, Value>) -> Result<(), CallError> {
         let instance = Value::Object(parameters.clone());
         let mut violations: Vec<(String, String)> = self
@@ -301,7 +301,7 @@ impl RegisteredTool {
 /// runner takes it; nothing downstream looks the tool up by name again or re-checks.
 #[derive(Clone)]
 pub struct ValidCall {
-    /// The call's id in its note (DESIGN §2): keys its journal record and its result block.
+    /// The call's id in its note (docs/design.md §2): keys its journal record and its result block.
     pub call_id: String,
     /// The tool the name resolved to when the call was planned; its spec gives the effect
     /// recorded at the start (§9.3), its policy the timeout and rate limit.
@@ -402,7 +402,7 @@ impl Registry {
         if matches!(tool.spec().source, Source::Builtin | Source::Vault) {
             // vaultd's own schemas are draft-07 documents: the keywords they use mean the same
             // in 2020-12, and checking a schema against draft 7's metaschema keeps ~190 KB for
-            // the daemon's life where 2020-12's kept ~600 KB (idle RSS, issue 16). A command
+            // the daemon's life where 2020-12's kept ~600 KB (of idle RSS). A command
             // tool's or an MCP server's schema keeps JSON Schema's default, 2020-12, unless
             // its `$schema` says otherwise.
             options = options.with_draft(jsonschema::Draft::Draft7);

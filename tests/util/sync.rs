@@ -1,4 +1,4 @@
-//! A small sync client for the synced-vault tests (DESIGN §9.9): keeps two vault folders in
+//! A small sync client for the synced-vault tests (docs/design.md §9.9): keeps two vault folders in
 //! sync the way Syncthing-like clients do. Every `delay` after a note changed on one side
 //! (written, created, renamed, deleted) the change reaches the other side: written to a hidden
 //! temp file and renamed into place, with the source's mtime. When both sides changed a note,

@@ -1,4 +1,4 @@
-//! Retry with backoff for the built-in HTTP tools (DESIGN §8.4): after a failed attempt, how
+//! Retry with backoff for the built-in HTTP tools (docs/design.md §8.4): after a failed attempt, how
 //! long to wait before the next one — jittered exponential steps, capped, at least what the
 //! server's `Retry-After` asks — or why to stop (too many attempts, or the next attempt could
 //! not start before the call's deadline). Callers decide *what* is worth retrying (search:

@@ -44,7 +44,7 @@ pub struct RawCommandTool {
     pub max_output_bytes: Option<usize>,
     #[serde(default)]
     pub max_memory: Option<Spanned<u64>>,
-    /// Not in DESIGN §10.5's list: RLIMIT_NPROC is per user, so the limit is this many
+    /// Not in docs/design.md §10.5's list: RLIMIT_NPROC is per user, so the limit is this many
     /// tasks on top of those already running (README "Your own tools").
     #[serde(default)]
     pub max_processes: Option<u64>,

@@ -1,4 +1,4 @@
-//! The command tool source (DESIGN §10.5): `[tools.command.NAME]` runs a program, never a
+//! The command tool source (docs/design.md §10.5): `[tools.command.NAME]` runs a program, never a
 //! shell, in a sandbox ([`sandbox`]), with its output capped and its whole process group
 //! killed on timeout. [`config`] reads and checks the tables; [`register`] adds the tools.
 
@@ -101,7 +101,7 @@ impl Tool for CommandTool {
     }
 }
 
-/// The note id a program sees as `VAULTD_NOTE_ID`: the note's `tool_note` (DESIGN §9.2).
+/// The note id a program sees as `VAULTD_NOTE_ID`: the note's `tool_note` (docs/design.md §9.2).
 fn note_id<'a>(call: &ToolCall<'a>) -> &'a str {
     call.note_id
 }
@@ -237,7 +237,7 @@ fn read_error(e: std::io::Error) -> CallError {
     )
 }
 
-/// Maps the exit status and output to a result (DESIGN §10.5).
+/// Maps the exit status and output to a result (docs/design.md §10.5).
 fn finish(
     c: &CommandToolConfig,
     status: std::process::ExitStatus,

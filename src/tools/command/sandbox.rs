@@ -1,4 +1,4 @@
-//! The sandbox a command tool's program runs in (DESIGN §10.5): its own session and process
+//! The sandbox a command tool's program runs in (docs/design.md §10.5): its own session and process
 //! group, no capabilities, `no_new_privs`, rlimits, and a Landlock ruleset (read-only vault
 //! and system dirs, read-write scratch dir and `writable`, no TCP unless `network = true`).
 //! Rulesets are built in the parent; the child only makes async-signal-safe system calls.
@@ -17,7 +17,7 @@ const FS_ABI: ABI = ABI::V5;
 const NET_ABI: ABI = ABI::V4;
 const SCOPE_ABI: ABI = ABI::V6;
 
-/// The lowest kernel ABI that enforces what DESIGN §10.5 asks for: file rights including
+/// The lowest kernel ABI that enforces what docs/design.md §10.5 asks for: file rights including
 /// truncate (ABI 3) and, without `network`, TCP (ABI 4). `sandbox = "required"` refuses less.
 fn required_abi(network: bool) -> i32 {
     if network { 3 } else { 4 }

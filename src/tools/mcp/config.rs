@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// Default per-call timeout of an MCP tool.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long start-up waits for a server's first tool listing (DESIGN §10.4).
+/// How long start-up waits for a server's first tool listing (docs/design.md §10.4).
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One `[mcp.NAME]` table exactly as written.
@@ -354,7 +354,7 @@ fn valid_server_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-/// `https://` anywhere; plain `http://` only to a loopback address (DESIGN §8.12), since
+/// `https://` anywhere; plain `http://` only to a loopback address (docs/design.md §8.12), since
 /// headers carry credentials.
 fn check_url(url: &str) -> Result<(), String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("`{url}` is not a URL: {e}"))?;

@@ -1,4 +1,4 @@
-//! The MCP tool source (DESIGN §10.4): one [`McpServer`] per `[mcp.NAME]`, its allowed tools
+//! The MCP tool source (docs/design.md §10.4): one [`McpServer`] per `[mcp.NAME]`, its allowed tools
 //! registered as `mcp__SERVER__TOOL` with the effect, approval, rate limit and timeout from
 //! the config (annotations are shown, never trusted), the server's `inputSchema` as the
 //! schema, and calls denied while a definition differs from the pinned one.

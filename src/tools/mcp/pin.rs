@@ -1,4 +1,4 @@
-//! Pinned tool definitions (DESIGN §10.4): the identity of a definition is the SHA-256 of the
+//! Pinned tool definitions (docs/design.md §10.4): the identity of a definition is the SHA-256 of the
 //! canonical JSON of the whole tool object as the server sent it (every nested description,
 //! annotations, icons, `_meta`), and a changed one is shown as a diff.
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
-/// Restart backoff: from 1 s, doubling, up to 60 s (DESIGN §10.4).
+/// Restart backoff: from 1 s, doubling, up to 60 s (docs/design.md §10.4).
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// A server that stayed up this long starts its next backoff from the minimum again.

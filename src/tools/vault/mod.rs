@@ -1,4 +1,4 @@
-//! The vault tool source (DESIGN §11): eleven `vault_*` tools that let an agent search, read,
+//! The vault tool source (docs/design.md §11): eleven `vault_*` tools that let an agent search, read,
 //! list and change notes of its own vault, under one path policy ([`paths`]) and with every
 //! change undoable ([`undo`]). Each tool is one module with its schema and its `run`; this
 //! module owns the `[tools.vault]` / `[tools.vault_*]` config tables and the shared steps

@@ -1,4 +1,4 @@
-//! The path policy of the vault tools (DESIGN §11.2), in one place: what a note path from a
+//! The path policy of the vault tools (docs/design.md §11.2), in one place: what a note path from a
 //! tool call may be, which notes the tools may read and write, and the one check that no
 //! symlink is followed on the way.
 //!

@@ -10,7 +10,7 @@ use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::tools::Effect;
 use serde_json::{Map, Value, json};
 
-/// vaultd's own properties (DESIGN §3, §9): a tool may not forge a note's state or identity.
+/// vaultd's own properties (docs/design.md §3, §9): a tool may not forge a note's state or identity.
 const RESERVED: [&str; 6] = [
     "tool_status",
     "tool_calls",

@@ -1,4 +1,4 @@
-//! Undo (DESIGN §11.3), shared by `vault_undo` and `vaultd undo`: a recorded change set is
+//! Undo (docs/design.md §11.3), shared by `vault_undo` and `vaultd undo`: a recorded change set is
 //! put back when every file it touched still matches its post-image; otherwise `CANNOT_UNDO`
 //! with a diff (`force` overrides). An undo is itself a recorded change set, so it can be
 //! undone in turn.

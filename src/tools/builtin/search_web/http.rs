@@ -1,4 +1,4 @@
-//! One HTTP exchange with a search provider, retried the way DESIGN §8.4 asks: 429 (honouring
+//! One HTTP exchange with a search provider, retried the way docs/design.md §8.4 asks: 429 (honouring
 //! `Retry-After`), 5xx and failed connections are tried again with the shared backoff
 //! ([`crate::tools::builtin::retry`]), never past the call's deadline; any other 4xx fails at once with the
 //! provider's own message. Also turns bodies that are not what a provider documents into

@@ -5,7 +5,7 @@
 //! - `config.rs`: the `[tools.search_web]` table.
 //! - `mod.rs`: parameters, provider choice and configuration checks, the shared result type
 //!   and the HTML text clean-up Brave and DuckDuckGo both need.
-//! - `http.rs`: one request with retries bounded by the call's deadline (DESIGN §8.4).
+//! - `http.rs`: one request with retries bounded by the call's deadline (docs/design.md §8.4).
 //! - `searxng.rs`, `brave.rs`, `tavily.rs`, `duckduckgo.rs`: one wire format each
 //!   (REFERENCE §6).
 

@@ -1,5 +1,5 @@
 //! SearXNG's JSON API (`GET {base}/search?q=…&format=json&pageno=N`), paged until
-//! `num_results` is met or a page brings nothing new (DESIGN §8.16).
+//! `num_results` is met or a page brings nothing new (docs/design.md §8.16).
 
 use super::http::{self, Endpoint};
 use super::{SearchHit, SearchRequest};

@@ -1,5 +1,5 @@
 //! Discord webhooks: `POST …?wait=true` so Discord answers 200 with the Message object, whose
-//! `id` is the message_id (DESIGN §8.10). Mentions are switched off: note text must not be
+//! `id` is the message_id (docs/design.md §8.10). Mentions are switched off: note text must not be
 //! able to ping @everyone.
 
 use super::{WEBHOOK_BACKOFF, Webhook, request_error, status_error, time_left, truncate_chars};

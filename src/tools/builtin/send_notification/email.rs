@@ -1,6 +1,6 @@
 //! Email through lettre: the `.eml` outbox (the default: a fresh install sends nothing) or
 //! SMTP with implicit TLS or STARTTLS. Every message carries `Message-ID: <call_id@host>` so
-//! a duplicate can always be told apart (DESIGN §4, §8.10).
+//! a duplicate can always be told apart (docs/design.md §4, §8.10).
 
 use super::{EmailConfig, EmailTransport, StartTls};
 use crate::call::{CallError, ErrorCode};
@@ -67,7 +67,7 @@ struct SmtpPlan {
 }
 
 /// Reads `smtp://host[:port]` / `smtps://host[:port]`. Credentials never travel over an
-/// unencrypted connection except to a loopback address (DESIGN §8.12): with credentials and a
+/// unencrypted connection except to a loopback address (docs/design.md §8.12): with credentials and a
 /// remote host, opportunistic STARTTLS becomes required.
 fn plan_smtp(url: &str, starttls: StartTls, has_credentials: bool) -> Result<SmtpPlan, String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
@@ -332,7 +332,7 @@ impl Email {
 }
 
 /// A readable SMTP failure that keeps the server's reply. Retryable for connection failures
-/// and 4xx (transient) replies, not for 5xx (permanent) ones (DESIGN §8.4).
+/// and 4xx (transient) replies, not for 5xx (permanent) ones (docs/design.md §8.4).
 fn smtp_error(server: &str, to: &Address, e: &lettre::transport::smtp::Error) -> CallError {
     if let Some(code) = e.status() {
         let reply = e.source().map(|s| s.to_string()).unwrap_or_default();

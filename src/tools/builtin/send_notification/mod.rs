@@ -2,7 +2,7 @@
 //! webhook by configured name. Returns `{ "success": true, "message_id": "…" }`.
 //!
 //! Policy lives in [`SendNotification::admit`] and runs before anything is sent: webhook
-//! recipients must be configured names (a note can never supply a URL, DESIGN §8.6), email
+//! recipients must be configured names (a note can never supply a URL, docs/design.md §8.6), email
 //! recipients must be addresses, and `approval` decides which sends wait for a person.
 //! Each method is one module: [`email`], [`slack`], [`discord`].
 
@@ -26,7 +26,7 @@ const TOOL: &str = "send_notification";
 
 pub struct SendNotification {
     spec: ToolSpec,
-    /// Who may receive without a person approving (DESIGN §4, §8.6).
+    /// Who may receive without a person approving (docs/design.md §4, §8.6).
     approval: Approval,
     allowed_recipients: Vec<AllowedRecipient>,
     email: email::Email,
@@ -116,7 +116,7 @@ impl Tool for SendNotification {
             (Approval::Always, _) => Admission::Hold {
                 reason: "approval = \"always\": every send is held for a person".to_string(),
             },
-            // A configured webhook name is its own allowlist (DESIGN §8.6).
+            // A configured webhook name is its own allowlist (docs/design.md §8.6).
             (Approval::Unlisted, Target::Slack(_) | Target::Discord(_)) => Admission::Run,
             (Approval::Unlisted, Target::Email(address)) => {
                 if self.allowed_recipients.iter().any(|a| a.matches(&address)) {
@@ -322,7 +322,7 @@ fn parse_address(recipient: &str) -> Result<lettre::Address, CallError> {
 enum AllowedRecipient {
     /// An exact address, compared case-insensitively.
     Address(String),
-    /// `*@domain`: that domain exactly, case-insensitively, not its subdomains (DESIGN §8.6).
+    /// `*@domain`: that domain exactly, case-insensitively, not its subdomains (docs/design.md §8.6).
     Domain(String),
 }
 
@@ -383,7 +383,7 @@ impl Webhooks {
                 return Err(setup("must be an https:// (or http://) URL".to_string()));
             }
             // The URL is the credential: it never crosses an unencrypted connection to
-            // another machine (DESIGN §8.12).
+            // another machine (docs/design.md §8.12).
             if url.scheme() == "http" && !url.host_str().is_some_and(email::is_loopback_host) {
                 return Err(setup(
                     "must be an https:// URL (plain http:// is allowed only to a loopback address)"
@@ -437,7 +437,7 @@ fn request_error(hook: &Webhook, error: reqwest::Error) -> CallError {
             ),
         );
     }
-    // A connection that failed or broke is worth retrying (DESIGN §8.4). A request that could
+    // A connection that failed or broke is worth retrying (docs/design.md §8.4). A request that could
     // not be built, or a TLS handshake that failed (the TLS layer reports invalid data, e.g.
     // an untrusted certificate), fails the same way next time.
     let retryable =

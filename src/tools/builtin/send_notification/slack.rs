@@ -1,6 +1,6 @@
 //! Slack incoming webhooks: `POST {"text": …}`, success is 200 with the body `ok`; errors are
 //! plain strings (`invalid_payload`, `no_service`, …). The webhook returns no message id, so
-//! the call id stands in for one (DESIGN §8.10).
+//! the call id stands in for one (docs/design.md §8.10).
 
 use super::{WEBHOOK_BACKOFF, Webhook, request_error, status_error, time_left};
 use crate::call::CallError;
