@@ -16,7 +16,7 @@ use crate::vault::{FileKey, LeftBehind, Vault};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 /// The arrivals of one daemon: when each note was renamed in, and the names its link claims
 /// left behind until they are dropped.
@@ -27,6 +27,28 @@ pub struct Arrivals {
     arrived: Mutex<Recent>,
     /// First names of claimed notes, until dropped: a look at one is not a new note.
     left: Mutex<HashMap<PathBuf, FileKey>>,
+    /// Notes renamed in, with their size and mtime then (DESIGN §9.1: a note that arrives by
+    /// rename is complete), until claimed or [`WHOLE_FOR`] has passed.
+    whole: Mutex<Whole>,
+}
+
+/// How long a rename is remembered for [`Arrivals::arrived_whole`]: far longer than any
+/// queue wait; a note looked at later is judged as if written in place (it waits at most
+/// `settle_max`).
+const WHOLE_FOR: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, Default)]
+struct Whole {
+    /// Path -> (size, mtime) when renamed in, and when.
+    at: HashMap<PathBuf, (u64, SystemTime, Instant)>,
+    /// The size at which old entries (and those of notes gone) are swept next.
+    sweep_at: usize,
+}
+
+/// Size and mtime of the file at `path`, not following a symlink.
+fn file_stamp(path: &Path) -> Option<(u64, SystemTime)> {
+    let meta = path.symlink_metadata().ok()?;
+    Some((meta.len(), meta.modified().ok()?))
 }
 
 impl Arrivals {
@@ -40,6 +62,18 @@ impl Arrivals {
 
     /// A note was renamed in (an inotify `moved_to`).
     pub fn arrived(&self, path: &Path) {
+        if let Some((len, mtime)) = file_stamp(path) {
+            let mut whole = self.whole.lock().expect("arrivals lock poisoned");
+            if whole.at.len() >= whole.sweep_at.max(256) {
+                whole
+                    .at
+                    .retain(|p, (_, _, at)| at.elapsed() < WHOLE_FOR && p.exists());
+                whole.sweep_at = whole.at.len() * 2;
+            }
+            whole
+                .at
+                .insert(path.to_path_buf(), (len, mtime, Instant::now()));
+        }
         if self.grace.is_zero() {
             return;
         }
@@ -49,9 +83,29 @@ impl Arrivals {
             .note(path);
     }
 
+    /// Whether the note at `path` arrived by rename and has not changed since (same size and
+    /// mtime): it is complete as it is (DESIGN §9.1), whatever its last block looks like.
+    pub fn arrived_whole(&self, path: &Path) -> bool {
+        let recorded = self
+            .whole
+            .lock()
+            .expect("arrivals lock poisoned")
+            .at
+            .get(path)
+            .copied();
+        recorded.is_some_and(|(len, mtime, at)| {
+            at.elapsed() < WHOLE_FOR && file_stamp(path) == Some((len, mtime))
+        })
+    }
+
     /// How long the note's first name must still stay, if it arrived by rename within the
-    /// grace: then it is to be claimed by link.
+    /// grace: then it is to be claimed by link. (Called at every claim: the note leaves.)
     pub fn keep_first_name_for(&self, path: &Path) -> Option<Duration> {
+        self.whole
+            .lock()
+            .expect("arrivals lock poisoned")
+            .at
+            .remove(path);
         let age = self
             .arrived
             .lock()

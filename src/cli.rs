@@ -83,7 +83,10 @@ folder holding .vaultd.toml or Needs_Action/.";
 pub enum Command {
     /// Create the folders, a commented config and a welcome note in DIR.
     #[command(after_help = "Example: vaultd init ~/Notes && cd ~/Notes && vaultd once")]
-    Init { dir: PathBuf },
+    Init {
+        /// The vault folder to set up (created if missing); an existing vault is left as it is.
+        dir: PathBuf,
+    },
     /// Run the daemon in the foreground (systemd runs this).
     #[command(after_help = "Example: vaultd run --vault ~/Notes")]
     Run {
@@ -108,7 +111,8 @@ pub enum Command {
         /// One JSON object per note (JSON Lines).
         #[arg(long)]
         json: bool,
-        /// Print what each pending call would do, as a dry run writes it (DESIGN §12.1);
+        /// Print what each pending call would do, as a note in Dry_Run/ gets it written
+        /// (the tool, the exact parameters, whether it would run, be held or be denied);
         /// nothing runs and the note is not touched.
         #[arg(long)]
         preview: bool,
@@ -117,6 +121,8 @@ pub enum Command {
     /// the daemon last listed; no server is started).
     #[command(after_help = "Example: vaultd tools --format anthropic")]
     Tools {
+        /// A JSON array of { name, description, effect, parameters } (parameters: the JSON
+        /// Schema).
         #[arg(long)]
         json: bool,
         /// Print a ready-to-use tool list for an LLM API.
@@ -128,6 +134,7 @@ pub enum Command {
     /// Notes per state, running calls, recent failures and problems, rate-limit use.
     #[command(after_help = "Example: vaultd status --json")]
     Status {
+        /// One JSON object with the same facts, for scripts and monitoring.
         #[arg(long)]
         json: bool,
     },
@@ -180,6 +187,9 @@ pub enum Command {
     },
     /// Undo the vault changes of a call (or of every call of a note, newest first): each file
     /// is put back if it still is as the call left it.
+    #[command(
+        after_help = "Examples:\n  vaultd undo c-3f2a9c1b0d4e --dry-run   show what would be put back\n  vaultd undo c-3f2a9c1b0d4e             put back what that call changed\n  vaultd undo --note Done/report.md      undo every call of that note, newest first"
+    )]
     Undo {
         /// The call id (as in its result block); an undo prints its own id, so it can be
         /// undone too.
@@ -322,18 +332,47 @@ fn completions(shell: clap_complete::Shell) -> Result<i32> {
 }
 
 /// The one validation every command goes through: the config file (every key, every value)
-/// and the tools built from it, so `vaultd config` refuses exactly what `vaultd once` would.
+/// and the tools built from it, so `vaultd config` refuses exactly what `vaultd once` would
+/// (secrets aside: it names those it cannot read here in a warning).
 fn validated(o: &Overrides) -> Result<(Config, Registry)> {
     let config = config::load(o)?;
     let registry = registry_for(&config)?;
     Ok((config, registry))
 }
 
-/// For commands that run no tool (`status`, `log`): secrets stay unresolved references.
+/// For commands that run no tool (`status`, `log`, `config`): a secret that cannot be read
+/// here stays an unresolved reference, named in a warning.
 fn validated_without_secrets(g: &GlobalArgs) -> Result<(Config, Registry)> {
-    let mut o = overrides(g);
-    o.skip_secrets = true;
-    validated(&o)
+    let (config, registry) = validated(&read_only(g))?;
+    warn_unresolved(&config);
+    Ok((config, registry))
+}
+
+/// What the commands that run no tool load: every secret that can be read (so the redactor
+/// knows it), the others left unresolved.
+fn read_only(g: &GlobalArgs) -> Overrides {
+    Overrides {
+        skip_secrets: true,
+        ..overrides(g)
+    }
+}
+
+/// One warning line on stderr naming the secrets a command that runs no tool could not read
+/// here: it works without them, `run` and `once` would refuse to start.
+fn warn_unresolved(config: &Config) {
+    let unset = config.unresolved_secrets();
+    if unset.is_empty() {
+        return;
+    }
+    let list: Vec<String> = unset
+        .iter()
+        .map(|(reference, why)| format!("{reference} ({why})"))
+        .collect();
+    eprintln!(
+        "vaultd: warning: {} secret(s) not available here, not needed by this command (`vaultd run` and `vaultd once` need them): {}",
+        unset.len(),
+        escape_controls(&list.join("; "))
+    );
 }
 
 fn load(g: &GlobalArgs) -> Result<(Config, Registry)> {
@@ -342,19 +381,22 @@ fn load(g: &GlobalArgs) -> Result<(Config, Registry)> {
 
 /// The config for commands that work without a vault (`check`, `tools`): the current folder
 /// stands in for a missing vault.
+/// They run no tool: secrets that cannot be read here are named in a warning, not refused.
 fn load_lenient(g: &GlobalArgs) -> Result<(Config, Registry)> {
-    match config::load(&overrides(g)) {
+    let (config, registry) = match config::load(&read_only(g)) {
         Err(config::ConfigError::NoVault { .. }) => {
-            let mut o = overrides(g);
+            let mut o = read_only(g);
             o.vault = Some(std::env::current_dir()?);
-            validated(&o)
+            validated(&o)?
         }
-        Err(e) => Err(e.into()),
+        Err(e) => return Err(e.into()),
         Ok(config) => {
             let registry = registry_for(&config)?;
-            Ok((config, registry))
+            (config, registry)
         }
-    }
+    };
+    warn_unresolved(&config);
+    Ok((config, registry))
 }
 
 fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
@@ -402,7 +444,10 @@ fn shutdown_signal() -> impl Future<Output = ()> {
 pub fn init_tracing(redactor: Arc<Redactor>, format: LogFormat) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // rmcp logs every session's start at INFO with a dump of the peer's whole description;
+    // vaultd says what matters in one line of its own ("MCP server is up: NAME VERSION, …").
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
     let ansi = std::io::stderr().is_terminal() && !under_journal;
     let writer = RedactingStderr(redactor, ansi);
@@ -647,7 +692,10 @@ fn check(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
         any_invalid |= calls.iter().any(|c| c["status"] == "invalid");
         let shown = escape_controls(&path.display().to_string());
         if as_json {
-            let line = json!({ "path": path.display().to_string(), "calls": calls });
+            let mut line = json!({ "path": path.display().to_string(), "calls": calls });
+            if !calls.is_empty() && calls.iter().all(|c| c["status"] == "done") {
+                line["message"] = json!(crate::note::NOTHING_PENDING);
+            }
             writeln!(out, "{line}")?;
         } else {
             print_checked(&mut out, &shown, &calls)?;
@@ -679,7 +727,16 @@ fn checked_calls(parsed: &crate::note::ParsedNote, registry: &Registry) -> Vec<V
                 entry["error"] = json!({ "code": e.code.as_str(), "message": e.message });
             }
         } else {
+            // Its result is in the note: it does not run again until that result is deleted.
             entry["status"] = json!("done");
+            if let Some(r) = parsed.results.iter().find(|r| r.call_id == call.call_id) {
+                entry["result"] = match &r.error {
+                    Some((code, message)) => {
+                        json!({ "ok": false, "code": code, "message": message })
+                    }
+                    None => json!({ "ok": r.ok }),
+                };
+            }
         }
         calls.push(entry);
     }
@@ -688,6 +745,9 @@ fn checked_calls(parsed: &crate::note::ParsedNote, registry: &Registry) -> Vec<V
 
 fn print_checked(out: &mut impl Write, shown: &str, calls: &[Value]) -> Result<()> {
     writeln!(out, "{shown}: {} call(s)", calls.len())?;
+    if !calls.is_empty() && calls.iter().all(|c| c["status"] == "done") {
+        writeln!(out, "  {}", crate::note::NOTHING_PENDING)?;
+    }
     for c in calls {
         write!(
             out,
@@ -718,7 +778,16 @@ fn print_checked(out: &mut impl Write, shown: &str, calls: &[Value]) -> Result<(
                 c["decision"]["reason"].as_str().unwrap_or("")
             )?,
             Some(_) => write!(out, "\n        -> not run: the call is invalid")?,
-            None => {}
+            None => match c["result"]["ok"].as_bool() {
+                Some(true) => write!(out, "\n        -> has its result: ok")?,
+                Some(false) => write!(
+                    out,
+                    "\n        -> has its result: failed {}: {}",
+                    c["result"]["code"].as_str().unwrap_or("?"),
+                    c["result"]["message"].as_str().unwrap_or("")
+                )?,
+                None => {}
+            },
         }
         writeln!(out)?;
     }
@@ -950,7 +1019,7 @@ fn shell_quote(s: &str) -> String {
 }
 
 fn print_config(g: &GlobalArgs) -> Result<i32> {
-    let (c, _) = load(g)?;
+    let (c, _) = validated_without_secrets(g)?;
     let effective = json!({
         "source": c.source.as_ref().map(|p| p.display().to_string()),
         "vault": c.vault.display().to_string(),
@@ -1002,6 +1071,16 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         .iter()
         .map(|s| (*s, vault.scan(*s).len()))
         .collect();
+    // Counted in Needs_Action/ but waiting for nobody: every call has its result.
+    let nothing_pending: Vec<String> = vault
+        .scan(State::NeedsAction)
+        .into_iter()
+        .filter(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.len() <= config.max_note_bytes)
+                && std::fs::read_to_string(p).is_ok_and(|t| parse_note(&t).nothing_pending())
+        })
+        .map(|p| vault.relative(&p))
+        .collect();
     // Only notes really in In_Progress now: a run whose note was moved away by hand (or a
     // daemon that died) leaves calls in the journal that are running nowhere.
     let in_progress = vault.folder(State::InProgress);
@@ -1017,6 +1096,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     let runner = crate::synced::RunnerId::load(&config.state_dir);
     let pause = journal.pause()?;
     let failures = journal.recent_failures(10)?;
+    let failed_notes_now = notes_now(&vault, &failures);
     let problems = journal.problems(10)?;
     let now = std::time::SystemTime::now();
     let hour = now - std::time::Duration::from_secs(3600);
@@ -1035,8 +1115,13 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             "vault": config.vault.display().to_string(),
             "daemon_pid": daemon_pid,
             "notes": counts.iter().map(|(s, n)| (s.as_str().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "nothing_pending": nothing_pending,
             "running": running,
-            "recent_failures": failures,
+            "recent_failures": failures.iter().zip(&failed_notes_now).map(|(f, now)| {
+                let mut v = json!(f);
+                v["now"] = json!(now);
+                v
+            }).collect::<Vec<_>>(),
             "problems": problems,
             "rate_limits": rates,
             "open_circuits": circuits,
@@ -1074,8 +1159,32 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         );
     }
     println!("\nnotes");
+    let width = State::ALL
+        .iter()
+        .map(|s| vault.folder_name(*s).chars().count())
+        .max()
+        .unwrap_or(0);
     for (s, n) in &counts {
-        println!("  {:<18} {n}", vault.folder_name(*s));
+        println!("  {:<width$} {n}", vault.folder_name(*s));
+    }
+    if !nothing_pending.is_empty() {
+        let shown: Vec<String> = nothing_pending
+            .iter()
+            .take(10)
+            .map(|n| escape_controls(n))
+            .collect();
+        let more = nothing_pending.len().saturating_sub(shown.len());
+        println!(
+            "  {} of them with {}: {}{}",
+            nothing_pending.len(),
+            crate::note::NOTHING_PENDING,
+            shown.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
     }
     println!("\nrunning now");
     if running.is_empty() {
@@ -1095,11 +1204,19 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         println!("  none");
     }
     let redactor = daemon::redactor_for(&config);
-    for e in &failures {
+    for (f, now) in failures.iter().zip(&failed_notes_now) {
+        let e = &f.entry;
+        // Where the note is now, not In_Progress/ where the call ran (it was moved on since).
+        let note = match now {
+            Some(now) => escape_controls(now),
+            None => format!(
+                "{} (moved since; not in the vault's folders)",
+                escape_controls(f.moved_to.as_deref().unwrap_or(&e.note))
+            ),
+        };
         println!(
-            "  {}  {}  {} {}: {}",
+            "  {}  {note}  {} {}: {}",
             e.time,
-            escape_controls(&e.note),
             e.tool.as_deref().unwrap_or(""),
             e.outcome.as_deref().unwrap_or(""),
             redactor.redact(e.detail.as_deref().unwrap_or(""))
@@ -1118,9 +1235,14 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     }
     if !circuits.is_empty() {
         println!("\nopen circuits");
+        let width = circuits
+            .iter()
+            .map(|c| c.key.chars().count())
+            .max()
+            .unwrap_or(0);
         for c in &circuits {
             println!(
-                "  {:<18} {}{}  after {} failures in a row; last: {}",
+                "  {:<width$} {}{}  after {} failures in a row; last: {}",
                 c.key,
                 c.state,
                 c.until
@@ -1133,6 +1255,12 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         }
     }
     println!("\nrate limits");
+    // Aligned to the longest name: command and MCP tools (mcp__SERVER__TOOL) run long.
+    let width = rates
+        .iter()
+        .map(|r| r["tool"].as_str().unwrap_or("").chars().count())
+        .max()
+        .unwrap_or(0);
     for r in &rates {
         let lim = |v: &Value| {
             v.as_u64()
@@ -1140,7 +1268,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
                 .unwrap_or_else(|| "-".into())
         };
         println!(
-            "  {:<18} {}/{} this hour, {}/{} today",
+            "  {:<width$} {}/{} this hour, {}/{} today",
             r["tool"].as_str().unwrap_or(""),
             r["last_hour"],
             lim(&r["per_hour"]),
@@ -1149,6 +1277,53 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         );
     }
     Ok(0)
+}
+
+/// Where the note of each failed call is now (vault-relative): the path its run last
+/// recorded if the note there still carries its `tool_note`, else the note in any state
+/// folder that carries it (one scan of the folders, made only when a note was moved by hand
+/// since, e.g. back into Needs_Action/); None when it is nowhere in them.
+fn notes_now(
+    vault: &crate::vault::Vault,
+    failures: &[crate::journal::RecentFailure],
+) -> Vec<Option<String>> {
+    use std::io::Read;
+    // The frontmatter is at the top: a note's first 64 KiB hold it.
+    let note_id_of = |path: &Path| -> Option<String> {
+        let mut head = Vec::new();
+        std::fs::File::open(path)
+            .ok()?
+            .take(64 * 1024)
+            .read_to_end(&mut head)
+            .ok()?;
+        let text = String::from_utf8_lossy(&head);
+        crate::note::frontmatter_property(&text, "tool_note").map(str::to_string)
+    };
+    let mut by_id: Option<std::collections::HashMap<String, String>> = None;
+    failures
+        .iter()
+        .map(|f| {
+            let id = f.note_id.as_deref();
+            if let Some(rel) = &f.moved_to {
+                let path = vault.root().join(rel);
+                if path.is_file() && (id.is_none() || note_id_of(&path).as_deref() == id) {
+                    return Some(rel.clone());
+                }
+            }
+            let by_id = by_id.get_or_insert_with(|| {
+                let mut found = std::collections::HashMap::new();
+                for state in crate::vault::State::ALL {
+                    for path in vault.scan(state) {
+                        if let Some(id) = note_id_of(&path) {
+                            found.entry(id).or_insert_with(|| vault.relative(&path));
+                        }
+                    }
+                }
+                found
+            });
+            by_id.get(id?).cloned()
+        })
+        .collect()
 }
 
 /// `vaultd approve` / `vaultd reject`: prints each decided call and where the note went.

@@ -342,6 +342,7 @@ macro_rules! tools_tables {
                         cx.base,
                         vault,
                         cx.state_dir,
+                        cx.skip_secrets,
                     )?,
                 })
             }
@@ -856,7 +857,8 @@ pub fn from_raw(
             format!("must be at least 1024, got {max_result_bytes}"),
         ));
     }
-    let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &path, config_path)?;
+    let mcp =
+        crate::tools::mcp::config::from_raw(raw.mcp, &path, config_path, overrides.skip_secrets)?;
 
     Ok(Config {
         source,
@@ -937,6 +939,21 @@ impl ToolsConfig {
 }
 
 impl Config {
+    /// Secrets left unresolved by a command that runs no tool (`Overrides::skip_secrets`):
+    /// (reference, why it cannot be read here). `run` and `once` would refuse to start.
+    pub fn unresolved_secrets(&self) -> Vec<(String, String)> {
+        let mut holders = self.tools.secret_holders();
+        holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
+        let mut out: Vec<(String, String)> = holders
+            .iter()
+            .flat_map(|h| h.secrets())
+            .filter_map(|s| Some((s.reference().to_string(), s.why_unresolved()?)))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The one redactor: every secret that any tool source or MCP server names.
     pub fn redactor(&self) -> Redactor {
         let mut holders = self.tools.secret_holders();
@@ -968,12 +985,7 @@ impl TableContext<'_> {
 
     /// The secret a reference names, resolved unless `skip_secrets`.
     pub fn secret(&self, key: &str, reference: &str) -> Result<Secret, ConfigError> {
-        let resolved = if self.skip_secrets {
-            Secret::unresolved(reference)
-        } else {
-            Secret::resolve(reference)
-        };
-        resolved.map_err(|source| ConfigError::Secret {
+        Secret::load(reference, self.skip_secrets).map_err(|source| ConfigError::Secret {
             path: self.path.to_path_buf(),
             key: key.to_string(),
             source,

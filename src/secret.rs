@@ -81,6 +81,31 @@ impl Secret {
         })
     }
 
+    /// What a command loads: with `skip_unavailable` (commands that run no tool: `status`,
+    /// `log`, `check`, `tools`, `config`), the secret if it can be read here, else the
+    /// reference left [unresolved](Secret::unresolved), so an unset variable does not stop
+    /// them (the caller names the unresolved ones); else [`Secret::resolve`]. A literal
+    /// instead of a reference is refused either way.
+    pub fn load(reference: &str, skip_unavailable: bool) -> Result<Secret, SecretError> {
+        match Secret::resolve(reference) {
+            Err(SecretError::NotAReference(r)) => Err(SecretError::NotAReference(r)),
+            Err(_) if skip_unavailable => Secret::unresolved(reference),
+            resolved => resolved,
+        }
+    }
+
+    /// Why this secret is not resolved (it was loaded with [`Secret::load`] and could not be
+    /// read): the reason [`Secret::resolve`] gives now. None when it is resolved.
+    pub fn why_unresolved(&self) -> Option<String> {
+        if self.is_resolved() {
+            return None;
+        }
+        Some(match Secret::resolve(&self.reference) {
+            Err(e) => e.to_string(),
+            Ok(_) => "set now, but not when the config was read".to_string(),
+        })
+    }
+
     /// False for a reference loaded with [`Secret::unresolved`].
     pub fn is_resolved(&self) -> bool {
         !self.value.is_empty()

@@ -28,6 +28,9 @@ impl Daemon {
                 return Ok(());
             };
             let parsed = parse_note(&text);
+            if parsed.nothing_pending() {
+                self.explain_once(path, note::NOTHING_PENDING); // a finished note moved back
+            }
             if parsed.pending_calls().next().is_none()
                 || self.stopping.load(Ordering::SeqCst)
                 || self.runners.is_paused()

@@ -277,7 +277,15 @@ impl Daemon {
             }
             return true;
         }
-        if self.mode == Mode::Once || !unfinished_tail(text, parsed) {
+        if self.mode == Mode::Once {
+            return false;
+        }
+        let Some(unfinished) = unfinished_tail(text, parsed) else {
+            return false;
+        };
+        // §9.1: a note that arrived by rename is complete: its broken last block is a typo,
+        // judged at once, not a writer still at work.
+        if self.arrivals.arrived_whole(path) {
             return false;
         }
         let Some(age) = modified_age(path) else {
@@ -287,9 +295,16 @@ impl Daemon {
         if age >= max {
             return false;
         }
-        tracing::info!(
-            note = %self.vault.relative(path),
-            "the last call block is unfinished; waiting up to settle_max for its writer"
+        let until = SystemTime::now() + (max - age);
+        self.explain_once(
+            path,
+            &format!(
+                "not judged before {} (settle_max = {} after its last change): its last call \
+                 block is unfinished ({unfinished}) and the note was written in place, so its \
+                 writer may still be at it. A note moved in by rename is judged at once",
+                humantime::format_rfc3339_seconds(until),
+                humantime::format_duration(max),
+            ),
         );
         let me = self.clone();
         let p = path.to_path_buf();
@@ -298,6 +313,21 @@ impl Daemon {
             me.dispatch(p);
         });
         true
+    }
+
+    /// Logs why the note at `path` is left where it is for now, once per version of it (size
+    /// and mtime): a rescan or another look at the same note does not repeat it.
+    pub(crate) fn explain_once(&self, path: &Path, why: &str) {
+        let (len, mtime) = stamp(path);
+        if !self
+            .explained
+            .lock()
+            .expect("explained lock poisoned")
+            .insert((path.to_path_buf(), len, mtime))
+        {
+            return;
+        }
+        tracing::info!(note = %self.vault.relative(path), "{why}");
     }
 
     /// True when the caller should start a task for `path`.
@@ -532,20 +562,19 @@ pub(crate) fn modified_age(path: &Path) -> Option<Duration> {
 }
 
 /// docs/design.md §9.1: the note's last call block is unfinished — a fence not closed, or a block
-/// with `"tool_call"` that does not parse — with nothing but blank space after it.
-pub(crate) fn unfinished_tail(text: &str, parsed: &ParsedNote) -> bool {
-    let Some(last) = parsed.calls.last() else {
-        return false;
-    };
+/// with `"tool_call"` that does not parse — with nothing but blank space after it. Some with
+/// what is wrong with it (the message its result would get).
+pub(crate) fn unfinished_tail<'a>(text: &str, parsed: &'a ParsedNote) -> Option<&'a str> {
+    let last = parsed.calls.last()?;
     let CallBody::Broken(e) = &last.body else {
-        return false;
+        return None;
     };
     let broken = e.code == ErrorCode::InvalidJson
         || (e.code == ErrorCode::InvalidCall && e.message.contains("fence not closed"));
-    broken
-        && text
-            .get(last.span.end..)
-            .is_none_or(|rest| rest.trim().is_empty())
+    let at_end = text
+        .get(last.span.end..)
+        .is_none_or(|rest| rest.trim().is_empty());
+    (broken && at_end).then_some(e.message.as_str())
 }
 
 /// Whether the note at `path` holds a call without a result; None when it is no longer there
@@ -571,7 +600,7 @@ mod tests {
     #[test]
     fn only_an_unfinished_last_block_counts_as_unfinished() {
         let call = "```json\n{\"tool_call\": {\"name\": \"a\"}}\n```\n";
-        let unfinished = |t: &str| unfinished_tail(t, &parse_note(t));
+        let unfinished = |t: &str| unfinished_tail(t, &parse_note(t)).is_some();
         assert!(!unfinished(call));
         assert!(unfinished("```json\n{\"tool_call\": {\"name\""));
         assert!(unfinished(&format!(

@@ -145,6 +145,9 @@ pub struct Daemon {
     pub(crate) looked_at: std::sync::atomic::AtomicUsize,
     /// Problems already reported, so a periodic scan does not repeat them.
     pub(crate) reported: Mutex<HashSet<(PathBuf, u64, SystemTime)>>,
+    /// Notes left where they are whose reason was logged (nothing pending, an unfinished
+    /// last block): once per version of the note, not at every look.
+    pub(crate) explained: Mutex<HashSet<(PathBuf, u64, SystemTime)>>,
     /// Note ids with a run in this daemon now; woken when it ends. A note that comes back
     /// (moved back by hand, or an editor's stale copy) waits for its running calls (§9.3).
     pub(crate) active: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
@@ -282,6 +285,7 @@ pub async fn run(
         stopping: AtomicBool::new(false),
         looked_at: std::sync::atomic::AtomicUsize::new(0),
         reported: Mutex::new(HashSet::new()),
+        explained: Mutex::new(HashSet::new()),
         active: Mutex::new(HashMap::new()),
         settling: Mutex::new(HashSet::new()),
         mode,

@@ -23,6 +23,19 @@ pub struct LogEntry {
     pub detail: Option<String>,
 }
 
+/// A failed call of `vaultd status`: the `call_end` entry (its `note` is where the call ran,
+/// in In_Progress) and what tells where the note is now.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RecentFailure {
+    #[serde(flatten)]
+    pub entry: LogEntry,
+    /// The note's `tool_note` (None in a journal older than note ids).
+    pub note_id: Option<String>,
+    /// The path the run last recorded for the note (its move to Failed/, say); the note may
+    /// have been moved by hand since.
+    pub moved_to: Option<String>,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct LogFilter {
     pub since: Option<SystemTime>,
@@ -98,15 +111,24 @@ impl Journal {
         })
     }
 
-    /// The newest `limit` call outcomes that are not ok, newest first.
-    pub fn recent_failures(&self, limit: usize) -> Result<Vec<LogEntry>, JournalError> {
+    /// The newest `limit` call outcomes that are not ok, newest first, each with its note's
+    /// id and the path its run last recorded for it (where the run moved it).
+    pub fn recent_failures(&self, limit: usize) -> Result<Vec<RecentFailure>, JournalError> {
         self.read(|tx| {
-            let mut stmt = tx.prepare(&format!(
-                "SELECT {EVENT_COLUMNS} FROM events
-                 WHERE event = 'call_end' AND outcome IS NOT 'ok'
-                 ORDER BY id DESC LIMIT ?1"
-            ))?;
-            let rows = stmt.query_map(params![sql_limit(Some(limit))], log_entry)?;
+            let mut stmt = tx.prepare(
+                "SELECT e.at_ms, e.event, e.note, e.call_id, e.tool, e.outcome, e.duration_ms,
+                        e.detail, r.note_id, r.note
+                 FROM events e LEFT JOIN runs r ON r.id = e.run_id
+                 WHERE e.event = 'call_end' AND e.outcome IS NOT 'ok'
+                 ORDER BY e.id DESC LIMIT ?1",
+            )?;
+            let rows = stmt.query_map(params![sql_limit(Some(limit))], |r| {
+                Ok(RecentFailure {
+                    entry: log_entry(r)?,
+                    note_id: r.get(8)?,
+                    moved_to: r.get(9)?,
+                })
+            })?;
             Ok(rows.collect::<Result<_, _>>()?)
         })
     }
@@ -340,9 +362,13 @@ mod tests {
         let failures = journal.recent_failures(10).unwrap();
         let codes: Vec<_> = failures
             .iter()
-            .map(|e| e.outcome.clone().unwrap())
+            .map(|e| e.entry.outcome.clone().unwrap())
             .collect();
         assert_eq!(codes, vec!["TIMEOUT", "EXECUTION_ERROR"]);
+        assert_eq!(
+            failures[0].moved_to.as_deref(),
+            Some("In_Progress/gamma.md")
+        );
         assert_eq!(journal.recent_failures(1).unwrap().len(), 1);
 
         let running = journal.running_calls().unwrap();

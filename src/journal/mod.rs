@@ -87,7 +87,7 @@ mod writer;
 
 pub use approvals::Decision;
 pub use calls::{CallProgress, JournalCall};
-pub use events::{LogEntry, LogFilter};
+pub use events::{LogEntry, LogFilter, RecentFailure};
 pub use rates::{RateUse, RateWindow, StartAdmission};
 pub use runs::{Claim, OpenRun, RunId};
 

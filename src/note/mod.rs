@@ -10,7 +10,7 @@ pub mod write;
 mod proptests;
 
 pub use parse::{
-    CallBlock, CallBody, HeldRef, LineEnding, ParsedNote, frontmatter_property,
+    CallBlock, CallBody, HeldRef, LineEnding, NOTHING_PENDING, ParsedNote, frontmatter_property,
     json_block_contents, params_hash, parse_note,
 };
 pub use render::{Block, append_and_set, append_blocks, set_note_id, set_runner, stamp_claim};

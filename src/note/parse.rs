@@ -52,6 +52,8 @@ pub enum CallBody {
 pub struct ResultRef {
     pub call_id: String,
     pub ok: bool,
+    /// A failed result's `error.code` and `error.message`, as written (for `vaultd check`).
+    pub error: Option<(String, String)>,
 }
 
 /// The parse of one note.
@@ -92,6 +94,12 @@ impl ParsedNote {
             .filter(move |c| !done.contains(c.call_id.as_str()))
     }
 
+    /// True when the note holds calls and every one has a result: vaultd leaves it where it
+    /// is, and says so ([`NOTHING_PENDING`]).
+    pub fn nothing_pending(&self) -> bool {
+        !self.calls.is_empty() && self.pending_calls().next().is_none()
+    }
+
     pub fn has_result(&self, call_id: &str) -> bool {
         self.results.iter().any(|r| r.call_id == call_id)
     }
@@ -108,6 +116,11 @@ impl ParsedNote {
             .any(|h| h.call_id == call_id && h.params_hash.as_deref() == Some(params_hash))
     }
 }
+
+/// What vaultd says of a note whose every call has a result (a finished note moved back
+/// into a watched folder): the daemon's log once, `vaultd check` with the note.
+pub const NOTHING_PENDING: &str =
+    "nothing pending: every call has a result; delete a result to run it again";
 
 /// Parses a note. Never fails: broken calls are `CallBody::Broken`.
 pub fn parse_note(text: &str) -> ParsedNote {
@@ -457,9 +470,14 @@ fn record_notice(f: &Fence, results: &mut Vec<ResultRef>, held: &mut Vec<HeldRef
             r.get("ok").and_then(Value::as_bool),
         )
     {
+        let error = r.get("error").map(|e| {
+            let text = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            (text("code"), text("message"))
+        });
         results.push(ResultRef {
             call_id: call_id.to_string(),
             ok,
+            error: error.filter(|_| !ok),
         });
     }
     if let Some(Value::Object(a)) = map.get("tool_approval")
@@ -1425,11 +1443,13 @@ mod tests {
             [
                 ResultRef {
                     call_id: "c-1".into(),
-                    ok: true
+                    ok: true,
+                    error: None,
                 },
                 ResultRef {
                     call_id: "c-2".into(),
-                    ok: false
+                    ok: false,
+                    error: None,
                 }
             ]
         );

@@ -58,39 +58,28 @@ fn append_analyzed(
     extra: &[(&str, &str)],
 ) -> String {
     let appended = append_only(text, analysis, blocks);
-    let set = |t: &str| set_parsed(t, &parse_note(t), status, now, extra);
-    let written = set(&appended);
-    // §8.3: an INVALID_JSON line is counted in the note as written, so the lines that
-    // new frontmatter properties add above the call move it down.
-    let added = written.matches('\n').count() - appended.matches('\n').count();
-    if added == 0 || !blocks.iter().any(|b| json_position(b).is_some()) {
-        return written;
-    }
-    let shifted: Vec<CallResult> = blocks
-        .iter()
-        .filter_map(|b| match b {
-            Block::Result(r) => Some(shift_json_position(r, added)),
-            Block::Held(_) | Block::Preview(_) => None,
-        })
-        .collect();
-    let mut results = shifted.iter();
-    let blocks: Vec<Block<'_>> = blocks
-        .iter()
-        .map(|b| match b {
-            Block::Result(_) => {
-                Block::Result(results.next().expect("one shifted result per result block"))
-            }
-            Block::Held(h) => Block::Held(h),
-            Block::Preview(p) => Block::Preview(p),
-        })
-        .collect();
-    set(&append_only(text, analysis, &blocks))
+    set_parsed(&appended, &parse_note(&appended), status, now, extra)
 }
 
-/// INVALID_JSON's (line, column), when `block` is such a result.
-fn json_position(block: &Block<'_>) -> Option<(u64, u64)> {
-    let Block::Result(r) = block else { return None };
-    let e = r.outcome.as_ref().err()?;
+/// How many lines a results write of `blocks` (with the `extra` properties) adds above the
+/// body of `text`: the frontmatter properties it creates or adds. Every call block of the
+/// note moves down by this much when it is written back.
+pub fn lines_added_above(text: &str, blocks: &[Block<'_>], extra: &[(&str, &str)]) -> usize {
+    let appended = append_only(text, &analyze(text), blocks);
+    // Any status and time: each property is one line whatever its value.
+    let written = set_parsed(
+        &appended,
+        &parse_note(&appended),
+        "failed",
+        SystemTime::UNIX_EPOCH,
+        extra,
+    );
+    written.matches('\n').count() - appended.matches('\n').count()
+}
+
+/// INVALID_JSON's (line, column) in `result`, when it is such a result.
+pub fn json_position(result: &CallResult) -> Option<(u64, u64)> {
+    let e = result.outcome.as_ref().err()?;
     if e.code != crate::call::ErrorCode::InvalidJson {
         return None;
     }
@@ -98,10 +87,13 @@ fn json_position(block: &Block<'_>) -> Option<(u64, u64)> {
     Some((d.get("line")?.as_u64()?, d.get("column")?.as_u64()?))
 }
 
-/// The result with its INVALID_JSON line moved down by `added` lines, message included.
-fn shift_json_position(result: &CallResult, added: usize) -> CallResult {
+/// The result with its INVALID_JSON line moved down by `added` lines, message and details
+/// alike (DESIGN §8.3: the line is counted in the note as written back, and the lines a
+/// write adds above the call move it). The one place a position is moved.
+pub fn moved_down(result: &CallResult, added: usize) -> CallResult {
     let mut r = result.clone();
-    if let Some((line, column)) = json_position(&Block::Result(result))
+    if added > 0
+        && let Some((line, column)) = json_position(result)
         && let Err(e) = &mut r.outcome
     {
         let moved = line + added as u64;
@@ -379,7 +371,7 @@ fn failure_title(result: &CallResult, error: &CallError, ms: u64) -> String {
     } else {
         result.name.as_str()
     };
-    match json_position(&Block::Result(result)) {
+    match json_position(result) {
         Some((line, column)) => format!("{name} · {} at {line}:{column}", error.code),
         None => format!("{name} · {}", error.code),
     }
@@ -540,21 +532,41 @@ tool_updated: 2023-11-14T22:14:20Z
     fn an_invalid_json_line_counts_every_property_the_write_adds_above_it() {
         // The four properties and tool_runner and tool_note go above line 3: it moves to 9.
         let result = failure("c-1");
+        let extra = [("tool_runner", "vaultd@h"), ("tool_note", "n-0123456789ab")];
+        let text = "---\na: 1\n---\nx\n";
+        let added = lines_added_above(text, &[Block::Result(&result)], &extra);
+        assert_eq!(added, 6);
+        let placed = moved_down(&result, added);
         let out = append_and_set(
-            "---\na: 1\n---\nx\n",
-            |_| vec![Block::Result(&result)],
+            text,
+            |_| vec![Block::Result(&placed)],
             "failed",
             now(),
-            &[("tool_runner", "vaultd@h"), ("tool_note", "n-0123456789ab")],
+            &extra,
         );
         assert!(out.contains("INVALID_JSON at 9:5"), "{out}");
         assert!(out.contains("invalid JSON at line 9, column 5"), "{out}");
+        assert_eq!(
+            lines_added_above(&out, &[], &extra),
+            0,
+            "written back again, nothing moves"
+        );
+        // A note without frontmatter gets `---` twice more; a held call adds `tool_held`.
+        assert_eq!(
+            lines_added_above("x\n", &[Block::Result(&result)], &extra),
+            8
+        );
+        assert_eq!(
+            moved_down(&success("c-2", json!(1)), 4),
+            success("c-2", json!(1))
+        );
     }
 
     #[test]
     fn failure_block_exact() {
-        // The four properties go above line 3: INVALID_JSON's line moves to 7 (§8.3).
-        let result = failure("c-1");
+        // The four properties go above line 3: INVALID_JSON's line, placed as written back,
+        // is 7 (§8.3).
+        let result = moved_down(&failure("c-1"), 4);
         let out = append_blocks(
             "---\na: 1\n---\nx\n",
             &[Block::Result(&result)],

@@ -11,7 +11,7 @@ use crate::guard::budget;
 use crate::guard::hold_alert::HeldSummary;
 use crate::journal::RunId;
 use crate::note::{self, ParsedNote, parse_note};
-use crate::pipeline::next_state::{Ending, Finished, next_state, outcome_reason};
+use crate::pipeline::next_state::{Ending, Finished, next_state, outcome_reason, place_as_written};
 use crate::pipeline::plan::{self, Approval, Facts, Plan, Rules, Step};
 use crate::tools::Effect;
 use crate::vault::State;
@@ -94,7 +94,7 @@ impl Daemon {
         let calls = self
             .start_calls(run, path, &ident.note_id, &plan.steps)
             .await;
-        let outcome = self.gather(run, plan.steps, calls, &ident).await?;
+        let outcome = self.gather(run, &text, plan.steps, calls, &ident).await?;
         self.write_and_move(run, path, &text, &parsed, &ident, outcome)
             .await
     }
@@ -272,12 +272,15 @@ impl Daemon {
     async fn gather(
         &self,
         run: RunId,
+        text: &str,
         steps: Vec<(String, Step)>,
         calls: Vec<Option<JoinHandle<CallResult>>>,
         ident: &Identity,
     ) -> Result<Outcome, DaemonError> {
         let mut out = Outcome::default();
-        let mut unrecorded: Vec<CallResult> = Vec::new();
+        // Where in `out.results` the results planned from `text` now are (not run, not
+        // recorded before): journaled here, after their INVALID_JSON lines are placed.
+        let mut unrecorded: Vec<usize> = Vec::new();
         for ((_, step), call) in steps.into_iter().zip(calls) {
             match (step, call) {
                 (_, Some(h)) => match h.await {
@@ -285,9 +288,8 @@ impl Daemon {
                     Err(e) => tracing::error!("call task failed: {e}"),
                 },
                 (Step::Fail(r) | Step::Denied(r), None) => {
-                    let r = self.redact_result(r);
-                    unrecorded.push(r.clone());
-                    out.results.push(r)
+                    unrecorded.push(out.results.len());
+                    out.results.push(self.redact_result(r))
                 }
                 (Step::Recorded(r), None) => {
                     if ident.stale.is_some() {
@@ -305,6 +307,16 @@ impl Daemon {
             }
         }
         if !unrecorded.is_empty() {
+            place_as_written(
+                text,
+                &ident.note_id,
+                self.runners.me.as_str(),
+                &mut out.results,
+                &unrecorded,
+                &out.held,
+            );
+            let unrecorded: Vec<CallResult> =
+                unrecorded.iter().map(|i| out.results[*i].clone()).collect();
             self.blocking(move |j| j.calls_finished(run, &unrecorded))
                 .await?;
         }

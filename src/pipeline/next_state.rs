@@ -405,6 +405,73 @@ impl Daemon {
     }
 }
 
+/// The blocks a results write appends to the note `cur`: results not in it yet, then the
+/// questions it does not show yet (with exactly these parameters).
+fn blocks_to_write<'r>(
+    cur: &note::ParsedNote,
+    results: &'r [CallResult],
+    held: &'r [HeldCall],
+) -> Vec<Block<'r>> {
+    let mut blocks: Vec<Block<'r>> = results
+        .iter()
+        .filter(|r| !cur.has_result(&r.call_id))
+        .map(Block::Result)
+        .collect();
+    for h in held {
+        let shown = cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
+        if !shown && !cur.has_result(&h.call_id) {
+            blocks.push(Block::Held(h));
+        }
+    }
+    blocks
+}
+
+/// The identity a results write sets beside the four properties: `tool_runner`, and
+/// `tool_note` when the note has none yet.
+fn extra_properties<'a>(
+    current: &str,
+    note_id: &'a str,
+    runner: &'a str,
+) -> Vec<(&'static str, &'a str)> {
+    let mut extra = vec![("tool_runner", runner)];
+    if note::frontmatter_property(current, "tool_note").is_none() && !note_id.is_empty() {
+        extra.push(("tool_note", note_id));
+    }
+    extra
+}
+
+/// DESIGN §8.3: an INVALID_JSON position is counted in the note as the person sees it, that
+/// is as written back, so the frontmatter lines the results write adds above the call move
+/// it down. Done once, before the results are journaled, logged or written: the note, the
+/// log line, `vaultd log` and `vaultd status` then all say the same line. `fresh` are the
+/// results whose position was read from `current` now (not recorded ones).
+pub(crate) fn place_as_written(
+    current: &str,
+    note_id: &str,
+    runner: &str,
+    results: &mut [CallResult],
+    fresh: &[usize],
+    held: &[HeldCall],
+) {
+    if !fresh
+        .iter()
+        .any(|i| note::render::json_position(&results[*i]).is_some())
+    {
+        return;
+    }
+    let added = {
+        let blocks = blocks_to_write(&note::parse_note(current), results, held);
+        note::render::lines_added_above(
+            current,
+            &blocks,
+            &extra_properties(current, note_id, runner),
+        )
+    };
+    for i in fresh {
+        results[*i] = note::render::moved_down(&results[*i], added);
+    }
+}
+
 /// `current` with the results and the questions of `held` appended (what it shows already is
 /// not repeated), `tool_status` set to `next`, `runner` stamped as its `tool_runner` (§9.9:
 /// whoever updates a note is its runner from now on) and `tool_note` added when missing. None
@@ -423,24 +490,8 @@ pub fn append_results(
     {
         return None;
     }
-    let pick = |cur: &note::ParsedNote| {
-        let mut blocks: Vec<Block<'_>> = results
-            .iter()
-            .filter(|r| !cur.has_result(&r.call_id))
-            .map(Block::Result)
-            .collect();
-        for h in held {
-            let shown = cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
-            if !shown && !cur.has_result(&h.call_id) {
-                blocks.push(Block::Held(h));
-            }
-        }
-        blocks
-    };
-    let mut extra = vec![("tool_runner", runner)];
-    if note::frontmatter_property(current, "tool_note").is_none() && !note_id.is_empty() {
-        extra.push(("tool_note", note_id));
-    }
+    let pick = |cur: &note::ParsedNote| blocks_to_write(cur, results, held);
+    let extra = extra_properties(current, note_id, runner);
     Some(note::append_and_set(
         current,
         pick,

@@ -201,13 +201,14 @@ fn line_of(path: &Path, offset: usize) -> usize {
 }
 
 /// Validates every `[tools.command.NAME]` table. `path` is the config file, `base` the
-/// folder relative paths in it are relative to.
+/// folder relative paths in it are relative to; `skip_secrets` as in `TableContext`.
 pub fn validate(
     raw: BTreeMap<String, Spanned<RawCommandTool>>,
     path: &Path,
     base: &Path,
     vault: &Path,
     state_dir: &Path,
+    skip_secrets: bool,
 ) -> Result<CommandTools, ConfigError> {
     let mut tools = Vec::new();
     for (name, table) in raw {
@@ -226,6 +227,7 @@ pub fn validate(
             &at,
             base,
             vault,
+            skip_secrets,
         )?);
     }
     Ok(CommandTools {
@@ -250,6 +252,7 @@ fn validate_one(
     at: &At<'_>,
     base: &Path,
     vault: &Path,
+    skip_secrets: bool,
 ) -> Result<CommandToolConfig, ConfigError> {
     // parameters: JSON Schema written in TOML, compiled now.
     let (schema, schema_span) = match raw.parameters {
@@ -360,13 +363,13 @@ fn validate_one(
                 .iter()
                 .any(|p| value.starts_with(p));
             let v = if is_reference {
-                EnvValue::Secret(
-                    Secret::resolve(&value).map_err(|source| ConfigError::Secret {
+                EnvValue::Secret(Secret::load(&value, skip_secrets).map_err(|source| {
+                    ConfigError::Secret {
                         path: at.path.to_path_buf(),
                         key: format!("tools.command.{name}.env.{key}"),
                         source,
-                    })?,
-                )
+                    }
+                })?)
             } else {
                 EnvValue::Plain(value)
             };

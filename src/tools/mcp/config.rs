@@ -153,11 +153,13 @@ pub enum McpConfigError {
 }
 
 /// Validates every `[mcp.NAME]` table. `resolve_path` makes a relative path relative to the
-/// config file's folder.
+/// config file's folder; with `skip_secrets` (commands that start no server) a secret that
+/// cannot be read here is left unresolved.
 pub fn from_raw(
     raw: BTreeMap<String, RawServer>,
     path: &Path,
     resolve_path: impl Fn(&str) -> PathBuf,
+    skip_secrets: bool,
 ) -> Result<Vec<McpServerConfig>, McpConfigError> {
     let mut out = Vec::new();
     for (name, server) in raw {
@@ -172,7 +174,7 @@ pub fn from_raw(
             message,
         };
         let secret = |k: String, reference: &str| {
-            Secret::resolve(reference).map_err(|source| McpConfigError::Secret {
+            Secret::load(reference, skip_secrets).map_err(|source| McpConfigError::Secret {
                 path: path.to_path_buf(),
                 key: k,
                 source,
@@ -383,7 +385,12 @@ mod tests {
 
     fn parse(text: &str) -> Result<Vec<McpServerConfig>, McpConfigError> {
         let raw: BTreeMap<String, RawServer> = toml::from_str(text).expect("toml");
-        from_raw(raw, Path::new("test.toml"), |p: &str| PathBuf::from(p))
+        from_raw(
+            raw,
+            Path::new("test.toml"),
+            |p: &str| PathBuf::from(p),
+            false,
+        )
     }
 
     #[test]

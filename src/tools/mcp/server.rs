@@ -187,7 +187,20 @@ impl McpServer {
                         l.attempts += 1;
                         l.error = None;
                     });
-                    tracing::info!(server = self.name(), "MCP server is up");
+                    // One short line (rmcp's own INFO line dumps the whole ServerPeerInfo;
+                    // the default log filter keeps rmcp at warn).
+                    let about = service
+                        .peer()
+                        .peer_info()
+                        .map(|i| {
+                            let who = i.server_info.as_ref().map_or_else(
+                                || "unnamed server".to_string(),
+                                |s| format!("{} {}", s.name, s.version),
+                            );
+                            format!(": {who}, MCP protocol {}", i.protocol_version)
+                        })
+                        .unwrap_or_default();
+                    tracing::info!(server = self.name(), "MCP server is up{about}");
                     let ct = service.cancellation_token();
                     let session = service.waiting();
                     tokio::pin!(session);
@@ -638,9 +651,12 @@ mod tests {
     fn server(journal: Arc<Journal>) -> Arc<McpServer> {
         let raw: BTreeMap<String, RawServer> =
             toml::from_str("[files]\ncommand = [\"srv\"]\nallow = [\"a\"]\n").unwrap();
-        let config = from_raw(raw, std::path::Path::new("t.toml"), |p: &str| {
-            std::path::PathBuf::from(p)
-        })
+        let config = from_raw(
+            raw,
+            std::path::Path::new("t.toml"),
+            |p: &str| std::path::PathBuf::from(p),
+            false,
+        )
         .unwrap()
         .remove(0);
         McpServer::new(config, journal, reqwest::Client::new(), "/".into())
