@@ -425,15 +425,16 @@ fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler can be installed");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler can be installed");
-    // SIGHUP's default action would kill the daemon mid-call; the config is not reloaded
-    // (see README), so it is only acknowledged.
+    // SIGHUP's default action would kill the daemon mid-call: caught from here on. `run`
+    // reloads the config on it (daemon::reload, which has its own handler); here it is only
+    // acknowledged.
     let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler can be installed");
     async move {
         loop {
             tokio::select! {
                 _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); return }
                 _ = int.recv() => { tracing::info!("SIGINT: shutting down"); return }
-                _ = hup.recv() => tracing::warn!("SIGHUP: the config is not reloaded; restart vaultd to apply a changed config"),
+                _ = hup.recv() => {}
             }
         }
     }

@@ -194,6 +194,9 @@ pub struct Config {
     /// Things a person should change in the file that do not stop vaultd (an old spelling),
     /// each naming file:line; logged at start.
     pub warnings: Vec<String>,
+    /// What the command line said when this was loaded: a reload reads the file again with
+    /// the same (`daemon::reload`).
+    pub loaded_with: Overrides,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -884,6 +887,7 @@ pub fn from_raw(
         guard,
         approval_via,
         warnings,
+        loaded_with: overrides.clone(),
     })
 }
 

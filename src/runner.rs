@@ -49,6 +49,20 @@ impl Runner {
         self
     }
 
+    /// This runner with a reloaded config's tools: the worker cap, the circuit breakers, the
+    /// journal, the redactor and the result store stay the ones shared by every call, so a
+    /// reload neither resets nor doubles them.
+    pub fn with_registry(&self, registry: Arc<Registry>) -> Runner {
+        Runner {
+            registry,
+            journal: self.journal.clone(),
+            redactor: self.redactor.clone(),
+            breakers: self.breakers.clone(),
+            permits: self.permits.clone(),
+            results: self.results.clone(),
+        }
+    }
+
     /// Oversized `data` saved whole and replaced by its §10.6 stand-in. A result that cannot
     /// be saved stays whole in the note: nothing is lost.
     fn limit_size(&self, note_id: &str, call_id: &str, data: Value) -> Value {

@@ -169,10 +169,20 @@ pub trait SecretHolder {
 }
 
 /// Replaces every known secret — plain, URL-encoded, base64 (SMTP AUTH) — with `[redacted]`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Redactor {
-    /// Longest first, so a secret that contains another is replaced whole.
-    needles: Vec<String>,
+    /// Longest first, so a secret that contains another is replaced whole. Behind a lock
+    /// because a reloaded config's new secrets are added ([`Redactor::learn`]) to the one
+    /// redactor the log writer and the runner already hold.
+    needles: std::sync::RwLock<Vec<String>>,
+}
+
+impl Clone for Redactor {
+    fn clone(&self) -> Redactor {
+        Redactor {
+            needles: std::sync::RwLock::new(self.needles().clone()),
+        }
+    }
 }
 
 pub const REDACTED: &str = "[redacted]";
@@ -213,9 +223,30 @@ impl Redactor {
                 }
             }
         }
-        needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
-        needles.dedup();
-        Redactor { needles }
+        longest_first(&mut needles);
+        Redactor {
+            needles: std::sync::RwLock::new(needles),
+        }
+    }
+
+    fn needles(&self) -> std::sync::RwLockReadGuard<'_, Vec<String>> {
+        // A writer cannot panic while holding it (it only extends and sorts a Vec).
+        self.needles
+            .read()
+            .expect("the redactor lock is never poisoned")
+    }
+
+    /// Adds what `other` hides (a reloaded config's secrets) to this redactor, which every log
+    /// line and every result already goes through. What it hid stays hidden: a log line or a
+    /// note may still quote a secret the config no longer names.
+    pub fn learn(&self, other: &Redactor) {
+        let new = other.needles().clone();
+        let mut needles = self
+            .needles
+            .write()
+            .expect("the redactor lock is never poisoned");
+        needles.extend(new);
+        longest_first(&mut needles);
     }
 
     /// The redactor for every secret the holders name.
@@ -227,7 +258,7 @@ impl Redactor {
 
     pub fn redact(&self, s: &str) -> String {
         let mut out = s.to_string();
-        for n in &self.needles {
+        for n in self.needles().iter() {
             if out.contains(n.as_str()) {
                 out = out.replace(n.as_str(), REDACTED);
             }
@@ -236,8 +267,14 @@ impl Redactor {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.needles.is_empty()
+        self.needles().is_empty()
     }
+}
+
+/// Longest first (then in order, so equal ones are neighbours for `dedup`).
+fn longest_first(needles: &mut Vec<String>) {
+    needles.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    needles.dedup();
 }
 
 fn url_form_encode(v: &str) -> String {
@@ -257,6 +294,23 @@ fn url_form_encode(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redactor_learns_new_secrets_and_keeps_hiding_the_old_ones() {
+        let old = Secret::literal("env:OLD", "old-secret-value");
+        let new = Secret::literal("env:NEW", "new-secret-value");
+        let r = Redactor::new([&old], &[]);
+        let shared = r.clone();
+        r.learn(&Redactor::new([&new], &[]));
+        assert_eq!(
+            r.redact("old-secret-value new-secret-value"),
+            "[redacted] [redacted]"
+        );
+        // A clone is a copy taken then, not a view.
+        assert_eq!(shared.redact("new-secret-value"), "new-secret-value");
+        r.learn(&Redactor::new([&new], &[]));
+        assert_eq!(r.redact("new-secret-value"), "[redacted]");
+    }
 
     #[test]
     fn redacts_plain_url_encoded_and_base64_forms() {

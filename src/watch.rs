@@ -5,7 +5,7 @@
 use crate::config::WatchMode;
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
 use notify::{Event, EventKind, RecursiveMode, Watcher};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc;
@@ -93,6 +93,66 @@ pub fn start(
     Ok(WatchHandle {
         _watcher: watcher,
         overflowed,
+    })
+}
+
+/// Watches one file, `file`, for changes: its folder is watched (not recursively) and events
+/// are filtered by name, since editors save by writing a new file and renaming it over the old
+/// one, which a watch on the file itself would lose. Each change sends `()` on `tx`; a full
+/// channel drops it, as one pending change stands for any number.
+pub fn watch_file(
+    file: &Path,
+    mode: WatchMode,
+    tx: mpsc::Sender<()>,
+) -> Result<WatchHandle, WatchError> {
+    let folder = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let name = file.file_name().map(|n| n.to_os_string());
+    let handler = move |res: notify::Result<Event>| {
+        let ours = match res {
+            // A change of the file, of its name (renamed in or away), or lost events.
+            Ok(event) => {
+                // Reads (vaultd's own, an editor's) are not changes.
+                let changed = matches!(
+                    event.kind,
+                    EventKind::Create(_)
+                        | EventKind::Modify(_)
+                        | EventKind::Remove(_)
+                        | EventKind::Any
+                        | EventKind::Access(AccessKind::Close(AccessMode::Write))
+                );
+                event.need_rescan()
+                    || (changed && event.paths.iter().any(|p| p.file_name() == name.as_deref()))
+            }
+            Err(_) => true,
+        };
+        if ours {
+            let _ = tx.try_send(());
+        }
+    };
+    let error = |source| WatchError {
+        path: folder.clone(),
+        source,
+    };
+    let mut watcher: Box<dyn Watcher + Send> = match mode {
+        WatchMode::Events => Box::new(notify::recommended_watcher(handler).map_err(error)?),
+        WatchMode::Poll(interval) => Box::new(
+            notify::PollWatcher::new(
+                handler,
+                notify::Config::default().with_poll_interval(interval),
+            )
+            .map_err(error)?,
+        ),
+    };
+    watcher
+        .watch(&folder, RecursiveMode::NonRecursive)
+        .map_err(error)?;
+    Ok(WatchHandle {
+        _watcher: watcher,
+        overflowed: Arc::new(AtomicBool::new(false)),
     })
 }
 

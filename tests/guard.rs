@@ -6,8 +6,7 @@ use crate::util::searx::{Answer, SearxServer};
 use crate::util::*;
 use serde_json::{Value, json};
 use std::time::{Duration, SystemTime};
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 /// Every `tool_preview` JSON in a note, in order.
 fn previews_in(text: &str) -> Vec<Value> {
@@ -38,23 +37,6 @@ fn json_blocks_in(text: &str) -> Vec<Value> {
         }
     }
     out
-}
-
-/// A webhook URL kept in a file, referenced as `file:…` (a secret, like in production).
-fn secret_file(vault: &TestVault, name: &str, value: &str) -> String {
-    let p = vault.dir.path().join(name);
-    std::fs::write(&p, value).unwrap();
-    format!("file:{}", p.display())
-}
-
-/// Wiremock servers that accept anything: a Slack and a Discord webhook.
-async fn webhook_server(status: u16) -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(status).set_body_string("ok"))
-        .mount(&server)
-        .await;
-    server
 }
 
 fn send(method: &str, recipient: &str) -> Value {

@@ -16,6 +16,7 @@ mod limits;
 mod mcp;
 mod pipeline;
 mod recovery;
+mod reload;
 mod secrets;
 mod service;
 mod synced;

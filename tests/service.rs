@@ -1,6 +1,6 @@
 //! vaultd as a systemd service, end to end with the real binary: the sd_notify protocol on a
-//! socket the test owns (READY=1, WATCHDOG=1, STOPPING=1), SIGTERM handling, one daemon per
-//! vault, and the directories and credentials systemd hands over in the environment.
+//! socket the test owns (READY=1, WATCHDOG=1, RELOADING=1, STOPPING=1), SIGTERM handling, one
+//! daemon per vault, and the directories and credentials systemd hands over in the environment.
 
 use crate::util::searx::SearxServer;
 use crate::util::*;
@@ -166,6 +166,36 @@ async fn sigterm_while_idle_exits_zero_within_two_seconds() {
     assert!(status.success(), "{status:?}; log:\n{log}");
     assert!(took < Duration::from_secs(2), "took {took:?}; log:\n{log}");
     assert!(log.contains("vaultd stopped"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_tells_systemd_reloading_then_ready() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let mut socket = NotifySocket::bind(vault.dir.path());
+    let daemon = start_under_notify(&vault, &socket, Some("1"));
+    socket.wait_for("READY=1", 1, DEADLINE);
+    daemon.signal(1);
+    daemon.wait_for_log("config reloaded");
+    socket.wait_for("READY=1", 2, DEADLINE);
+    let reloading = socket
+        .received
+        .iter()
+        .position(|m| m.lines().any(|l| l == "RELOADING=1"))
+        .unwrap_or_else(|| panic!("no RELOADING=1: {:#?}", socket.received));
+    let message = &socket.received[reloading];
+    // systemd's reload protocol (Type=notify-reload) wants the time the reload began.
+    assert!(
+        message.lines().any(|l| l.starts_with("MONOTONIC_USEC=")),
+        "{message:?}"
+    );
+    let ready_again = socket
+        .received
+        .iter()
+        .rposition(|m| m.lines().any(|l| l == "READY=1"))
+        .unwrap();
+    assert!(reloading < ready_again, "{:#?}", socket.received);
+    assert!(daemon.terminate().success());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -259,7 +259,7 @@ impl Daemon {
         let age = SystemTime::now()
             .duration_since(claim.claimed_at)
             .unwrap_or_default();
-        if age > self.config.stale_copy_window {
+        if age > self.live().config.stale_copy_window {
             return Ok(ident);
         }
         // A copy of a copy stands for the first note: the chain is followed to it.
@@ -273,7 +273,7 @@ impl Daemon {
             None => claim,
         };
         let parsed = parse_note(text);
-        let within_grace = age <= self.config.stale_copy_grace;
+        let within_grace = age <= self.live().config.stale_copy_grace;
         let shares_started_call = parsed.pending_calls().any(|c| {
             prior
                 .get(&c.call_id)

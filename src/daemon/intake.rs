@@ -140,7 +140,7 @@ impl Daemon {
         }
         self.hold_alerts
             .second_runner(
-                &self.runner.registry,
+                &self.live().runner.registry,
                 &note,
                 &format!(
                     "vaultd on {} paused: a second runner on {host} (vaultd {other}) works on a synced copy of this vault ({note}). Nothing new is claimed here. To resume, {how}.",
@@ -210,7 +210,7 @@ impl Daemon {
         {
             return;
         }
-        let settle = self.config.settle;
+        let settle = self.live().config.settle;
         let began = std::time::Instant::now();
         let mut logged = false;
         let settled = loop {
@@ -224,7 +224,7 @@ impl Daemon {
             if !busy && age >= settle {
                 break true;
             }
-            if self.mode == Mode::Once && began.elapsed() >= self.config.settle_max {
+            if self.mode == Mode::Once && began.elapsed() >= self.live().config.settle_max {
                 // `once` does not wait for an editor that keeps the note open all day.
                 tracing::warn!(
                     note = %self.vault.relative(&path),
@@ -232,7 +232,7 @@ impl Daemon {
                 );
                 break false;
             }
-            if !logged && began.elapsed() >= self.config.settle_max {
+            if !logged && began.elapsed() >= self.live().config.settle_max {
                 logged = true;
                 tracing::warn!(
                     note = %self.vault.relative(&path),
@@ -291,7 +291,7 @@ impl Daemon {
         let Some(age) = modified_age(path) else {
             return true; // gone
         };
-        let max = self.config.settle_max;
+        let max = self.live().config.settle_max;
         if age >= max {
             return false;
         }
@@ -509,7 +509,7 @@ impl Daemon {
             );
             return false;
         }
-        if meta.len() > self.config.max_note_bytes {
+        if meta.len() > self.live().config.max_note_bytes {
             self.problem(
                 path,
                 meta.len(),
@@ -517,7 +517,7 @@ impl Daemon {
                 format!(
                     "note is {} bytes, over max_note_bytes = {}; left untouched",
                     meta.len(),
-                    self.config.max_note_bytes
+                    self.live().config.max_note_bytes
                 ),
             );
             return false;

@@ -32,8 +32,10 @@ pub(crate) mod claim;
 pub(crate) mod intake;
 mod lock;
 pub(crate) mod recover;
+pub(crate) mod reload;
 
 pub use lock::{VaultLock, lock_vault, running_daemon};
+pub use reload::BuildTools;
 
 /// Folders only vaultd moves notes into: another runner's claims and finished notes show up
 /// here by sync (docs/design.md §9.9).
@@ -122,12 +124,15 @@ pub(crate) struct StaleCopy {
 
 /// Everything a note task needs, shared.
 pub struct Daemon {
-    pub(crate) config: Config,
+    /// The config and the runner with its tools; replaced as one by a reload, and taken once
+    /// per note run ([`Daemon::live`]), so a run keeps the config it started with.
+    pub(crate) live: std::sync::RwLock<Arc<reload::Live>>,
+    /// How a reload builds the tools of a new config; `None`: the config is not reloaded.
+    pub(crate) build_tools: Option<BuildTools>,
     /// Where results too big for a note go (§10.6), also used to keep a note under
     /// `max_note_bytes` (§9.8).
     pub(crate) results: ResultStore,
     pub(crate) vault: Vault,
-    pub(crate) runner: Runner,
     pub(crate) journal: Arc<Journal>,
     /// Notes being looked at now; `true` = another hint came meanwhile, look again after.
     pub(crate) inflight: Mutex<HashMap<PathBuf, bool>>,
@@ -217,9 +222,19 @@ pub async fn run_vault(
         result_store(&config),
     )
     .await;
-    let mut registry = Registry::from_config(&config.tools, http, Some(journal.clone()))?;
-    let outcome = match mcp.register(&mut registry) {
-        Ok(()) => {
+    let mcp = Arc::new(mcp);
+    // A reload builds the tools of the new config the same way, with the servers started here.
+    let build_tools: BuildTools = {
+        let (mcp, journal) = (mcp.clone(), journal.clone());
+        Box::new(move |config: &Config| {
+            let mut registry =
+                Registry::from_config(&config.tools, http.clone(), Some(journal.clone()))?;
+            mcp.register(&mut registry)?;
+            Ok(registry)
+        })
+    };
+    let outcome = match build_tools(&config) {
+        Ok(registry) => {
             let services = Services {
                 config,
                 mode,
@@ -228,7 +243,7 @@ pub async fn run_vault(
                 registry,
                 redactor,
             };
-            run(services, shutdown).await
+            run_reloading(services, Some(build_tools), shutdown).await
         }
         Err(e) => Err(e.into()),
     };
@@ -241,6 +256,15 @@ pub async fn run_vault(
 /// pending is processed (Mode::Once). The vault must be prepared and locked by the caller.
 pub async fn run(
     services: Services,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    run_reloading(services, None, shutdown).await
+}
+
+/// [`run`], reloading the config on SIGHUP and changes of its file with `build_tools`.
+async fn run_reloading(
+    services: Services,
+    build_tools: Option<BuildTools>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     let Services {
@@ -271,15 +295,15 @@ pub async fn run(
     let hold_alerts = HoldAlerts::new(config.guard.on_hold.clone(), config.guard.on_hold_per_hour);
     let arrivals = crate::arrivals::Arrivals::new(config.moved_in_grace);
     let daemon = Arc::new(Daemon {
+        build_tools,
         arrivals,
         results,
         hold_alerts,
         note_slots: Arc::new(Semaphore::new(config.workers * 4)),
         queue: Mutex::new(VecDeque::new()),
         queued: tokio::sync::Notify::new(),
-        config,
+        live: std::sync::RwLock::new(Arc::new(reload::Live { config, runner })),
         vault,
-        runner,
         journal,
         inflight: Mutex::new(HashMap::new()),
         stopping: AtomicBool::new(false),
@@ -361,6 +385,11 @@ impl Daemon {
             Mode::Run => Some(self.start_watcher(tx)?),
             Mode::Once => None,
         };
+        // SIGHUP and config file changes are caught from now on, acted on once watching.
+        let reloads = match mode {
+            Mode::Run => self.catch_reloads(),
+            Mode::Once => None,
+        };
         self.recover(&mut tasks).await?;
         let progress = self.start_up_scan(&mut tasks);
         if mode == Mode::Once {
@@ -370,11 +399,13 @@ impl Daemon {
             let _ = tokio::time::timeout(Duration::from_millis(500), progress).await;
             return Ok(());
         }
+        let reloading = reloads.map(|r| r.start(self));
         self.watch_until(&mut tasks, rx, watcher.as_ref(), shutdown)
             .await;
+        drop(reloading);
         // Ask systemd for the grace period plus a margin, so a `shutdown_grace` above the
         // unit's TimeoutStopSec= does not get running calls killed.
-        let extend = (self.config.shutdown_grace + Duration::from_secs(5)).as_micros();
+        let extend = (self.live().config.shutdown_grace + Duration::from_secs(5)).as_micros();
         let _ = sd_notify::notify(&[
             sd_notify::NotifyState::Stopping,
             sd_notify::NotifyState::ExtendTimeoutUsec(u32::try_from(extend).unwrap_or(u32::MAX)),
@@ -389,7 +420,7 @@ impl Daemon {
         let mut folders = self.watched_folders();
         // Where another runner's claims and finished notes show up (§9.9).
         folders.extend(RUNNER_STATES.iter().map(|s| self.vault.folder(*s)));
-        Ok(watch::start(&folders, self.config.watch, tx)?)
+        Ok(watch::start(&folders, self.live().config.watch, tx)?)
     }
 
     /// The first scan; a long backlog gets progress reports until it is done.
@@ -455,7 +486,7 @@ impl Daemon {
         let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
         let mut watchdog_tick =
             tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
-        let mut rescan_tick = tokio::time::interval(self.config.rescan_interval);
+        let mut rescan_tick = tokio::time::interval(self.live().config.rescan_interval);
         rescan_tick.tick().await; // the first tick is immediate; the start-up scan just ran
         loop {
             tokio::select! {
@@ -485,7 +516,7 @@ impl Daemon {
     /// running then is left to start-up recovery (the journal knows which calls started).
     pub(crate) async fn drain(&self, tasks: &mut JoinSet<()>) {
         self.stopping.store(true, Ordering::SeqCst);
-        let grace = self.config.shutdown_grace;
+        let grace = self.live().config.shutdown_grace;
         let finished =
             tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if finished.is_err() {
@@ -501,7 +532,7 @@ impl Daemon {
     }
 
     pub(crate) fn approval_via_cli(&self) -> bool {
-        self.config.approval_via == ApprovalVia::Cli
+        self.live().config.approval_via == ApprovalVia::Cli
     }
 
     /// A journal read, run right here on the async worker instead of in the blocking pool.

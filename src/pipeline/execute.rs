@@ -4,8 +4,10 @@
 //! handed to the write back.
 
 use crate::call::{CallResult, HeldCall};
+use crate::config::{ApprovalVia, Config};
 use crate::daemon::claim::{Claimed, Stamp};
 use crate::daemon::intake::stamp;
+use crate::daemon::reload::Live;
 use crate::daemon::{Daemon, DaemonError, Identity, Pass};
 use crate::guard::budget;
 use crate::guard::hold_alert::HeldSummary;
@@ -68,13 +70,15 @@ impl Daemon {
         mut ident: Identity,
         read: Option<Claimed>,
     ) -> Result<(), DaemonError> {
+        // The config and tools this run keeps to its end, whatever a reload does meanwhile.
+        let live = self.live();
         let Some(mut text) = self.read_claimed(run, path, read).await? else {
             return Ok(());
         };
         let mut parsed = parse_note(&text);
         let facts = self.facts_for(&parsed, pass, &mut ident).await?;
-        let rules = self.rules(pass);
-        let mut plan = plan::plan(&parsed, &self.runner.registry, &rules, &facts);
+        let rules = rules(&live.config, pass);
+        let mut plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
         let id_on_note = note::frontmatter_property(&text, "tool_note");
         if stamp_at_claim(&plan, pass, &facts) || id_on_note.is_some_and(|id| id != ident.note_id) {
             match self.write_identity(run, path, &ident.note_id).await? {
@@ -85,14 +89,15 @@ impl Daemon {
                     // line numbers of INVALID_JSON now count the frontmatter the stamp added.
                     text = stamped;
                     parsed = parse_note(&text);
-                    plan = plan::plan(&parsed, &self.runner.registry, &rules, &facts);
+                    plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
                 }
             }
         }
         self.spend_decisions(&plan).await?;
-        self.report_left_pending(path, plan.left_pending).await;
+        self.report_left_pending(path, plan.left_pending, rules.max_calls)
+            .await;
         let calls = self
-            .start_calls(run, path, &ident.note_id, &plan.steps)
+            .start_calls(&live, run, path, &ident.note_id, &plan.steps)
             .await;
         let outcome = self.gather(run, &text, plan.steps, calls, &ident).await?;
         self.write_and_move(run, path, &text, &parsed, &ident, outcome)
@@ -186,20 +191,6 @@ impl Daemon {
         })
     }
 
-    fn rules(&self, pass: Pass) -> Rules {
-        Rules {
-            max_calls: self.config.max_calls_per_note,
-            note_budget: Some(self.config.guard.note_budget),
-            approval: if self.approval_via_cli() {
-                Approval::Cli
-            } else {
-                Approval::Folder {
-                    in_approved: pass == Pass::Approved,
-                }
-            },
-        }
-    }
-
     /// Consumes the decisions the plan acts on, so each counts once (with `approval_via =
     /// "folder"` a `vaultd approve` record, if any, is spent with the move that decided).
     async fn spend_decisions(&self, plan: &Plan) -> Result<(), DaemonError> {
@@ -210,11 +201,10 @@ impl Daemon {
         Ok(())
     }
 
-    async fn report_left_pending(&self, path: &Path, left_pending: usize) {
+    async fn report_left_pending(&self, path: &Path, left_pending: usize, max: usize) {
         if left_pending == 0 {
             return;
         }
-        let max = self.config.max_calls_per_note;
         let message = format!(
             "{left_pending} more pending calls left for a later round (at most {max} run and {max} get QUOTA_EXCEEDED per claim, max_calls_per_note)"
         );
@@ -229,7 +219,8 @@ impl Daemon {
     /// spawned. Vault changes (`state_change`) of one note run one after another in call
     /// order, so a note can create a note and then append to it.
     async fn start_calls(
-        self: &Arc<Self>,
+        &self,
+        live: &Arc<Live>,
         run: RunId,
         path: &Path,
         note_id: &str,
@@ -248,15 +239,15 @@ impl Daemon {
             } else {
                 (None, None)
             };
-            let permit = self.runner.permit().await;
-            let (me, call) = (self.clone(), call.clone());
+            let permit = live.runner.permit().await;
+            let (live, call) = (live.clone(), call.clone());
             let (note, note_id) = (self.vault.relative(path), note_id.to_string());
             handles.push(Some(tokio::spawn(async move {
                 if let Some(previous) = after {
                     // Resolves when the previous change finished (its sender dropped).
                     let _ = previous.await;
                 }
-                let result = me
+                let result = live
                     .runner
                     .run_call(run, &note, &note_id, &call, permit)
                     .await;
@@ -377,7 +368,7 @@ impl Daemon {
                     let note = self.vault.relative(dest);
                     self.hold_alerts
                         .note_held(
-                            &self.runner.registry,
+                            &self.live().runner.registry,
                             &note,
                             &newly_held,
                             &self.how_to_decide(),
@@ -404,7 +395,22 @@ impl Daemon {
     }
 
     pub(crate) fn redact_result(&self, mut r: CallResult) -> CallResult {
-        r.outcome = r.outcome.map_err(|e| self.runner.redact_error(e));
+        r.outcome = r.outcome.map_err(|e| self.live().runner.redact_error(e));
         r
+    }
+}
+
+/// The limits and the approval mode a note run plans with, from the config it took.
+fn rules(config: &Config, pass: Pass) -> Rules {
+    Rules {
+        max_calls: config.max_calls_per_note,
+        note_budget: Some(config.guard.note_budget),
+        approval: if config.approval_via == ApprovalVia::Cli {
+            Approval::Cli
+        } else {
+            Approval::Folder {
+                in_approved: pass == Pass::Approved,
+            }
+        },
     }
 }

@@ -138,7 +138,7 @@ impl Daemon {
         note_id: &str,
         mut results: Vec<CallResult>,
     ) -> Vec<CallResult> {
-        let limit = usize::try_from(self.config.max_note_bytes).unwrap_or(usize::MAX);
+        let limit = usize::try_from(self.live().config.max_note_bytes).unwrap_or(usize::MAX);
         // Callout framing, meta and frontmatter: generously 1 KiB per result.
         let size = |r: &CallResult| {
             1024 + match &r.outcome {

@@ -16,8 +16,8 @@ impl Daemon {
         let Some(text) = self.read_note(path) else {
             return Ok(());
         };
-        let registry = self.runner.registry.clone();
-        let redactor = self.runner.redactor.clone();
+        let registry = self.live().runner.registry.clone();
+        let redactor = self.live().runner.redactor.clone();
         let note = self.vault.relative(path);
         // A note that ran before carries its id; a new one has spent nothing yet.
         let started = match note::frontmatter_property(&text, "tool_note") {
@@ -29,9 +29,12 @@ impl Daemon {
             None => 0,
         };
         let facts = dry_run::Facts {
-            budget_left: Some(budget::remaining(self.config.guard.note_budget, started)),
-            note_budget: self.config.guard.note_budget,
-            circuits: self.runner.breakers.snapshot(),
+            budget_left: Some(budget::remaining(
+                self.live().config.guard.note_budget,
+                started,
+            )),
+            note_budget: self.live().config.guard.note_budget,
+            circuits: self.live().runner.breakers.snapshot(),
         };
         let path_buf = path.to_path_buf();
         let now = SystemTime::now();

@@ -292,6 +292,25 @@ fn walk_all(base: &Path, dir: &Path, out: &mut Vec<String>) {
     }
 }
 
+/// A webhook URL kept in a file, referenced as `file:…` (a secret, like in production).
+pub fn secret_file(vault: &TestVault, name: &str, value: &str) -> String {
+    let p = vault.dir.path().join(name);
+    std::fs::write(&p, value).unwrap();
+    format!("file:{}", p.display())
+}
+
+/// A webhook server (Slack's, Discord's) on 127.0.0.1 that answers every POST with `status`.
+pub async fn webhook_server(status: u16) -> wiremock::MockServer {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(status).set_body_string("ok"))
+        .mount(&server)
+        .await;
+    server
+}
+
 /// Waits until `done()` holds, polling; panics with `what` after the deadline.
 pub fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -375,10 +394,20 @@ impl RunningDaemon {
     }
 
     pub fn wait_for_log(&self, needle: &str) {
+        self.wait_for_log_times(needle, 1);
+    }
+
+    /// Waits until `needle` is in the log `n` times (or more); returns the log.
+    pub fn wait_for_log_times(&self, needle: &str, n: usize) -> String {
         let start = Instant::now();
-        while !self.log_text().contains(needle) {
+        loop {
+            let log = self.log_text();
+            let seen = log.matches(needle).count();
+            if seen >= n {
+                return log;
+            }
             if start.elapsed() > DEADLINE {
-                panic!("log never said {needle:?}; log:\n{}", self.log_text());
+                panic!("log said {needle:?} {seen} times, wanted {n}; log:\n{log}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
