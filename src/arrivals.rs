@@ -114,6 +114,30 @@ impl Arrivals {
         Some(self.grace.saturating_sub(age)).filter(|d| !d.is_zero())
     }
 
+    /// Marks the file at `path` (as `key` says) as being claimed: true when no other claim
+    /// holds that file, under this name or another one. The name a link claim leaves behind
+    /// can be renamed while the claim runs (`mv x.md y.md` in the inbox); the rename arrives
+    /// as a new note, which must not be claimed a second time (DESIGN §9.10). Checked and
+    /// marked under one lock, so two claims of one file never both go ahead. Kept by
+    /// [`hold`](Self::hold) until dropped, or given up with [`release`](Self::release).
+    pub fn begin_claim(&self, path: &Path, key: FileKey) -> bool {
+        let mut left = self.left.lock().expect("arrivals lock poisoned");
+        if left.values().any(|k| *k == key) {
+            return false;
+        }
+        left.insert(path.to_path_buf(), key);
+        true
+    }
+
+    /// Gives up a [`begin_claim`](Self::begin_claim) mark (the note was renamed, not linked,
+    /// or the claim failed).
+    pub fn release(&self, path: &Path, key: FileKey) {
+        let mut left = self.left.lock().expect("arrivals lock poisoned");
+        if left.get(path) == Some(&key) {
+            left.remove(path);
+        }
+    }
+
     /// Remembers a name a link claim left behind, until [`drop_one`](Self::drop_one).
     pub fn hold(&self, left: &LeftBehind) {
         self.left
@@ -122,21 +146,46 @@ impl Arrivals {
             .insert(left.path.clone(), left.file);
     }
 
-    /// Whether `path` is a name a claim left behind and still names the claimed file.
+    /// Whether the file at `path` is one a claim left behind (or is claiming), whatever it is
+    /// called now: its first name, or a name it was renamed to since (DESIGN §9.10). A
+    /// different file saved under the first name is not (its file key differs).
     pub fn is_left_behind(&self, path: &Path) -> bool {
-        let key = self
-            .left
+        // Nothing held (the usual case): no stat.
+        if self.left.lock().expect("arrivals lock poisoned").is_empty() {
+            return false;
+        }
+        let Ok(meta) = path.symlink_metadata() else {
+            return false;
+        };
+        let key = FileKey::of(&meta);
+        self.left
             .lock()
             .expect("arrivals lock poisoned")
-            .get(path)
-            .copied();
-        key.is_some_and(|k| path.symlink_metadata().is_ok_and(|m| FileKey::of(&m) == k))
+            .values()
+            .any(|k| *k == key)
     }
 
-    /// Drops one left-behind name (blocking IO). Errors are logged: the name then stays and
-    /// is dropped at the next start (the journal has it).
+    /// Drops one left-behind name (blocking IO), found by its file key if it was renamed
+    /// since the claim (in the inbox or into Approved/). Errors are logged: the name then
+    /// stays and is dropped at the next start (the journal has it).
     pub fn drop_one(&self, vault: &Vault, left: &LeftBehind) {
-        if let Err(e) = vault.drop_left_behind(left) {
+        let dropped = vault.drop_left_behind(left);
+        if let Ok(false) = dropped
+            && let Some(renamed) = find_by_key(vault, left.file)
+        {
+            tracing::info!(
+                note = %vault.relative(&renamed),
+                first_name = %vault.relative(&left.path),
+                "a name a claim left behind was renamed: it is the claimed note, not a new one; removed"
+            );
+            let renamed = LeftBehind {
+                path: renamed,
+                file: left.file,
+            };
+            if let Err(e) = vault.drop_left_behind(&renamed) {
+                tracing::warn!(note = %vault.relative(&renamed.path), "cannot remove the name a claim left behind: {e}");
+            }
+        } else if let Err(e) = dropped {
             tracing::warn!(note = %vault.relative(&left.path), "cannot remove the name a claim left behind: {e}");
         }
         let mut held = self.left.lock().expect("arrivals lock poisoned");
@@ -221,7 +270,15 @@ pub fn settle_after_crash(
             .path
             .symlink_metadata()
             .is_ok_and(|m| FileKey::of(&m) == l.file);
-        if same && vault.drop_left_behind(l).unwrap_or(false) {
+        // Renamed after the claim (DESIGN §9.10): the same file under another name.
+        let l = if same {
+            l.clone()
+        } else if let Some(path) = find_by_key(vault, l.file) {
+            LeftBehind { path, file: l.file }
+        } else {
+            continue;
+        };
+        if vault.drop_left_behind(&l).unwrap_or(false) {
             dropped += 1;
         }
     }
@@ -232,6 +289,19 @@ pub fn settle_after_crash(
         );
     }
     dropped
+}
+
+/// The name the file `key` has now in a folder notes are claimed from, if any: a name a
+/// link claim left behind and someone renamed. The key holds size and modification time
+/// besides the inode, so a new file that reuses a freed inode number is not taken for it.
+fn find_by_key(vault: &Vault, key: FileKey) -> Option<PathBuf> {
+    [
+        crate::vault::State::NeedsAction,
+        crate::vault::State::Approved,
+    ]
+    .into_iter()
+    .flat_map(|state| vault.scan(state))
+    .find(|p| p.symlink_metadata().is_ok_and(|m| FileKey::of(&m) == key))
 }
 
 #[cfg(test)]
@@ -323,5 +393,61 @@ mod tests {
         arrivals.drop_all(&v);
         assert!(!arrivals.is_left_behind(&note));
         assert!(!note.exists());
+    }
+
+    #[test]
+    fn a_left_behind_name_renamed_is_still_left_behind_and_dropped_by_its_key() {
+        let (_d, v) = vault();
+        let na = v.folder(State::NeedsAction);
+        let note = na.join("x.md");
+        std::fs::write(&note, "calls").unwrap();
+        let arrivals = Arrivals::new(Duration::from_secs(60));
+        let (_claimed, left) = v.link_to(&note, State::InProgress).unwrap();
+        arrivals.hold(&left);
+        std::fs::rename(&note, na.join("y.md")).unwrap();
+        assert!(arrivals.is_left_behind(&na.join("y.md")), "the same file");
+        assert!(
+            !arrivals.begin_claim(&na.join("y.md"), left.file),
+            "never claimed twice"
+        );
+        std::fs::write(na.join("z.md"), "another note").unwrap();
+        assert!(!arrivals.is_left_behind(&na.join("z.md")));
+        arrivals.drop_one(&v, &left);
+        assert!(!na.join("y.md").exists(), "dropped under its new name");
+        assert!(na.join("z.md").exists());
+        assert!(!arrivals.is_left_behind(&na.join("z.md")));
+    }
+
+    #[test]
+    fn a_recorded_name_renamed_before_a_restart_is_dropped_by_its_key() {
+        let (_d, v) = vault();
+        let na = v.folder(State::NeedsAction);
+        std::fs::write(na.join("x.md"), "calls").unwrap();
+        let (claimed, left) = v.link_to(&na.join("x.md"), State::InProgress).unwrap();
+        // Stamped (a new file in In_Progress), then the first name renamed into Approved/.
+        std::fs::write(claimed.with_extension("tmp"), "calls + tool_note").unwrap();
+        std::fs::rename(claimed.with_extension("tmp"), &claimed).unwrap();
+        let approved = v.folder(State::Approved).join("y.md");
+        std::fs::rename(na.join("x.md"), &approved).unwrap();
+        let recorded = [("Needs_Action/x.md".to_string(), left.file.encode())];
+        assert_eq!(settle_after_crash(&v, &recorded, &[]), 1);
+        assert!(!approved.exists());
+        assert_eq!(
+            std::fs::read_to_string(&claimed).unwrap(),
+            "calls + tool_note"
+        );
+    }
+
+    #[test]
+    fn a_file_is_claimed_once_until_released() {
+        let (_d, v) = vault();
+        let note = v.folder(State::NeedsAction).join("a.md");
+        std::fs::write(&note, "calls").unwrap();
+        let key = FileKey::of(&note.symlink_metadata().unwrap());
+        let arrivals = Arrivals::new(Duration::from_secs(1));
+        assert!(arrivals.begin_claim(&note, key));
+        assert!(!arrivals.begin_claim(&note, key));
+        arrivals.release(&note, key);
+        assert!(arrivals.begin_claim(&note, key));
     }
 }

@@ -1436,10 +1436,28 @@ fn undo(
     use crate::tools::vault::undo::{Target, note_key_of_arg, undo_from_cli};
     let (config, _) = load(g)?;
     let journal = open_journal(&config)?;
-    let note_key = note.map(|n| note_key_of_arg(&config, &n));
-    let target = match (call_id, note_key) {
-        (Some(call_id), note_key) => Target::Call { call_id, note_key },
-        (None, Some(note_key)) => Target::Note { note_key },
+    // NOTE as every command reads it (§13); a note that is gone may still have a history
+    // under its old path, so a miss is only said when the journal has none either.
+    let note = note.map(
+        |n| match resolve_note(&config, &n, &crate::vault::State::ALL) {
+            Ok(path) => {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let id = crate::note::frontmatter_property(&text, "tool_note").map(str::to_string);
+                (note_key_of_arg(&config, &path), id, None)
+            }
+            Err(e) => (note_key_of_arg(&config, &n), None, Some(e.to_string())),
+        },
+    );
+    let target = match (call_id, note) {
+        (Some(call_id), note) => Target::Call {
+            call_id,
+            note_key: note.map(|(key, _, _)| key),
+        },
+        (None, Some((note_key, note_id, missing))) => Target::Note {
+            note_id,
+            note_key,
+            missing,
+        },
         (None, None) => anyhow::bail!("give a CALL_ID or --note NOTE"),
     };
     let mut out = std::io::stdout().lock();

@@ -264,6 +264,86 @@ pub fn foreign_note(
     })
 }
 
+/// The names sync clients and file managers give a copy of `NAME.md`, in one place
+/// (DESIGN §9.10; the README lists them). Each is a suffix of the copy's stem:
+///
+/// | suffix | made by |
+/// |---|---|
+/// | ` 2`, ` 3`, … | iCloud Drive, macOS (a second file of one name) |
+/// | ` 1`, ` 2`, … | Obsidian "Duplicate file" / "Make a copy" |
+/// | ` (1)`, ` (2)`, … | Google Drive, Dropbox, OneDrive (web), Windows |
+/// | ` copy`, ` copy 2` | macOS Finder "Duplicate" |
+/// | ` - Copy`, ` - Copy (2)` | Windows Explorer |
+/// | ` (SFConflict EMAIL DATE-TIME)` | Seafile |
+/// | `-conflict…`, `_conflict-…`, ` conflict…`, `.Conflict` | ownCloud, generic, Resilio |
+/// | `-HOST`, `-HOST-2` (everything after a `-`) | OneDrive "keep both" (`NAME-DESKTOP-ABC12`) |
+///
+/// Syncthing's `.sync-conflict-` and Dropbox's / Nextcloud's `conflicted copy` names are not
+/// here: those are never claimed at all (`vault::is_ignored`).
+///
+/// Returns the stems `NAME` that `stem` may be a copy of, most specific first, at most
+/// [`MAX_DUPLICATE_ORIGINALS`]. Broad on purpose (`-HOST` strips any `-` suffix): a name
+/// alone never makes a copy; the journal must also hold a recent claim of `NAME.md` in the
+/// same folder whose text as claimed equals this note's byte for byte.
+pub fn duplicate_originals(stem: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut add = |s: &str| {
+        let s = s.trim_end();
+        if !s.is_empty() && s != stem && !out.iter().any(|o| o == s) {
+            out.push(s.to_string());
+        }
+    };
+    let digits = |s: &str| !s.is_empty() && s.len() <= 4 && s.bytes().all(|b| b.is_ascii_digit());
+    // ` (…)` at the end: ` (1)`, conflicted copies, Seafile.
+    if let Some(open) = stem.rfind(" (")
+        && let Some(inner) = stem[open + 2..].strip_suffix(')')
+    {
+        if digits(inner) || inner.starts_with("SFConflict ") {
+            add(&stem[..open]);
+        }
+        // Windows ` - Copy (2)`.
+        if digits(inner)
+            && let Some(base) = stem[..open].strip_suffix(" - Copy")
+        {
+            add(base);
+        }
+    }
+    if let Some(base) = stem.strip_suffix(" - Copy") {
+        add(base);
+    }
+    // ` 2` (iCloud, Obsidian), ` copy`, ` copy 2` (Finder).
+    if let Some((base, n)) = stem.rsplit_once(' ')
+        && digits(n)
+    {
+        add(base.strip_suffix(" copy").unwrap_or(base));
+    }
+    if let Some(base) = stem.strip_suffix(" copy") {
+        add(base);
+    }
+    // ownCloud, Resilio and other `conflict` markers.
+    let lower = stem.to_ascii_lowercase();
+    for marker in ["-conflict", "_conflict", " conflict", ".conflict"] {
+        if let Some(at) = lower.rfind(marker) {
+            add(&stem[..at]);
+        }
+    }
+    // OneDrive `NAME-HOST`: host names hold `-` too, so every `-` is a candidate.
+    for (at, _) in stem
+        .match_indices('-')
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        add(&stem[..at]);
+    }
+    out.truncate(MAX_DUPLICATE_ORIGINALS);
+    out
+}
+
+/// At most this many names are looked up in the journal for one note: a name with many `-`
+/// costs no more than this.
+pub const MAX_DUPLICATE_ORIGINALS: usize = 8;
+
 /// How long a path this daemon just wrote or moved into counts as its own: the watcher's
 /// event for it comes within milliseconds; a later event there is someone else's.
 const OWN_WRITE_TTL: Duration = Duration::from_secs(5);
@@ -525,5 +605,45 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].path.ends_with("Done/theirs.md"));
         assert_eq!(found[0].runner, "beta-1234");
+    }
+
+    #[test]
+    fn duplicate_names_of_sync_clients_lead_back_to_the_original() {
+        let cases = [
+            ("Round3 2", "Round3"),          // iCloud
+            ("Round3 1", "Round3"),          // Obsidian duplicate
+            ("Round3 (1)", "Round3"),        // Google Drive
+            ("Round3 copy", "Round3"),       // Finder
+            ("Round3 copy 2", "Round3"),     // Finder
+            ("Round3 - Copy", "Round3"),     // Windows
+            ("Round3 - Copy (2)", "Round3"), // Windows
+            (
+                "Round3 (SFConflict ana@example.com 2026-11-24-10-15-00)",
+                "Round3",
+            ), // Seafile
+            ("Round3.Conflict", "Round3"),   // Resilio
+            ("Round3-conflict-20261124", "Round3"), // generic
+            ("Round3_conflict-20261124-101500", "Round3"), // ownCloud
+            ("Round3-DESKTOP-AB12CD", "Round3"), // OneDrive
+            ("Round3-laptop", "Round3"),     // OneDrive
+            ("Round3-laptop-2", "Round3"),   // OneDrive
+            ("my-note 2", "my-note"),
+        ];
+        for (copy, original) in cases {
+            let found = duplicate_originals(copy);
+            assert!(found.iter().any(|o| o == original), "{copy}: {found:?}");
+        }
+    }
+
+    #[test]
+    fn a_plain_name_has_no_original_and_candidates_are_bounded() {
+        assert!(duplicate_originals("Round3").is_empty());
+        // A name alone is only a candidate: the journal must hold `Round.md` claimed with
+        // this very text.
+        assert_eq!(duplicate_originals("Round 3"), ["Round"]);
+        assert!(duplicate_originals(" 2").is_empty());
+        let many = "a-".repeat(500) + "b";
+        assert!(duplicate_originals(&many).len() <= MAX_DUPLICATE_ORIGINALS);
+        assert!(!duplicate_originals("x (1)").contains(&"x (1)".to_string()));
     }
 }

@@ -7,6 +7,7 @@ mod approval;
 mod cli;
 mod cmark;
 mod command;
+mod copies;
 mod first_hour;
 mod guard;
 mod hostile;

@@ -418,6 +418,54 @@ fn outbox_message_ids(outbox: &std::path::Path) -> BTreeMap<String, usize> {
     ids
 }
 
+/// Subjects of the emails in the outbox, with how often each was sent.
+fn outbox_subjects(outbox: &std::path::Path) -> BTreeMap<String, usize> {
+    let mut subjects = BTreeMap::new();
+    for entry in std::fs::read_dir(outbox).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        if let Some(line) = text
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("subject:"))
+        {
+            *subjects.entry(line[8..].trim().to_string()).or_insert(0) += 1;
+        }
+    }
+    subjects
+}
+
+/// `mv Needs_Action/x.md "Needs_Action/x (renamed).md"` 0–80 ms after the drop: inside the
+/// default `moved_in_grace`, so often the name a link claim left behind (DESIGN §9.10).
+fn rename_inside_the_grace(vault: &TestVault, name: &str, rng: &mut Rng) -> bool {
+    std::thread::sleep(Duration::from_millis(rng.below(81)));
+    let renamed = format!("{} (renamed).md", name.trim_end_matches(".md"));
+    !vault.exists("Needs_Action", &renamed)
+        && std::fs::rename(
+            vault.path("Needs_Action", name),
+            vault.path("Needs_Action", &renamed),
+        )
+        .is_ok()
+}
+
+/// A sync client's copy of the note as claimed (`x (1).md`, Google Drive's name), made once
+/// the claim stamped it in In_Progress (within a second, else none).
+fn copy_at_its_claim(vault: &TestVault, name: &str) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        if let Ok(text) = std::fs::read_to_string(vault.path("In_Progress", name))
+            && text.contains("tool_note:")
+        {
+            let copy = format!("{} (1).md", name.trim_end_matches(".md"));
+            if vault.exists("Needs_Action", &copy) {
+                return false;
+            }
+            vault.drop_note(&copy, &text);
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_nine_with_hand_moves_and_editor_resaves_sends_once_and_loses_nothing() {
     let server = SearxServer::start(Duration::from_millis(100)).await;
@@ -442,7 +490,7 @@ async fn kill_nine_with_hand_moves_and_editor_resaves_sends_once_and_loses_nothi
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5EED_2026_0010);
     let mut rng = Rng::new(seed);
-    let (mut moves, mut resaves) = (0, 0);
+    let (mut moves, mut resaves, mut renames, mut copies) = (0, 0, 0, 0);
     for k in 0..10 {
         server.set_delay(Duration::from_millis(50 + rng.below(151)));
         let daemon = RunningDaemon::start(
@@ -450,8 +498,14 @@ async fn kill_nine_with_hand_moves_and_editor_resaves_sends_once_and_loses_nothi
             vault.dir.path().join(format!("people-{k:02}.log")),
         );
         if dropped < NOTES {
-            vault.drop_note(&notes[dropped].0, &notes[dropped].1);
+            let (name, text) = &notes[dropped];
+            vault.drop_note(name, text);
             dropped += 1;
+            match rng.below(3) {
+                0 if rename_inside_the_grace(&vault, name, &mut rng) => renames += 1,
+                1 if copy_at_its_claim(&vault, name) => copies += 1,
+                _ => {}
+            }
         }
         for _ in 0..4 {
             std::thread::sleep(Duration::from_millis(rng.below(200)));
@@ -524,13 +578,19 @@ async fn kill_nine_with_hand_moves_and_editor_resaves_sends_once_and_loses_nothi
         assert!(counts.values().all(|&c| c == 1), "{n}: {counts:?}\n{text}");
         assert_eq!(counts.len(), 2, "{n}: both calls answered\n{text}");
     }
-    // 0 duplicate deliveries: every Message-ID at most once in the outbox.
+    // 0 duplicate deliveries: every Message-ID at most once in the outbox, and every note's
+    // email (its subject) at most once, whatever copies of it got their own ids.
     let sent = outbox_message_ids(&outbox);
     assert!(sent.values().all(|&c| c == 1), "sent twice: {sent:#?}");
     assert!(sent.len() <= NOTES, "{sent:#?}");
+    let subjects = outbox_subjects(&outbox);
+    assert!(
+        subjects.values().all(|&c| c == 1),
+        "a note's email sent twice (seed {seed}): {subjects:#?}"
+    );
     assert_journal_closed(&vault);
     eprintln!(
-        "people torture: 10 kills, {moves} hand moves, {resaves} editor re-saves, {} notes, {} emails",
+        "people torture: 10 kills, {moves} hand moves, {resaves} editor re-saves, {renames} renames inside the grace, {copies} copies at the claim, {} notes, {} emails",
         all.len(),
         sent.len()
     );

@@ -624,3 +624,52 @@ async fn two_daemons_on_synced_replicas_one_runs_the_other_refuses_a_take_over_p
     drop(daemon_b);
     drop(daemon_a);
 }
+
+// ---------------------------------------------------------------------------------------------
+// §9.10 through a sync client: duplicates made on a replica under the names sync clients give
+// them (iCloud's `x 2.md` of the note as claimed; Google Drive's, OneDrive's and Seafile's of
+// the original) reach the runner by the client's temp file + rename: each gets the recorded
+// result, nothing is sent twice; a note of that name with other text runs.
+
+#[tokio::test(flavor = "multi_thread")]
+async fn duplicates_a_sync_client_brings_from_a_replica_are_not_sent_again() {
+    let search = SearxServer::start(Duration::ZERO).await;
+    let slack = slack_hook(Duration::ZERO).await;
+    let a = slack_vault(&search, &slack, "");
+    let b = TestVault::new(&search.base_url(), "");
+    std::fs::create_dir_all(a.root.join("Needs_Action")).unwrap();
+    let _sync = SyncPair::start(&a.root, &b.root, Duration::from_millis(200));
+    let daemon = a.start_logged("duplicates.log");
+    let original = note_with_calls("Deploy", &[slack_send("deploy")]);
+    b.drop_note("x.md", &original);
+    let done = b.wait_until_in("Done", "x.md");
+    let id = property(&done, "tool_note").expect("stamped at the claim");
+    let as_claimed = format!("---\ntool_note: {id}\n---\n{original}");
+    let copies = [
+        ("x 2.md", &as_claimed),
+        ("x (1).md", &original),
+        ("x-LAPTOP-4F2A.md", &original),
+        (
+            "x (SFConflict ana@example.com 2026-11-24-10-15-00).md",
+            &original,
+        ),
+    ];
+    for (name, text) in copies {
+        b.drop_note(name, text);
+    }
+    let other = note_with_calls("Deploy", &[slack_send("another")]);
+    b.drop_note("x 3.md", &other);
+    for (name, _) in copies {
+        let copy = b.wait_until_in("Done", name);
+        assert_eq!(
+            results_in(&copy),
+            results_in(&done),
+            "{name}: {copy}\nlog:\n{}",
+            daemon.log_text()
+        );
+    }
+    b.wait_until_in("Done", "x 3.md");
+    let texts = slack_texts(&slack).await;
+    assert_eq!(texts.len(), 2, "deploy once, another once: {texts:?}");
+    drop(daemon);
+}

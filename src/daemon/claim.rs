@@ -6,7 +6,7 @@ use crate::daemon::intake::stamp;
 use crate::daemon::{DaemonError, Identity, Pass, StaleCopy};
 use crate::journal::{Claim, JournalCall, RunId};
 use crate::note::{self, ParsedNote, parse_note};
-use crate::vault::{LeftBehind, LinkError, State, VaultError};
+use crate::vault::{FileKey, LeftBehind, LinkError, State, VaultError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -117,11 +117,28 @@ impl Daemon {
     /// Moves a note into In_Progress. A note renamed in within `moved_in_grace` is claimed by
     /// hard link instead, its first name dropped when the grace is over (`arrivals.rs`); on a
     /// file system without hard links it waits out the grace, then is renamed.
+    ///
+    /// One file is claimed once, whatever names it has (DESIGN §9.10): the file is marked
+    /// before its move, and a claim of a file already marked (the name a link claim left
+    /// behind, renamed since) is no claim. The mark stays while a link claim's first name
+    /// does; a renamed note's is given up at once.
     pub(crate) async fn claim_note(
         self: &Arc<Self>,
         path: &Path,
     ) -> Option<(PathBuf, Option<LeftBehind>, Claimed)> {
-        match self.move_or_link(path).await {
+        let key = path.symlink_metadata().ok().map(|m| FileKey::of(&m))?;
+        if !self.arrivals.begin_claim(path, key) {
+            tracing::info!(
+                note = %self.vault.relative(path),
+                "the name a claim left behind, renamed: the claimed note, not run again"
+            );
+            return None;
+        }
+        let moved = self.move_or_link(path).await;
+        if !matches!(&moved, Ok((_, Some(_), _))) {
+            self.arrivals.release(path, key);
+        }
+        match moved {
             Ok(p) => Some(p),
             Err(VaultError::Move { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
@@ -176,9 +193,21 @@ impl Daemon {
             .map(|s| (s.of.note_id.clone(), s.within_grace));
         let left_key = left.map(|l| l.file.encode());
         let copy_of = copy_of.as_ref().map(|(id, grace)| (id.as_str(), *grace));
+        // The text as claimed, so a sync client's duplicate of it is known (§9.10).
+        let sha = read
+            .as_ref()
+            .ok()
+            .map(|bytes| crate::tools::vault::sha256_hex(bytes));
         let run = self
             .journal
-            .begin_claim_async(&note, &id, &from, copy_of, left_key.as_deref())
+            .begin_claim_async(
+                &note,
+                &id,
+                &from,
+                copy_of,
+                left_key.as_deref(),
+                sha.as_deref(),
+            )
             .await?;
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
         self.execute(run, claimed, pass, std::mem::take(ident), Some(read))
@@ -221,83 +250,172 @@ impl Daemon {
         }
     }
 
-    /// Decides a note's identity at its claim: the `tool_note` it carries unless another note
-    /// in the vault carries it too (a copy gets a new id), else a new one; a note without one
-    /// at a path a note was claimed from within `stale_copy_window` is a stale copy (§9.6).
+    /// Decides a note's identity at its claim (DESIGN §9.2, §9.6, §9.10): the `tool_note` it
+    /// carries unless another note in the vault carries it too (a copy gets a new id, but
+    /// keeps the outcomes of the calls the carried id started), else a new one. A note
+    /// without one is a stale copy of a note claimed within `stale_copy_window` from its path,
+    /// or from the path a sync client's duplicate name leads back to when its text is that
+    /// note's text as claimed.
     pub(crate) async fn identify(&self, path: &Path, text: &str) -> Result<Identity, DaemonError> {
         let rel = self.vault.relative(path);
+        let parsed = parse_note(text);
         if let Some(id) =
             note::frontmatter_property(text, "tool_note").filter(|id| valid_note_id(id))
         {
             let id = id.to_string();
             let q = id.clone();
             let last = self.read_journal(|j| j.note_path(&q))?;
-            let copy = last.is_some_and(|p| {
-                p != rel
-                    && std::fs::read_to_string(self.vault.root().join(&p))
+            let original = last.filter(|p| {
+                *p != rel
+                    && std::fs::read_to_string(self.vault.root().join(p))
                         .is_ok_and(|t| note::frontmatter_property(&t, "tool_note") == Some(&id))
             });
-            if !copy {
-                let (prior, stale) = self.prior_for(&id).await?;
+            let (prior, stale) = self.prior_for(&id).await?;
+            let Some(original) = original else {
                 return Ok(Identity {
                     note_id: id,
                     prior,
                     stale,
                     ..Identity::default()
                 });
-            }
+            };
             tracing::info!(note = %rel, copy_of = %id, "a copy of another note: it gets its own tool_note");
+            let mut ident = Identity {
+                note_id: new_note_id(),
+                ..Identity::default()
+            };
+            // §9.10: the calls the carried id started get their recorded outcome (or
+            // UNKNOWN_OUTCOME), as that note would: the copy is that note for them.
+            let still_running = self.is_active(&id);
+            if shares_started_call(&parsed, &prior) || still_running {
+                tracing::warn!(
+                    note = %rel,
+                    copy_of = %original,
+                    "a copy of {original} (same tool_note): its calls that already ran there are not run again"
+                );
+                ident.prior = prior;
+                ident.stale = Some(StaleCopy {
+                    of: Claim {
+                        note_id: id,
+                        claimed_at: SystemTime::now(),
+                        note: original,
+                        text_sha256: None,
+                    },
+                    within_grace: true,
+                });
+            }
+            return Ok(ident);
         }
         let mut ident = Identity {
             note_id: new_note_id(),
             ..Identity::default()
         };
         let q = rel.clone();
-        let Some(claim) = self.read_journal(|j| j.last_claim_from(&q))? else {
+        if let Some(claim) = self.read_journal(|j| j.last_claim_from(&q))?
+            && let Some((prior, stale)) = self.stale_copy_of(&parsed, claim).await?
+        {
+            tracing::warn!(
+                note = %rel,
+                copy_of = %stale.of.note,
+                within_grace = stale.within_grace,
+                "a note without tool_note where {} was claimed from: a stale copy; its calls that already ran are not run again",
+                stale.of.note
+            );
+            ident.prior = prior;
+            ident.stale = Some(stale);
             return Ok(ident);
-        };
+        }
+        if let Some((original, prior, stale)) = self.duplicate_of(path, text, &parsed).await? {
+            tracing::warn!(
+                note = %rel,
+                copy_of = %stale.of.note,
+                within_grace = stale.within_grace,
+                "a sync client's duplicate of {original} with the text it was claimed with: a stale copy; its calls that already ran are not run again"
+            );
+            ident.prior = prior;
+            ident.stale = Some(stale);
+        }
+        Ok(ident)
+    }
+
+    /// Whether a note without `tool_note` is a stale copy of the note `claim` claimed (§9.6):
+    /// claimed within `stale_copy_window`, and sharing a started call with it (or that note
+    /// still runs here, within the grace). Returns what the journal holds for it and the copy.
+    async fn stale_copy_of(
+        &self,
+        parsed: &ParsedNote,
+        claim: Claim,
+    ) -> Result<Option<(HashMap<String, JournalCall>, StaleCopy)>, DaemonError> {
         let age = SystemTime::now()
             .duration_since(claim.claimed_at)
             .unwrap_or_default();
         if age > self.live().config.stale_copy_window {
-            return Ok(ident);
+            return Ok(None);
         }
         // A copy of a copy stands for the first note: the chain is followed to it.
         let (prior, root) = self.prior_for(&claim.note_id).await?;
         let claim = match root {
             Some(root) => Claim {
                 note_id: root.of.note_id,
-                claimed_at: claim.claimed_at,
                 note: root.of.note,
+                ..claim
             },
             None => claim,
         };
-        let parsed = parse_note(text);
         let within_grace = age <= self.live().config.stale_copy_grace;
-        let shares_started_call = parsed.pending_calls().any(|c| {
-            prior
-                .get(&c.call_id)
-                .is_some_and(|r| r.started_at.is_some() || r.recorded.is_some())
-        });
         // That note may not have started its calls yet: while it runs here, the copy waits
         // for it (and is judged again after).
         let still_running = within_grace && self.is_active(&claim.note_id);
-        if !shares_started_call && !still_running {
-            return Ok(ident); // shares no started call with that note: a note of its own
+        if !shares_started_call(parsed, &prior) && !still_running {
+            return Ok(None); // shares no started call with that note: a note of its own
         }
-        tracing::warn!(
-            note = %rel,
-            copy_of = %claim.note,
-            within_grace,
-            "a note without tool_note where {} was claimed from: a stale copy; its calls that already ran are not run again",
-            claim.note
-        );
-        ident.prior = prior;
-        ident.stale = Some(StaleCopy {
-            of: claim,
-            within_grace,
-        });
-        Ok(ident)
+        Ok(Some((
+            prior,
+            StaleCopy {
+                of: claim,
+                within_grace,
+            },
+        )))
+    }
+
+    /// A note without `tool_note` whose name is a sync client's duplicate name of a note
+    /// claimed from the same folder (`x 2.md`, `x (1).md`, `x-HOST.md`, …:
+    /// [`synced::duplicate_originals`]) and whose text equals that note's text as claimed
+    /// (DESIGN §9.10): the stale copy it is, as if it were at that path, with the original's
+    /// path.
+    async fn duplicate_of(
+        &self,
+        path: &Path,
+        text: &str,
+        parsed: &ParsedNote,
+    ) -> Result<Option<(String, HashMap<String, JournalCall>, StaleCopy)>, DaemonError> {
+        let (Some(stem), Some(parent)) = (
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".md")),
+            path.parent(),
+        ) else {
+            return Ok(None);
+        };
+        let originals = crate::synced::duplicate_originals(stem);
+        if originals.is_empty() {
+            return Ok(None);
+        }
+        let sha = crate::tools::vault::sha256_hex(text.as_bytes());
+        for original in originals {
+            let from = self.vault.relative(&parent.join(format!("{original}.md")));
+            let q = from.clone();
+            let Some(claim) = self.read_journal(|j| j.last_claim_from(&q))? else {
+                continue;
+            };
+            if claim.text_sha256.as_deref() != Some(sha.as_str()) {
+                continue;
+            }
+            if let Some((prior, stale)) = self.stale_copy_of(parsed, claim).await? {
+                return Ok(Some((from, prior, stale)));
+            }
+        }
+        Ok(None)
     }
 
     /// What the journal holds for the calls of `note_id` (§9.3); for a stale copy (§9.6) the
@@ -322,6 +440,7 @@ impl Daemon {
                 note_id: of,
                 claimed_at: SystemTime::now(),
                 note,
+                text_sha256: None,
             },
             within_grace,
         };
@@ -431,6 +550,15 @@ pub(crate) fn valid_note_id(id: &str) -> bool {
             && rest
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
+}
+
+/// Whether a pending call of `parsed` was started (or has an outcome) in `prior`.
+fn shares_started_call(parsed: &ParsedNote, prior: &HashMap<String, JournalCall>) -> bool {
+    parsed.pending_calls().any(|c| {
+        prior
+            .get(&c.call_id)
+            .is_some_and(|r| r.started_at.is_some() || r.recorded.is_some())
     })
 }
 

@@ -20,6 +20,8 @@ pub struct Claim {
     pub claimed_at: SystemTime,
     /// The vault-relative path the note has now (as far as the journal knows).
     pub note: String,
+    /// SHA-256 (hex) of the note's text as claimed, when recorded (DESIGN §9.10).
+    pub text_sha256: Option<String>,
 }
 
 /// A run whose note has not been moved out of In_Progress yet.
@@ -105,7 +107,14 @@ impl Journal {
         let (note_id, claimed_from) = (note_id.map(str::to_owned), claimed_from.map(str::to_owned));
         let copy_of = copy_of.map(|(of, grace)| (of.to_owned(), grace));
         let left_behind = left_behind.map(str::to_owned);
-        self.write(claim_job(note, note_id, claimed_from, copy_of, left_behind))
+        self.write(claim_job(
+            note,
+            note_id,
+            claimed_from,
+            copy_of,
+            left_behind,
+            None,
+        ))
     }
 }
 
@@ -116,6 +125,7 @@ fn claim_job(
     claimed_from: Option<String>,
     copy_of: Option<(String, bool)>,
     left_behind: Option<String>,
+    claimed_sha256: Option<String>,
 ) -> impl FnOnce(&Tx<'_>) -> Result<RunId, Failure> + Send + 'static {
     move |tx: &Tx<'_>| {
         let (note, note_id, claimed_from) =
@@ -134,8 +144,8 @@ fn claim_job(
         exec(
             tx,
             "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
-                                   copy_within_grace, left_behind)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                                   copy_within_grace, left_behind, claimed_sha256)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
                 note,
                 now,
@@ -143,7 +153,8 @@ fn claim_job(
                 claimed_from,
                 copy_of.map(|c| c.0),
                 copy_of.map(|c| c.1),
-                left_behind
+                left_behind,
+                claimed_sha256
             ],
         )?;
         let run = tx.last_insert_rowid();
@@ -157,6 +168,7 @@ impl Journal {
     /// (Self::begin_linked_run) when `left_behind` is given, else [`begin_note_run`]
     /// (Self::begin_note_run). Returns once it ran in the writer's transaction, not once it
     /// is durable (see "The claim" in the module doc): reads see it after its group commits.
+    /// `claimed_sha256` is the SHA-256 of the note's text as claimed (DESIGN §9.10).
     pub async fn begin_claim_async(
         &self,
         note: &str,
@@ -164,6 +176,7 @@ impl Journal {
         claimed_from: &str,
         copy_of: Option<(&str, bool)>,
         left_behind: Option<&str>,
+        claimed_sha256: Option<&str>,
     ) -> Result<RunId, JournalError> {
         let job = claim_job(
             note.to_owned(),
@@ -171,6 +184,7 @@ impl Journal {
             Some(claimed_from.to_owned()),
             copy_of.map(|(of, grace)| (of.to_owned(), grace)),
             left_behind.map(str::to_owned),
+            claimed_sha256.map(str::to_owned),
         );
         self.write_async(Wait::Executed, job).await
     }
@@ -269,18 +283,19 @@ impl Journal {
     /// The newest claim of a note with an identity from the vault-relative path `from`.
     pub fn last_claim_from(&self, from: &str) -> Result<Option<Claim>, JournalError> {
         self.read(|tx| {
-            let row: Option<(String, i64, String)> = query_one(
+            let row: Option<(String, i64, String, Option<String>)> = query_one(
                 tx,
-                "SELECT note_id, claimed_at_ms, note FROM runs
+                "SELECT note_id, claimed_at_ms, note, claimed_sha256 FROM runs
                  WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1",
                 params![from],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()?;
-            Ok(row.map(|(note_id, at, note)| Claim {
+            Ok(row.map(|(note_id, at, note, text_sha256)| Claim {
                 note_id,
                 claimed_at: from_ms(at),
                 note,
+                text_sha256,
             }))
         })
     }

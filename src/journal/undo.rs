@@ -2,8 +2,14 @@
 //! absent) and post-image hash, keyed by call id and note, so `vaultd undo` and `vault_undo`
 //! can put the vault back.
 //!
+//! A note is known by its id (`tool_note`, DESIGN §9.2), taken from the open run of the note
+//! the call came from: renaming or moving the note keeps its history. Records written before
+//! note ids were kept here (and changes made outside a run: `vaultd undo`'s own) have none
+//! and are found by `note_key`, the note's path below its state folder, as before.
+//!
 //! Self-contained: its tables are created with `CREATE TABLE IF NOT EXISTS` at open, outside
-//! the numbered migrations, so it merges with other schema work.
+//! the numbered migrations, so it merges with other schema work; the `note_id` column is
+//! added in place to a journal made before it (see [`ensure_schema`]).
 //!
 //! A change is recorded twice: *prepared* in its own transaction just before the file is
 //! written (a write-ahead record: a kill between the write and the outcome still leaves an
@@ -21,7 +27,7 @@ pub(super) const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS undo_records (
         id INTEGER PRIMARY KEY,
         call_id TEXT NOT NULL,
-        -- The note's identity: its path below its state folder until note ids exist.
+        -- The note's path below its state folder: how records without note_id are found.
         note_key TEXT NOT NULL,
         -- The note's path when the call ran.
         note TEXT NOT NULL,
@@ -43,8 +49,20 @@ pub(super) const SCHEMA: &str = "
         PRIMARY KEY (record_id, seq)
     );";
 
+/// The note id column, added after the table first shipped: a new journal gets it with the
+/// table, an older one by `ALTER TABLE` (its rows keep `note_id` NULL and are found by path).
+const NOTE_ID: &str = "
+    ALTER TABLE undo_records ADD COLUMN note_id TEXT;
+    CREATE INDEX IF NOT EXISTS undo_by_note_id ON undo_records (note_id, id);";
+
 pub(super) fn ensure_schema(conn: &Connection) -> Result<(), Failure> {
     conn.execute_batch(SCHEMA)?;
+    let has_note_id: bool = conn
+        .prepare("SELECT 1 FROM pragma_table_info('undo_records') WHERE name = 'note_id'")?
+        .exists([])?;
+    if !has_note_id {
+        conn.execute_batch(NOTE_ID)?;
+    }
     Ok(())
 }
 
@@ -54,6 +72,9 @@ pub struct UndoEntry {
     pub id: i64,
     pub call_id: String,
     pub note_key: String,
+    /// The `tool_note` of the note whose call made the change (None: recorded before note
+    /// ids were kept, or outside a run).
+    pub note_id: Option<String>,
     pub note: String,
     pub tool: String,
     /// False while only the write-ahead record exists (the outcome was never recorded).
@@ -103,12 +124,28 @@ impl Journal {
 
     /// Not-yet-undone records of `call_id`, newest first.
     pub fn undo_entries_for_call(&self, call_id: &str) -> Result<Vec<UndoEntry>, JournalError> {
-        self.read(|tx| entries(tx, "call_id = ?1", call_id))
+        self.read(|tx| entries(tx, "call_id = ?1", &[call_id]))
     }
 
     /// Not-yet-undone records of the note `key` (see [`note_key`]), newest first.
     pub fn undo_entries_for_note(&self, key: &str) -> Result<Vec<UndoEntry>, JournalError> {
-        self.read(|tx| entries(tx, "note_key = ?1", key))
+        self.read(|tx| entries(tx, "note_key = ?1", &[key]))
+    }
+
+    /// Not-yet-undone records of the note with id `note_id` whatever its path was, and those
+    /// recorded without an id under its path `key` (older journals), newest first.
+    pub fn undo_entries_for_note_id(
+        &self,
+        note_id: &str,
+        key: &str,
+    ) -> Result<Vec<UndoEntry>, JournalError> {
+        self.read(|tx| {
+            entries(
+                tx,
+                "(note_id = ?1 OR (note_id IS NULL AND note_key = ?2))",
+                &[note_id, key],
+            )
+        })
     }
 
     /// Whether `call_id` has records that were all undone already (NOTHING_TO_UNDO rather
@@ -153,10 +190,13 @@ fn insert_record(
     state: &str,
     changes: &[VaultChange],
 ) -> Result<i64, Failure> {
+    // The note's id is its open run's: the call runs while its note is in In_Progress.
     exec(
         tx,
-        "INSERT INTO undo_records (call_id, note_key, note, tool, state, at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO undo_records (call_id, note_key, note, tool, state, at_ms, note_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6,
+                 (SELECT note_id FROM runs WHERE note = ?3 AND ended_at_ms IS NULL
+                  ORDER BY id DESC LIMIT 1))",
         params![call_id, note_key(note), note, tool, state, now_ms()],
     )?;
     let id = tx.last_insert_rowid();
@@ -221,18 +261,19 @@ pub(super) fn confirm(
     Ok(())
 }
 
-fn entries(tx: &Tx<'_>, filter: &str, value: &str) -> Result<Vec<UndoEntry>, Failure> {
+fn entries(tx: &Tx<'_>, filter: &str, values: &[&str]) -> Result<Vec<UndoEntry>, Failure> {
     let sql = format!(
-        "SELECT id, call_id, note_key, note, tool, state, undone_by, at_ms FROM undo_records
-         WHERE {filter} AND undone_by IS NULL ORDER BY id DESC"
+        "SELECT id, call_id, note_key, note, tool, state, undone_by, at_ms, note_id
+         FROM undo_records WHERE {filter} AND undone_by IS NULL ORDER BY id DESC"
     );
     let mut stmt = tx.prepare(&sql)?;
     let mut out: Vec<UndoEntry> = stmt
-        .query_map(params![value], |r| {
+        .query_map(rusqlite::params_from_iter(values), |r| {
             Ok(UndoEntry {
                 id: r.get(0)?,
                 call_id: r.get(1)?,
                 note_key: r.get(2)?,
+                note_id: r.get(8)?,
                 note: r.get(3)?,
                 tool: r.get(4)?,
                 confirmed: r.get::<_, String>(5)? == "done",
@@ -257,4 +298,75 @@ fn entries(tx: &Tx<'_>, filter: &str, value: &str) -> Result<Vec<UndoEntry>, Fai
             .collect::<Result<_, _>>()?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::fresh_journal;
+    use super::*;
+
+    fn change(path: &str) -> VaultChange {
+        VaultChange {
+            path: path.to_string(),
+            before: None,
+            after_sha256: Some("00".repeat(32)),
+        }
+    }
+
+    #[test]
+    fn a_change_is_found_by_its_notes_id_after_the_note_was_renamed() {
+        let (_d, j) = fresh_journal();
+        let run = j
+            .begin_note_run("In_Progress/Round3.md", Some("n-aaaaaaaaaaaa"), None, None)
+            .unwrap();
+        j.undo_prepare(
+            "make",
+            "In_Progress/Round3.md",
+            "vault_create",
+            &[change("Agent/a.md")],
+        )
+        .unwrap();
+        j.note_moved(run, "Done/Round3.md", true).unwrap();
+        // An older record, from before note ids were kept: found by its path.
+        j.undo_prepare("old", "cli/x", "vault_create", &[change("Agent/b.md")])
+            .unwrap();
+        let by_id = j
+            .undo_entries_for_note_id("n-aaaaaaaaaaaa", "Round4.md")
+            .unwrap();
+        assert_eq!(by_id.len(), 1);
+        assert_eq!(by_id[0].call_id, "make");
+        assert_eq!(by_id[0].note_id.as_deref(), Some("n-aaaaaaaaaaaa"));
+        let with_old = j.undo_entries_for_note_id("n-bbbbbbbbbbbb", "x").unwrap();
+        assert_eq!(with_old.len(), 1, "{with_old:?}");
+        assert_eq!(with_old[0].call_id, "old");
+        assert!(
+            j.undo_entries_for_note_id("n-cccccccccccc", "y")
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn an_undo_table_from_before_note_ids_gets_the_column_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(dir.path().join("journal.sqlite")).unwrap();
+            conn.execute_batch(SCHEMA).unwrap();
+            conn.execute(
+                "INSERT INTO undo_records (call_id, note_key, note, tool, state, at_ms)
+                 VALUES ('c', 'r.md', 'In_Progress/r.md', 'vault_create', 'done', 1)",
+                [],
+            )
+            .unwrap();
+        }
+        let conn = Connection::open(dir.path().join("journal.sqlite")).unwrap();
+        ensure_schema(&conn).unwrap();
+        ensure_schema(&conn).unwrap(); // twice: nothing more to add
+        let (key, id): (String, Option<String>) = conn
+            .query_row("SELECT note_key, note_id FROM undo_records", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!((key.as_str(), id), ("r.md", None));
+    }
 }

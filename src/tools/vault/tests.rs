@@ -632,7 +632,9 @@ async fn undo_of_a_whole_note_plans_each_change_on_the_state_the_newer_ones_leav
     )
     .await;
     let target = Target::Note {
+        note_id: None,
         note_key: "agent.md".into(),
+        missing: None,
     };
     let dry = undo_from_cli(&f.journal, &f.root, &target, false, true).unwrap();
     assert!(dry.call_id.is_none());

@@ -432,8 +432,15 @@ pub enum Target {
         call_id: String,
         note_key: Option<String>,
     },
-    /// Every change made by a note's calls, newest first.
-    Note { note_key: String },
+    /// Every change made by a note's calls, newest first: by its `tool_note` when the note
+    /// carries one (its history survives renames), else by its path below its state folder.
+    Note {
+        note_id: Option<String>,
+        note_key: String,
+        /// The NOTE argument named no note (what was tried): said when the journal has no
+        /// change recorded under that path either.
+        missing: Option<String>,
+    },
 }
 
 /// What `vaultd undo` did (or, with `dry_run`, would do).
@@ -468,13 +475,27 @@ pub fn undo_from_cli(
             }
             entries?
         }
-        Target::Note { note_key } => {
-            let entries = journal.undo_entries_for_note(note_key).map_err(down)?;
+        Target::Note {
+            note_id,
+            note_key,
+            missing,
+        } => {
+            let entries = match note_id {
+                Some(id) => journal.undo_entries_for_note_id(id, note_key),
+                None => journal.undo_entries_for_note(note_key),
+            }
+            .map_err(down)?;
             if entries.is_empty() {
-                return Err(CallError::new(
-                    ErrorCode::NothingToUndo,
-                    format!("no change of note {note_key} is left to undo"),
-                ));
+                return Err(match missing {
+                    Some(tried) => CallError::new(
+                        ErrorCode::NotFound,
+                        format!("{tried}, and the journal has no change recorded for {note_key}"),
+                    ),
+                    None => CallError::new(
+                        ErrorCode::NothingToUndo,
+                        format!("no change of note {note_key} is left to undo"),
+                    ),
+                });
             }
             entries
         }
