@@ -46,13 +46,15 @@
 //! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
 //! path to Done.
 //!
-//! # Tables (schema version 4, kept in `PRAGMA user_version`)
+//! # Tables (schema version 5, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
 //!   the note's identity (its `tool_note` property, docs/design.md §9.2) and `claimed_from` the path it
 //!   was claimed from (the stale-copy rule, §9.6); `copy_of` the note a stale copy stands for
 //!   (kept, so a copy killed or moved mid-run still never runs that note's calls again).
 //!   Version 1 journals get these columns, empty, in place; a run without a note id is given one when its note is next seen.
+//!   `claimed_sha256` (version 5) is the note's text as claimed, by which a sync client's
+//!   duplicate of it under another name is known (§9.10).
 //!   Calls are keyed by (note id, call id) through their run: what a note's call did is known
 //!   whatever path the note has now.
 //! - `calls`: one row per start (or per outcome recorded without a start: validation, policy,
