@@ -34,6 +34,10 @@
 #[path = "../tests/util/searx.rs"]
 mod searx;
 
+#[path = "../tests/util/mcp_server.rs"]
+mod mcp_server;
+use mcp_server::mcp_test_server;
+
 use notify::{EventKind, RecursiveMode, Watcher};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -449,14 +453,6 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// The in-tree MCP test server, built with the benchmark (or `VAULTD_MCP_TEST_SERVER`).
-fn mcp_test_server() -> PathBuf {
-    if let Some(p) = std::env::var_os("VAULTD_MCP_TEST_SERVER") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_BIN_EXE_vaultd-mcp-test-server"))
 }
 
 /// One call to the MCP echo tool.

@@ -3,7 +3,7 @@
 //! decisions, progress, completions, help, `mv` of several notes, the README's quick start.
 
 use crate::util::home::{Home, email_note, text};
-use crate::util::{bin, property, results_in, wait_until};
+use crate::util::{bin, count_notes, property, results_in, wait_for_progress};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -149,6 +149,46 @@ fn every_commented_value_of_the_init_config_is_the_value_that_runs() {
         effective(&["config", "--config", other.to_str().unwrap()]),
         "uncommented:\n{uncommented}"
     );
+}
+
+#[test]
+fn the_init_configs_header_names_every_key_it_sets() {
+    let h = Home::with_vault();
+    let written = h.read(".vaultd.toml");
+    let header: Vec<&str> = written
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| l.trim_start_matches('#').trim())
+        .collect();
+    let header = header.join(" ");
+    // Every uncommented `key = value` line, with its table.
+    let mut table = String::new();
+    let mut set = Vec::new();
+    for line in written.lines() {
+        if let Some(name) = line.strip_prefix('[') {
+            table = name.trim_end_matches(']').to_string();
+        } else if !line.starts_with('#')
+            && let Some((key, _)) = line.split_once(" = ")
+        {
+            set.push((table.clone(), key.trim().to_string()));
+        }
+    }
+    let count = [
+        "No keys are",
+        "One key is",
+        "Two keys are",
+        "Three keys are",
+    ][set.len()];
+    assert!(
+        header.contains(&format!("{count} set")),
+        "{set:?} are set; the header: {header}"
+    );
+    for (table, key) in &set {
+        assert!(
+            header.contains(&format!("`{key}` under [{table}]")),
+            "the header does not name `{key}` under [{table}]: {header}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -645,9 +685,13 @@ fn mv_of_several_notes_into_needs_action_always_succeeds() {
             "note {k} was claimed before mv could look at it"
         );
     }
-    wait_until("every note settled", Duration::from_secs(60), || {
-        std::fs::read_dir(h.path("Failed")).unwrap().count() == rounds * NOTES_PER_MV + 20
-    });
+    let settled = rounds * NOTES_PER_MV + 20;
+    wait_for_progress(
+        "notes in Failed/",
+        settled,
+        || count_notes(&h.path("Failed")),
+        || format!("Needs_Action/: {}", count_notes(&h.path("Needs_Action"))),
+    );
     drop(daemon);
 }
 

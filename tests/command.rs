@@ -526,15 +526,14 @@ fn config_mistakes_stop_the_daemon_with_file_line_and_key() {
 
 #[test]
 fn the_example_vaults_command_tool_works_on_a_fresh_machine() {
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/vault");
     let vault = TestVault::new(NO_SEARCH, "");
     // Only the command tool's note: the example's other notes would reach the internet.
     for rel in ["Reference/Ideas.md", "Needs_Action/Count words.md"] {
         let to = vault.root.join(rel);
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(example.join(rel), to).unwrap();
+        std::fs::write(to, example_vault_file(rel)).unwrap();
     }
-    let mut config = std::fs::read_to_string(example.join(".vaultd.toml")).unwrap();
+    let mut config = String::from_utf8(example_vault_file(".vaultd.toml")).unwrap();
     config = config.replace(
         "state_dir = \".vaultd-state\"",
         &format!("state_dir = {:?}", vault.state.display().to_string()),

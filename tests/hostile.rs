@@ -309,15 +309,9 @@ async fn two_thousand_notes_dropped_at_once_are_all_processed() {
             ),
         );
     }
-    wait_until(
-        "all 2,000 notes are in Failed",
-        Duration::from_secs(120),
-        || {
-            std::fs::read_dir(vault.path("Failed", "flood"))
-                .map(|d| d.count() == N)
-                .unwrap_or(false)
-        },
-    );
+    // No budget for the whole flood (a loaded 2-core machine took over 120 s): waits while
+    // notes keep arriving in Failed/, and says where they are if they stop.
+    vault.wait_for_notes_in("Failed/flood", N);
     eprintln!("2,000 notes processed in {:?}", began.elapsed());
     // A graceful stop: the first names claims keep for `moved_in_grace` are gone too.
     assert!(daemon.terminate().success());
@@ -518,9 +512,9 @@ async fn ten_thousand_calls_in_one_note_run_ten_quota_ten_and_leave_the_rest_pen
         ));
     }
     vault.drop_note("many.md", &text);
-    let began = Instant::now();
-    let (code, log) = vault.once();
-    let took = began.elapsed();
+    // CPU time, not the wall clock: the bound is against work that grows with the calls left
+    // pending, and a loaded machine stretches the wall clock many times over.
+    let (code, log, took) = vault.once_cpu();
     assert_eq!(code, 0, "{log}");
     let note = vault.read("Failed", "many.md");
     assert!(note.contains(&text));
@@ -539,8 +533,8 @@ async fn ten_thousand_calls_in_one_note_run_ten_quota_ten_and_leave_the_rest_pen
     queries.sort();
     queries.dedup(); // SearXNG pages: two requests per call of 5 results
     assert_eq!(queries.len(), 10, "{queries:?}");
-    eprintln!("10,000 calls in one note: {took:?}");
-    assert!(took < Duration::from_secs(60), "{took:?}");
+    eprintln!("10,000 calls in one note: {took:?} of CPU");
+    assert!(took < Duration::from_secs(60), "{took:?} of CPU");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -635,7 +629,9 @@ fn the_corpus_parses_and_renders_without_loss() {
     files.sort();
     assert!(files.len() >= 20, "{files:?}");
     for path in files {
-        let began = Instant::now();
+        // This thread's CPU time: "slow" means pathological work, which a loaded machine's
+        // wall clock would mimic.
+        let began = thread_cpu_time();
         let bytes = std::fs::read(&path).unwrap();
         let Ok(text) = String::from_utf8(bytes) else {
             continue; // not UTF-8: the daemon leaves it untouched (oversized_non_utf8_… test)
@@ -683,9 +679,10 @@ fn the_corpus_parses_and_renders_without_loss() {
             vaultd::note::parse_note(&again).results.len(),
             after.results.len()
         );
+        let cpu = thread_cpu_time() - began;
         assert!(
-            began.elapsed() < Duration::from_secs(10),
-            "{}: slow",
+            cpu < Duration::from_secs(10),
+            "{}: slow ({cpu:?} of CPU)",
             path.display()
         );
     }

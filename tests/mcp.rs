@@ -11,10 +11,6 @@ use std::time::Duration;
 /// No search server is needed: the MCP tests never call search_web.
 const NO_SEARCH: &str = "http://127.0.0.1:9";
 
-fn test_server() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_vaultd-mcp-test-server"))
-}
-
 /// The reference server, as scripts/test installs it.
 fn everything_server() -> PathBuf {
     std::env::var_os("VAULTD_MCP_EVERYTHING")
@@ -33,7 +29,7 @@ fn mcp_vault(server: &str, extra: &str) -> (TestVault, PathBuf) {
     std::fs::create_dir_all(&dir).unwrap();
     let config = format!(
         "[mcp.t]\ncommand = [{bin:?}, \"--dir\", {dir:?}]\n{server}\n{extra}",
-        bin = test_server().display().to_string(),
+        bin = mcp_test_server().display().to_string(),
         dir = dir.display().to_string(),
     );
     vault.write_config(NO_SEARCH, &config);

@@ -4,18 +4,64 @@
 #![allow(dead_code)]
 
 pub mod home;
+pub mod mcp_server;
 pub mod searx;
 pub mod sync;
+
+pub use mcp_server::mcp_test_server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// How long a wait gives an event that shows no progress. Waits on something that moves (a
+/// log that grows, notes that arrive, a note that changes folder) restart it at every move, so
+/// a loaded machine that is slow but working never trips it; see [`wait_for_progress`].
 pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// How long a wait on a count (notes processed) tolerates no change at all before it gives up.
+pub const STALL: Duration = Duration::from_secs(120);
+
+/// The longest any progress-restarted wait runs in all (a daemon that logs in a loop without
+/// ever saying the awaited line must still fail).
+pub const CAP: Duration = Duration::from_secs(600);
 
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vaultd"))
+}
+
+/// A file of the example vault as the repository has it (`rel` from `examples/vault/`), never
+/// as the working tree has it now: the README's first command runs vaultd on examples/vault,
+/// which moves its notes (and `scripts/test` may run right after). Read from git's index — what
+/// the README's reset (`git checkout examples/vault`) restores; on a fresh clone that is HEAD —
+/// and from the working tree only outside a git checkout (a source archive has no index, and
+/// nothing ran on its copy). The panic names the file and both places looked.
+pub fn example_vault_file(rel: &str) -> Vec<u8> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = format!("examples/vault/{rel}");
+    let git = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["rev-parse", "--is-inside-work-tree"])
+        .output();
+    let in_git = git.is_ok_and(|o| o.status.success());
+    if !in_git {
+        return std::fs::read(repo.join(&path))
+            .unwrap_or_else(|e| panic!("{path} (not a git checkout, read as is): {e}"));
+    }
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["show", &format!(":{path}")])
+        .output()
+        .expect("run git show");
+    assert!(
+        out.status.success(),
+        "{path} is not in git's index: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 /// A temp vault with its own state dir and config file.
@@ -110,22 +156,73 @@ impl TestVault {
     }
 
     /// Waits until `folder/rel` exists and no claim is in progress, then returns its text.
+    /// Gives up after [`DEADLINE`] in which the note neither moved nor changed (a slow machine
+    /// that is still working on it is waited for), saying where it is.
     pub fn wait_until_in(&self, folder: &str, rel: &str) -> String {
         let start = Instant::now();
+        let mut seen = self.whereabouts(rel);
+        let mut moved = Instant::now();
         loop {
             if let Ok(text) = std::fs::read_to_string(self.path(folder, rel))
                 && (folder == "Needs_Action" || text.contains("tool_status:"))
             {
                 return text;
             }
-            if start.elapsed() > DEADLINE {
+            let now = self.whereabouts(rel);
+            if now != seen {
+                seen = now;
+                moved = Instant::now();
+            }
+            if moved.elapsed() > DEADLINE || start.elapsed() > CAP {
                 panic!(
-                    "{folder}/{rel} did not appear within {DEADLINE:?}; vault holds: {:#?}",
+                    "{folder}/{rel} did not appear after {:.1?}: the note is {} (unchanged for {:.1?}); vault holds: {:#?}",
+                    start.elapsed(),
+                    describe_whereabouts(&seen),
+                    moved.elapsed(),
                     self.all_notes()
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Every `FOLDER/rel` that exists, with its size: where a note is and how far it got.
+    pub fn whereabouts(&self, rel: &str) -> Vec<(String, u64)> {
+        let Ok(folders) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, u64)> = folders
+            .flatten()
+            .filter_map(|f| {
+                let folder = f.file_name().to_string_lossy().into_owned();
+                let len = std::fs::metadata(f.path().join(rel)).ok()?.len();
+                Some((format!("{folder}/{rel}"), len))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Notes per top-level folder (`.md` files, recursive), for failure messages.
+    pub fn notes_per_folder(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for n in self.all_notes() {
+            let folder = n.split('/').next().unwrap_or("").to_string();
+            *m.entry(folder).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Waits until `total` notes are in `folder` (a sub-folder path, recursive), as long as
+    /// the count keeps moving ([`wait_for_progress`]); returns how long it took.
+    pub fn wait_for_notes_in(&self, folder: &str, total: usize) -> Duration {
+        let dir = self.root.join(folder);
+        wait_for_progress(
+            &format!("notes in {folder}/"),
+            total,
+            || count_notes(&dir),
+            || format!("notes per folder: {:?}", self.notes_per_folder()),
+        )
     }
 
     /// Every `.md` file in the vault, relative paths, sorted.
@@ -175,6 +272,17 @@ impl TestVault {
         })
         .await
         .expect("the vaultd once task")
+    }
+
+    /// `vaultd once`; returns (exit code, stderr, the CPU time it used). For a bound on how
+    /// much work a run does: unlike the wall clock, CPU time hardly moves on a loaded machine.
+    pub fn once_cpu(&self) -> (i32, String, Duration) {
+        let (out, cpu) = output_with_cpu(self.cmd().arg("once"));
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            cpu,
+        )
     }
 
     /// `vaultd once`; returns (exit code, stderr).
@@ -311,15 +419,134 @@ pub async fn webhook_server(status: u16) -> wiremock::MockServer {
     server
 }
 
-/// Waits until `done()` holds, polling; panics with `what` after the deadline.
+/// Waits until `done()` holds, polling; panics with `what` after the deadline. For an event
+/// with no measure of progress; a count uses [`wait_for_progress`].
 pub fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
+    let mut checks = 0u64;
     while !done() {
+        checks += 1;
         if start.elapsed() > deadline {
-            panic!("timed out after {deadline:?} waiting until {what}");
+            panic!(
+                "timed out after {:.1?} waiting until {what} (checked {checks} times, never true)",
+                start.elapsed()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits until `count()` reaches `total`, for as long as the count keeps changing: there is no
+/// budget for the whole wait (a loaded 2-core machine may take minutes for thousands of notes),
+/// only for a stall — [`STALL`] without any change. The failure says how many of how many
+/// arrived, how long it waited, and `state()` (where the rest are). Returns the time taken.
+pub fn wait_for_progress(
+    what: &str,
+    total: usize,
+    mut count: impl FnMut() -> usize,
+    mut state: impl FnMut() -> String,
+) -> Duration {
+    let start = Instant::now();
+    let mut last = count();
+    let mut moved = Instant::now();
+    while last != total {
+        // Not every 20 ms: counting thousands of files competes with the daemon for the CPU.
+        std::thread::sleep(Duration::from_millis(100));
+        let now = count();
+        if now != last {
+            last = now;
+            moved = Instant::now();
+        } else if moved.elapsed() > STALL {
+            panic!(
+                "waiting for {total} {what}: {last} of {total} after {:.1?}, none for the last {:.1?}; {}",
+                start.elapsed(),
+                moved.elapsed(),
+                state()
+            );
+        }
+    }
+    start.elapsed()
+}
+
+/// Runs `cmd` to its end; returns its output and the CPU time (user + system) the process
+/// and its waited-for children used, from `wait4` on that one process (`RUSAGE_CHILDREN`
+/// would add every other test's children).
+pub fn output_with_cpu(cmd: &mut Command) -> (std::process::Output, Duration) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the command");
+    // Both pipes read while it runs, so a full pipe cannot stall it.
+    let mut out_pipe = child.stdout.take().expect("piped stdout");
+    let mut err_pipe = child.stderr.take().expect("piped stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out_pipe.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err_pipe.read_to_end(&mut v);
+        v
+    });
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value; wait4 reaps exactly this child, which the
+    // `Child` is not used to wait for afterwards.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    let reaped = loop {
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r == -1 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        break r;
+    };
+    assert_eq!(reaped, pid, "wait4: {}", std::io::Error::last_os_error());
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    let cpu = tv(usage.ru_utime) + tv(usage.ru_stime);
+    use std::os::unix::process::ExitStatusExt;
+    let output = std::process::Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout: out_reader.join().expect("the stdout reader"),
+        stderr: err_reader.join().expect("the stderr reader"),
+    };
+    (output, cpu)
+}
+
+/// The CPU time the calling thread has used: a bound on in-process work that a loaded machine
+/// does not stretch as it stretches the wall clock.
+pub fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `t` is.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(r, 0, "clock_gettime: {}", std::io::Error::last_os_error());
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// `.md` files under `dir`, recursive (0 when it does not exist yet).
+pub fn count_notes(dir: &Path) -> usize {
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.len()
+}
+
+fn describe_whereabouts(seen: &[(String, u64)]) -> String {
+    if seen.is_empty() {
+        return "nowhere in the vault".to_string();
+    }
+    let at: Vec<String> = seen
+        .iter()
+        .map(|(path, len)| format!("at {path} ({len} bytes)"))
+        .collect();
+    at.join(" and ")
 }
 
 /// Counts the result blocks per call id in a note.
@@ -393,6 +620,8 @@ impl RunningDaemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the log says `needle`. Gives up after [`DEADLINE`] in which the log did not
+    /// grow (a daemon still logging is still working), or after [`CAP`] in all.
     pub fn wait_for_log(&self, needle: &str) {
         self.wait_for_log_times(needle, 1);
     }
@@ -400,17 +629,43 @@ impl RunningDaemon {
     /// Waits until `needle` is in the log `n` times (or more); returns the log.
     pub fn wait_for_log_times(&self, needle: &str, n: usize) -> String {
         let start = Instant::now();
+        let mut len = 0;
+        let mut grew = Instant::now();
         loop {
             let log = self.log_text();
             let seen = log.matches(needle).count();
             if seen >= n {
                 return log;
             }
-            if start.elapsed() > DEADLINE {
-                panic!("log said {needle:?} {seen} times, wanted {n}; log:\n{log}");
+            if log.len() != len {
+                len = log.len();
+                grew = Instant::now();
+            }
+            if grew.elapsed() > DEADLINE || start.elapsed() > CAP {
+                let exited = if self.has_exited() {
+                    "; vaultd has exited"
+                } else {
+                    ""
+                };
+                panic!(
+                    "log said {needle:?} {seen} times in {:.1?}, wanted {n} (nothing new for the last {:.1?}{exited}); log ({len} bytes):\n{log}",
+                    start.elapsed(),
+                    grew.elapsed(),
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether the daemon has exited, seen without reaping it (`terminate` still gets the
+    /// status): an exited child is a zombie until waited for.
+    pub fn has_exited(&self) -> bool {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        // "pid (comm) S ...": the state follows the last ')'.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z")
     }
 
     /// Sends a signal without waiting.
