@@ -314,7 +314,20 @@ fn one_runner(
             source,
         })?;
     if take_over {
-        let at = journal.record_take_over(me.as_str())?;
+        // §9.14: the other runner's notes as they are now, future-dated ones included, become
+        // history whatever its clock says; `--take-over` always works.
+        let newest_foreign = crate::synced::foreign_notes(
+            vault,
+            &me,
+            config.runner_window,
+            journal.taken_over_at()?,
+            config.max_note_bytes,
+            SystemTime::now(),
+        )
+        .into_iter()
+        .map(|f| f.updated)
+        .max();
+        let at = journal.record_take_over(me.as_str(), newest_foreign)?;
         tracing::warn!(
             runner = %me,
             "--take-over: notes other runners updated up to {} are history; this daemon runs the vault",
