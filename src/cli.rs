@@ -830,7 +830,10 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
             }
         }
     }
-    let list = described.as_array().cloned().unwrap_or_default();
+    let mut list = described.as_array().cloned().unwrap_or_default();
+    if format.is_some() {
+        list = only_runnable(list);
+    }
     let out: Value = match format {
         Some(ToolFormat::Openai) => Value::Array(
             list.iter()
@@ -891,6 +894,30 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
         serde_json::to_string_pretty(&out)?
     )?;
     Ok(0)
+}
+
+/// The ready-to-use list for a model (`--format openai|anthropic`, DESIGN §10.4) carries only
+/// definitions whose calls may run: an MCP tool changed since accepted (or new, never
+/// accepted) or any unusable tool is left out and named on stderr, so an unaccepted
+/// description never reaches the model.
+fn only_runnable(list: Vec<Value>) -> Vec<Value> {
+    let (runnable, left_out): (Vec<Value>, Vec<Value>) = list.into_iter().partition(|t| {
+        let mcp = t["source"].as_str().is_some_and(|s| s.starts_with("mcp:"));
+        t["details"]["unusable"].is_null() && (!mcp || t["mcp"]["may_run"] == json!(true))
+    });
+    for t in &left_out {
+        let why = t["details"]["unusable"]
+            .as_str()
+            .map(|w| format!("unusable: {w}"))
+            .or_else(|| t["mcp"]["pin"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "its definition's state is unknown".to_owned());
+        eprintln!(
+            "left out {}: {}",
+            escape_controls(t["name"].as_str().unwrap_or("")),
+            escape_controls(&why)
+        );
+    }
+    runnable
 }
 
 const INIT_CONFIG: &str = include_str!("init_config.toml");
