@@ -17,5 +17,7 @@ mod pipeline;
 mod recovery;
 mod secrets;
 mod service;
+mod shutdown;
+mod symlink_swap;
 mod synced;
 mod vault_tools;

@@ -29,6 +29,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 
 pub(crate) mod claim;
+mod folders;
 pub(crate) mod intake;
 mod lock;
 pub(crate) mod recover;
@@ -158,6 +159,8 @@ pub struct Daemon {
     pub(crate) runners: RunnerWatch,
     /// Notes renamed in: claimed by hard link, first name dropped after `moved_in_grace`.
     pub(crate) arrivals: crate::arrivals::Arrivals,
+    /// Set while a state folder is a symlink: nothing is claimed (§9.13).
+    pub(crate) folder_pause: folders::FolderPause,
 }
 
 /// The shared HTTP client: one connection pool for every tool.
@@ -286,6 +289,7 @@ pub async fn run(
         settling: Mutex::new(HashSet::new()),
         mode,
         runners,
+        folder_pause: Default::default(),
     });
     daemon.supervise(mode, shutdown).await
 }
