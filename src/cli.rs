@@ -410,12 +410,51 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
-        daemon::run_vault(config, mode, runner.take_over, redactor, shutdown_signal())
+    let (grace, lock) = (config.shutdown_grace, config.vault.join(".vaultd.lock"));
+    let outcome = runtime.block_on(async move {
+        let signal = shutdown_signal();
+        let shutdown = async move {
+            signal.await;
+            exit_if_shutdown_hangs(grace, lock);
+        };
+        daemon::run_vault(config, mode, runner.take_over, redactor, shutdown)
             .await
             .map_err(anyhow::Error::from)
-    })?;
+    });
+    // DESIGN §9.15: a blocking-pool thread stuck in a read (a FIFO, a hung device) must not
+    // keep the process alive: the runtime is not waited for beyond a moment.
+    runtime.shutdown_timeout(SHUTDOWN_LEFTOVERS);
+    outcome?;
     Ok(0)
+}
+
+/// How long a finished `run`/`once` waits for blocking-pool threads still in a call.
+const SHUTDOWN_LEFTOVERS: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Past `shutdown_grace` plus this, a shutdown that still has not ended exits anyway.
+const SHUTDOWN_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// DESIGN §9.15: SIGTERM and SIGINT end `run` within `shutdown_grace` plus a few seconds,
+/// whatever a tool or file is doing. The drain already stops waiting after the grace; this
+/// thread is the backstop for anything that still holds the process (a stuck thread, a child
+/// that ignores its signals): it exits with status 1, saying so. Recovery at the next start
+/// finishes what was interrupted (the journal knows which calls started). The lock file is
+/// removed as a normal exit does (§9.5; the `flock` goes with the process).
+fn exit_if_shutdown_hangs(grace: std::time::Duration, lock: PathBuf) {
+    let spawned = std::thread::Builder::new()
+        .name("shutdown-backstop".into())
+        .spawn(move || {
+            std::thread::sleep(grace + SHUTDOWN_BACKSTOP);
+            tracing::error!(
+                "shutdown did not end within shutdown_grace + {}s (a tool or a read that does not return); exiting now, interrupted calls are finished at the next start",
+                SHUTDOWN_BACKSTOP.as_secs()
+            );
+            let _ = std::fs::remove_file(&lock);
+            std::process::exit(1);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the shutdown backstop: {e}");
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed now, inside the runtime, not on
@@ -900,7 +939,10 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
             }
         }
     }
-    let list = described.as_array().cloned().unwrap_or_default();
+    let mut list = described.as_array().cloned().unwrap_or_default();
+    if format.is_some() {
+        list = only_runnable(list);
+    }
     let out: Value = match format {
         Some(ToolFormat::Openai) => Value::Array(
             list.iter()
@@ -961,6 +1003,30 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
         serde_json::to_string_pretty(&out)?
     )?;
     Ok(0)
+}
+
+/// The ready-to-use list for a model (`--format openai|anthropic`, DESIGN §10.4) carries only
+/// definitions whose calls may run: an MCP tool changed since accepted (or new, never
+/// accepted) or any unusable tool is left out and named on stderr, so an unaccepted
+/// description never reaches the model.
+fn only_runnable(list: Vec<Value>) -> Vec<Value> {
+    let (runnable, left_out): (Vec<Value>, Vec<Value>) = list.into_iter().partition(|t| {
+        let mcp = t["source"].as_str().is_some_and(|s| s.starts_with("mcp:"));
+        t["details"]["unusable"].is_null() && (!mcp || t["mcp"]["may_run"] == json!(true))
+    });
+    for t in &left_out {
+        let why = t["details"]["unusable"]
+            .as_str()
+            .map(|w| format!("unusable: {w}"))
+            .or_else(|| t["mcp"]["pin"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "its definition's state is unknown".to_owned());
+        eprintln!(
+            "left out {}: {}",
+            escape_controls(t["name"].as_str().unwrap_or("")),
+            escape_controls(&why)
+        );
+    }
+    runnable
 }
 
 const INIT_CONFIG: &str = include_str!("init_config.toml");

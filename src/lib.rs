@@ -23,6 +23,7 @@
 //! - [`call`]: error codes, results: the shared vocabulary.
 //! - [`note`]: parse, render, atomic write of one note.
 //! - [`vault`]: folders, states, moves, ignore rules.
+//! - [`beneath`]: paths below the vault root resolved without following symlinks.
 //! - [`watch`]: filesystem events into a bounded channel.
 //! - [`runner`]: one call under permit, timeout, rate limit and policy.
 //! - [`results`]: results too big for a note, saved to `Tool_Results/`.
@@ -36,6 +37,7 @@
 
 pub mod approval;
 pub mod arrivals;
+pub mod beneath;
 pub mod call;
 pub mod cli;
 pub mod config;

@@ -124,14 +124,9 @@ impl ResultStore {
             source,
         };
         let dir = path.parent().expect("a saved result has a folder");
-        std::fs::create_dir_all(dir).map_err(err)?;
-        if std::fs::symlink_metadata(dir)
-            .map_err(err)?
-            .file_type()
-            .is_symlink()
-        {
-            return Err(err(std::io::Error::other("folder is a symlink")));
-        }
+        // Every folder from the vault root down made and opened without following a symlink
+        // (DESIGN §9.13): a `Tool_Results/` swapped for one is refused, never written through.
+        crate::beneath::create_dirs(&self.vault, dir).map_err(err)?;
         let mut tmp = tempfile::Builder::new()
             .prefix(".vaultd-")
             .suffix(".tmp")
@@ -139,7 +134,11 @@ impl ResultStore {
             .map_err(err)?;
         tmp.write_all(bytes).map_err(err)?;
         tmp.as_file().sync_all().map_err(err)?;
-        tmp.persist(&path).map_err(|e| err(e.error))?;
+        let temp = tmp.into_temp_path();
+        // The rename goes through the folder opened from the root without following symlinks.
+        crate::beneath::rename(&self.vault, &temp, &path).map_err(err)?;
+        // Renamed away: nothing is left for the guard to remove.
+        let _ = temp.keep();
         Ok(())
     }
 }

@@ -168,7 +168,8 @@ pub trait SecretHolder {
     }
 }
 
-/// Replaces every known secret — plain, URL-encoded, base64 (SMTP AUTH) — with `[redacted]`.
+/// Replaces every known secret — plain, URL-encoded, base64 (SMTP AUTH), and escaped as JSON,
+/// YAML, HTML or Rust's `Debug` would escape it (docs/design.md §10.8) — with `[redacted]`.
 #[derive(Debug, Default)]
 pub struct Redactor {
     /// Longest first, so a secret that contains another is replaced whole. Behind a lock
@@ -205,6 +206,7 @@ impl Redactor {
             let form: String = url_form_encode(v);
             needles.push(form);
             needles.push(b64.encode(v));
+            needles.extend(escaped_forms(v));
             for u in usernames {
                 needles.push(b64.encode(format!("\0{u}\0{v}")));
                 needles.push(b64.encode(format!("{u}\0{u}\0{v}")));
@@ -277,6 +279,72 @@ fn longest_first(needles: &mut Vec<String>) {
     needles.dedup();
 }
 
+/// The forms in which a secret holding quotes, backslashes, control characters or non-ASCII
+/// text shows up inside a quoted string (docs/design.md §10.8): a server that quotes it in a JSON error
+/// body, vaultd writing an error message into a note's JSON block or the journal (escaped
+/// once, or twice when the message already held JSON), a YAML string, an HTML error page, a
+/// `{:?}` in a client's error. For a secret of plain characters every form is the secret
+/// itself, and none is returned.
+fn escaped_forms(v: &str) -> Vec<String> {
+    let json = json_escape(v, JsonStyle::Plain);
+    let ascii = json_escape(v, JsonStyle::AsciiOnly);
+    let mut forms = vec![
+        json_escape(&json, JsonStyle::Plain),
+        // PHP's json_encode escapes `/` too (a webhook URL as a PHP server quotes it).
+        ascii.replace('/', "\\/"),
+        json.replace('/', "\\/"),
+        ascii,
+        // Rust's `Debug` (an error formatted with `{:?}`): like JSON for `"`, `\` and `\n`.
+        format!("{v:?}").trim_matches('"').to_string(),
+        // YAML: double-quoted strings escape as JSON does; single-quoted double the quote.
+        v.replace('\'', "''"),
+        html_escape(v),
+        json,
+    ];
+    forms.retain(|f| f != v);
+    forms.sort();
+    forms.dedup();
+    forms
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum JsonStyle {
+    /// serde_json, JavaScript: non-ASCII as is.
+    Plain,
+    /// Python's `json.dumps` default: non-ASCII as `\uXXXX` (lowercase, surrogate pairs).
+    AsciiOnly,
+}
+
+/// The inside of a JSON string holding `v` (without the quotes).
+fn json_escape(v: &str, style: JsonStyle) -> String {
+    let quoted = serde_json::to_string(v).expect("a string always serializes");
+    let inner = &quoted[1..quoted.len() - 1];
+    if style == JsonStyle::Plain {
+        return inner.to_string();
+    }
+    let mut out = String::with_capacity(inner.len());
+    for c in inner.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out
+}
+
+/// A secret as an HTML error page quotes it.
+fn html_escape(v: &str) -> String {
+    v.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
 fn url_form_encode(v: &str) -> String {
     let mut out = String::new();
     for b in v.bytes() {
@@ -326,6 +394,33 @@ mod tests {
             let out = r.redact(&format!("error near {text} here"));
             assert_eq!(out, "error near [redacted] here", "{text}");
         }
+    }
+
+    #[test]
+    fn redacts_json_yaml_html_and_debug_escaped_forms() {
+        let v = "q\"uo\\te\nline-\u{fc}n\u{ef}\u{20ac}-'s/\u{1f511}";
+        let s = Secret::literal("env:X", v);
+        let r = Redactor::new([&s], &[]);
+        let json = serde_json::to_string(v).unwrap();
+        let json = &json[1..json.len() - 1];
+        assert!(json.starts_with(r#"q\"uo\\te\nline-"#), "{json}");
+        let twice = serde_json::to_string(json).unwrap();
+        for text in [
+            json.to_string(),
+            twice[1..twice.len() - 1].to_string(),
+            // Python's json.dumps, the emoji as a surrogate pair.
+            r#"q\"uo\\te\nline-\u00fcn\u00ef\u20ac-'s/\ud83d\udd11"#.to_string(),
+            // PHP's json_encode.
+            r#"q\"uo\\te\nline-\u00fcn\u00ef\u20ac-'s\/\ud83d\udd11"#.to_string(),
+            format!("{v:?}").trim_matches('"').to_string(),
+            "q\"uo\\te\nline-\u{fc}n\u{ef}\u{20ac}-''s/\u{1f511}".to_string(),
+            "q&quot;uo\\te\nline-\u{fc}n\u{ef}\u{20ac}-&#39;s/\u{1f511}".to_string(),
+        ] {
+            let out = r.redact(&format!("error near {text} here"));
+            assert_eq!(out, "error near [redacted] here", "{text}");
+        }
+        // A secret with nothing to escape adds no needles.
+        assert!(escaped_forms("plainsecret").is_empty());
     }
 
     #[test]

@@ -437,8 +437,18 @@ pub fn refusal(found: &[ForeignNote], vault: &Vault, window: Duration) -> String
     } else {
         String::new()
     };
+    // §9.14: a date ahead of our clock is said to be one; `--take-over` makes it history too.
+    let now = SystemTime::now();
+    let future = if newest.updated > now {
+        format!(
+            " (a date in the future: this machine's clock says {}; one of the two clocks is wrong, or the date was written by hand)",
+            humantime::format_rfc3339_seconds(now)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "a second runner works on this vault: {note} was updated at {at} by vaultd {runner} on host {host}{others}, within runner_window = {window} (a replica of this vault, kept in sync, has its own vaultd; two daemons would send every call twice). Either stop vaultd on {host} and let the sync settle, then start this one again; or, if {host} is gone for good, start this one with `vaultd run --take-over` (or `vaultd once --take-over`): notes {runners} updated up to now are then history",
+        "a second runner works on this vault: {note} was updated at {at}{future} by vaultd {runner} on host {host}{others}, within runner_window = {window} (a replica of this vault, kept in sync, has its own vaultd; two daemons would send every call twice). Either stop vaultd on {host} and let the sync settle, then start this one again; or, if {host} is gone for good, start this one with `vaultd run --take-over` (or `vaultd once --take-over`): notes {runners} updated up to now are then history",
         note = vault.relative(&newest.path),
         at = humantime::format_rfc3339_seconds(newest.updated),
         runner = newest.runner,

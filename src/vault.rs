@@ -72,6 +72,19 @@ pub enum VaultError {
     SymlinkedFolder { path: PathBuf, why: String },
 }
 
+impl VaultError {
+    /// A move refused because a folder on its way is a symlink (DESIGN §9.13).
+    pub fn is_symlink_refusal(&self) -> bool {
+        match self {
+            VaultError::SymlinkedFolder { .. } => true,
+            VaultError::Move { source, .. } | VaultError::CreateFolder { source, .. } => {
+                crate::beneath::is_symlink_refusal(source)
+            }
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Vault {
     root: PathBuf,
@@ -198,7 +211,7 @@ impl Vault {
     /// Moves a note into `to`, keeping its path relative to its state folder. Never
     /// overwrites: a taken name gets ` (2)`, ` (3)`, … Returns the new path.
     pub fn move_to(&self, path: &Path, to: State) -> Result<PathBuf, VaultError> {
-        let placed = self.place(path, to, rename_noreplace)?;
+        let placed = self.place(path, to, |from, to| rename_noreplace(&self.root, from, to))?;
         if let Some(parent) = path.parent() {
             fsync_dir(parent);
         }
@@ -215,7 +228,9 @@ impl Vault {
     pub fn link_to(&self, path: &Path, to: State) -> Result<(PathBuf, LeftBehind), LinkError> {
         use std::os::unix::fs::MetadataExt;
         let placed = self
-            .place(path, to, |from, to| std::fs::hard_link(from, to))
+            .place(path, to, |from, to| {
+                crate::beneath::hard_link(&self.root, from, to)
+            })
             .map_err(|e| match &e {
                 VaultError::Move { source, .. } if link_unsupported(source) => {
                     LinkError::Unsupported
@@ -251,7 +266,7 @@ impl Vault {
         let Some(aside) = aside_name(&left.path) else {
             return Ok(false);
         };
-        match rename_noreplace(&left.path, &aside) {
+        match rename_noreplace(&self.root, &left.path, &aside) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(e),
@@ -279,7 +294,7 @@ impl Vault {
             } else {
                 numbered(name, n)
             };
-            match rename_noreplace(aside, &candidate) {
+            match rename_noreplace(&self.root, aside, &candidate) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 other => return other,
             }
@@ -351,9 +366,11 @@ impl Vault {
                 {
                     made_folder = true;
                     let parent = target.parent().expect("checked above");
-                    std::fs::create_dir_all(parent).map_err(|source| VaultError::CreateFolder {
-                        path: parent.to_path_buf(),
-                        source,
+                    crate::beneath::create_dirs(&self.root, parent).map_err(|source| {
+                        VaultError::CreateFolder {
+                            path: parent.to_path_buf(),
+                            source,
+                        }
                     })?;
                 }
                 Err(source) => {
@@ -566,25 +583,13 @@ fn numbered(target: &Path, n: u32) -> PathBuf {
     target.with_file_name(format!("{stem}{suffix}"))
 }
 
-/// rename(2) that fails with AlreadyExists instead of replacing the target.
-fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    use std::ffi::CString;
-    let f = CString::new(from.as_os_str().as_bytes())?;
-    let t = CString::new(to.as_os_str().as_bytes())?;
-    // SAFETY: both pointers are valid NUL-terminated strings for the duration of the call.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            f.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
+/// rename(2) that fails with AlreadyExists instead of replacing the target, through folders
+/// opened from the vault `root` without following symlinks (DESIGN §9.13).
+fn rename_noreplace(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
+    let err = match crate::beneath::rename_noreplace(root, from, to) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
     };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
     match err.raw_os_error() {
         // File systems without RENAME_NOREPLACE: check, then rename (a narrow race, but
         // nothing is lost: the worst case is a replaced name on such a file system).
@@ -592,10 +597,67 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
             if to.symlink_metadata().is_ok() {
                 return Err(io::Error::from(io::ErrorKind::AlreadyExists));
             }
-            std::fs::rename(from, to)
+            crate::beneath::rename(root, from, to)
         }
         _ => Err(err),
     }
+}
+
+/// Opens a file of the vault for reading: never through a symlink at its own name, never
+/// waiting for a FIFO's writer (`O_NONBLOCK`), and only a regular file (docs/design.md §9.15): a FIFO
+/// named `x.md`, a socket or a device gives an `InvalidInput` error that says what it is.
+pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symlink; vaultd never reads through one",
+                    path.display()
+                ),
+            ),
+            _ => e,
+        })?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        return Ok(file);
+    }
+    let what = if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_dir() {
+        "a folder"
+    } else {
+        "not a regular file"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{} is {what}, not a regular file; vaultd reads only regular files",
+            path.display()
+        ),
+    ))
+}
+
+/// [`open_regular`], read whole.
+pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_regular(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// [`read_regular`] as UTF-8 text.
+pub fn read_regular_text(path: &Path) -> io::Result<String> {
+    String::from_utf8(read_regular(path)?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8"))
 }
 
 /// Makes renames into or out of `dir` durable, sharing fsyncs between callers (for throughput):

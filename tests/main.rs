@@ -20,5 +20,7 @@ mod recovery;
 mod reload;
 mod secrets;
 mod service;
+mod shutdown;
+mod symlink_swap;
 mod synced;
 mod vault_tools;

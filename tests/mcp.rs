@@ -647,3 +647,74 @@ fn a_server_that_never_answers_does_not_delay_start_up_past_start_timeout() {
     assert_eq!(r["error"]["retryable"], true);
     daemon.wait_for_log("within its start_timeout of 1s");
 }
+
+/// DESIGN §10.4: the ready-to-use list for a model carries only definitions that may run. A
+/// changed definition (the rug pull: a poisoned nested description) and a tool that appeared
+/// after the first listing are left out and named on stderr until accepted.
+#[test]
+fn format_openai_and_anthropic_leave_out_definitions_changed_since_accepted() {
+    let (vault, dir) = mcp_vault(
+        "allow = [\"*\"]\n[mcp.t.tools.drifting]\neffect = \"read_only\"\n[mcp.t.tools.late]\neffect = \"read_only\"\n",
+        "",
+    );
+    // The first listing pins the definitions; the second sees the changed one.
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    std::fs::write(dir.join("drift"), "1").unwrap();
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+
+    let formatted = |format: &str| {
+        let out = vault
+            .cmd()
+            .args(["tools", "--format", format])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let list: Value = serde_json::from_str(&stdout).unwrap();
+        let names: Vec<String> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                t["name"]
+                    .as_str()
+                    .or_else(|| t["function"]["name"].as_str())
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        (names, stdout, stderr)
+    };
+    for format in ["openai", "anthropic"] {
+        let (names, stdout, stderr) = formatted(format);
+        assert!(
+            !names.contains(&"mcp__t__drifting".to_string()),
+            "{names:?}"
+        );
+        assert!(!names.contains(&"mcp__t__late".to_string()), "{names:?}");
+        assert!(!stdout.contains("id_rsa"), "{stdout}");
+        assert!(names.contains(&"search_web".to_string()), "{names:?}");
+        assert!(names.iter().any(|n| n.starts_with("mcp__t__")), "{names:?}");
+        for needle in [
+            "left out mcp__t__drifting: changed since accepted",
+            "left out mcp__t__late",
+        ] {
+            assert!(stderr.contains(needle), "{needle:?}: {stderr}");
+        }
+    }
+
+    // Accepted: the new definition is listed.
+    let out = vault
+        .cmd()
+        .args(["tools", "accept", "mcp__t__drifting"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let (names, stdout, stderr) = formatted("openai");
+    assert!(names.contains(&"mcp__t__drifting".to_string()), "{names:?}");
+    assert!(stdout.contains("id_rsa"), "{stdout}");
+    assert!(!stderr.contains("mcp__t__drifting"), "{stderr}");
+}

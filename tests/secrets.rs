@@ -20,17 +20,47 @@ const TOKEN_PATH: &str = "/services/T000/B000/SECRETTOKEN123";
 const PASSWORD: &str = "pw-Sup3rS3cret!";
 const USER: &str = "agent";
 
-/// Every form a secret could leak in: plain, URL-encoded, base64, and SMTP AUTH PLAIN.
+/// Every form a secret could leak in: plain, URL-encoded, base64, SMTP AUTH PLAIN, and
+/// escaped inside a JSON string (once, twice, ASCII-only as Python writes it), a YAML
+/// single-quoted string, Rust's `Debug` (DESIGN §10.8).
 fn forms(secret: &str) -> Vec<String> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let url = percent_encoding::utf8_percent_encode(secret, percent_encoding::NON_ALPHANUMERIC)
         .to_string();
+    let json = json_inside(secret);
     vec![
         secret.to_string(),
         url,
         b64.encode(secret),
         b64.encode(format!("\0{USER}\0{secret}")),
+        json_inside(&json),
+        ascii_json_inside(secret),
+        secret.replace('\'', "''"),
+        format!("{secret:?}").trim_matches('"').to_string(),
+        json,
     ]
+}
+
+/// `s` as the inside of a JSON string.
+fn json_inside(s: &str) -> String {
+    let q = serde_json::to_string(s).unwrap();
+    q[1..q.len() - 1].to_string()
+}
+
+/// `s` as the inside of a JSON string with every non-ASCII character as `\uXXXX`.
+fn ascii_json_inside(s: &str) -> String {
+    let mut out = String::new();
+    for c in json_inside(s).chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out
 }
 
 /// Panics naming the file when any form of `secret` is in any file under `dir`.
@@ -203,8 +233,20 @@ struct RefusingSmtp {
     lines: Arc<Mutex<Vec<String>>>,
 }
 
+/// How the refusing server quotes the decoded `user:password` back (with `\0` as `:`).
+type Quote = fn(&str) -> String;
+
+/// As is: `bad credentials agent:pw`.
+fn quote_plain(decoded: &str) -> String {
+    decoded.to_string()
+}
+
 impl RefusingSmtp {
     fn start() -> RefusingSmtp {
+        RefusingSmtp::start_quoting(quote_plain)
+    }
+
+    fn start_quoting(quote: Quote) -> RefusingSmtp {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let lines = Arc::new(Mutex::new(Vec::new()));
@@ -213,7 +255,7 @@ impl RefusingSmtp {
             for stream in listener.incoming().flatten() {
                 let seen = seen.clone();
                 std::thread::spawn(move || {
-                    let _ = refuse_logins(stream, &seen);
+                    let _ = refuse_logins(stream, &seen, quote);
                 });
             }
         });
@@ -225,7 +267,11 @@ impl RefusingSmtp {
     }
 }
 
-fn refuse_logins(stream: std::net::TcpStream, seen: &Mutex<Vec<String>>) -> std::io::Result<()> {
+fn refuse_logins(
+    stream: std::net::TcpStream,
+    seen: &Mutex<Vec<String>>,
+    quote: Quote,
+) -> std::io::Result<()> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut out = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
@@ -241,7 +287,9 @@ fn refuse_logins(stream: std::net::TcpStream, seen: &Mutex<Vec<String>>) -> std:
         }
     };
     let decoded = |s: &str| {
-        String::from_utf8_lossy(&b64.decode(s.trim()).unwrap_or_default()).replace('\0', ":")
+        quote(
+            &String::from_utf8_lossy(&b64.decode(s.trim()).unwrap_or_default()).replace('\0', ":"),
+        )
     };
     out.write_all(b"220 refuser ESMTP\r\n")?;
     while let Some(line) = read_line(&mut reader) {
@@ -336,4 +384,60 @@ async fn an_smtp_server_on_a_closed_port_leaks_the_password_nowhere() {
     assert_eq!(r["error"]["retryable"], true);
     assert_in_no_file(vault.dir.path(), PASSWORD);
     check_cli_outputs(&vault, &env, PASSWORD);
+}
+
+/// A password holding a quote, a backslash, a newline, an apostrophe and non-ASCII text
+/// (DESIGN §10.8).
+const AWKWARD_PASSWORD: &str = "pw-q\"uo\\te\nnext-\u{fc}n\u{ef}\u{20ac}-'s/\u{1f511}-Sup3r";
+
+/// Quotes the credentials the way a server answering in JSON does: escaped (Rust/JS style and
+/// Python's ASCII-only style), in a YAML single-quoted string, and as is where that cannot
+/// break the SMTP line.
+fn quote_escaped(decoded: &str) -> String {
+    let raw = if decoded.contains(['\r', '\n']) {
+        String::new()
+    } else {
+        format!(" raw={decoded}")
+    };
+    format!(
+        "{{\"login\": \"{}\", \"ascii\": \"{}\", \"yaml\": '{}'}}{raw}",
+        json_inside(decoded),
+        ascii_json_inside(decoded),
+        decoded.replace('\'', "''"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_with_quotes_backslashes_newlines_and_non_ascii_leaks_in_no_form() {
+    // The second has no newline: the server quotes it raw too.
+    for secret in [AWKWARD_PASSWORD, "pw-\"only\\quotes'and-\u{e9}"] {
+        let search = SearxServer::start(Duration::ZERO).await;
+        let smtp = RefusingSmtp::start_quoting(quote_escaped);
+        let env = [("SMTP_PASSWORD", secret)];
+        let vault = TestVault::new(&search.base_url(), &smtp_config(smtp.port));
+        // The daemon too: its log, and the journal's -wal while it is open.
+        let daemon = RunningDaemon::start(cmd(&vault, &env), vault.dir.path().join("daemon.log"));
+        vault.drop_note("mail.md", &mail_note());
+        vault.wait_until_in("Failed", "mail.md");
+        assert_in_no_file(vault.dir.path(), secret);
+        assert_eq!(daemon.terminate().code(), Some(0));
+        vault.drop_note("again.md", &mail_note());
+        once_logged(&vault, &env);
+
+        // The server really got the login and quoted it back escaped.
+        let lines = smtp.received();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.to_ascii_uppercase().starts_with("AUTH")),
+            "{lines:?}"
+        );
+        let r = only_failure(&vault, "mail.md");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(message.contains("refused the login: 535"), "{message}");
+        assert!(message.contains("\"ascii\": \""), "{message}");
+        assert!(message.contains("[redacted]"), "{message}");
+        assert_in_no_file(vault.dir.path(), secret);
+        check_cli_outputs(&vault, &env, secret);
+    }
 }

@@ -673,3 +673,48 @@ async fn duplicates_a_sync_client_brings_from_a_replica_are_not_sent_again() {
     assert_eq!(texts.len(), 2, "deploy once, another once: {texts:?}");
     drop(daemon);
 }
+
+// ---------------------------------------------------------------------------------------------
+// docs/design.md §9.14: a `tool_updated` in the future (the other host's clock is ahead) is named as
+// such, and `--take-over` always works; that host's later notes still stop start-up.
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_future_dated_note_is_named_as_such_and_take_over_always_works() {
+    let search = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&search.base_url(), "");
+    vault.drop_into(
+        "Done",
+        "ahead.md",
+        their_note("laptop-beef", SystemTime::now() + 2 * HOUR, "done").as_bytes(),
+    );
+    vault.drop_note("mine.md", &note_with_calls("Mine", &[search_call("mine")]));
+    let (code, err) = run_refused(&vault);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("Done/ahead.md"), "{err}");
+    assert!(err.contains("in the future"), "{err}");
+
+    // `run --take-over` starts and works the vault.
+    let daemon = start_taking_over(&vault, "take-over.log");
+    vault.wait_until_in("Done", "mine.md");
+    assert_eq!(daemon.terminate().code(), Some(0));
+    // Later restarts do not ask again.
+    vault.drop_note("next.md", &note_with_calls("Next", &[search_call("next")]));
+    let (code, err) = vault.once();
+    assert_eq!(code, 0, "{err}");
+    assert!(vault.exists("Done", "next.md"));
+
+    // That host, its clock still ahead, updates a note later: start-up stops again.
+    vault.drop_into(
+        "Done",
+        "ahead-later.md",
+        their_note(
+            "laptop-beef",
+            SystemTime::now() + 2 * HOUR + HOUR / 4,
+            "done",
+        )
+        .as_bytes(),
+    );
+    let (code, err) = vault.once();
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("Done/ahead-later.md"), "{err}");
+}

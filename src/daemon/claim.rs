@@ -145,6 +145,7 @@ impl Daemon {
             {
                 None
             }
+            Err(e) if self.pause_if_symlinked(&e) => None, // §9.13: the note stays where it is
             Err(e) => {
                 let (len, mtime) = stamp(path);
                 self.problem(path, len, mtime, format!("cannot claim the note: {e}"));
@@ -227,8 +228,9 @@ impl Daemon {
     ) -> Result<Stamp, DaemonError> {
         let (p, id) = (path.to_path_buf(), note_id.to_string());
         let runner = self.runners.me.to_string();
+        let root = self.vault.root().to_path_buf();
         let written = tokio::task::spawn_blocking(move || {
-            note::update_note(&p, |current| {
+            note::update_note_beneath(&root, &p, |current| {
                 note::stamp_claim(current, &id, &runner, SystemTime::now())
             })
         })
@@ -267,7 +269,7 @@ impl Daemon {
             let last = self.read_journal(|j| j.note_path(&q))?;
             let original = last.filter(|p| {
                 *p != rel
-                    && std::fs::read_to_string(self.vault.root().join(p))
+                    && crate::vault::read_regular_text(&self.vault.root().join(p))
                         .is_ok_and(|t| note::frontmatter_property(&t, "tool_note") == Some(&id))
             });
             let (prior, stale) = self.prior_for(&id).await?;

@@ -420,12 +420,19 @@ impl Daemon {
         if self.runners.is_paused() {
             return Ok(()); // a second runner: nothing new is claimed (§9.9)
         }
-        match state {
+        if !self.folders_safe() {
+            return Ok(()); // a state folder is a symlink: nothing is claimed (§9.13)
+        }
+        let looked = match state {
             State::NeedsAction => self.claim_and_run(path, Pass::Fresh).await,
             State::Approved => self.claim_and_run(path, Pass::Approved).await,
             State::Rejected => self.reject_held(path).await,
             State::DryRun => self.preview_note(path).await,
             _ => Ok(()),
+        };
+        match looked {
+            Err(e) if self.pause_if_symlinked_error(&e) => Ok(()),
+            other => other,
         }
     }
 
@@ -580,7 +587,7 @@ pub(crate) fn unfinished_tail<'a>(text: &str, parsed: &'a ParsedNote) -> Option<
 /// Whether the note at `path` holds a call without a result; None when it is no longer there
 /// (read errors: false; the note task reports them).
 pub(crate) fn has_pending_call(path: &Path) -> Option<bool> {
-    match std::fs::read_to_string(path) {
+    match crate::vault::read_regular_text(path) {
         Ok(text) => Some(
             crate::note::parse_note(&text)
                 .pending_calls()

@@ -29,6 +29,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 
 pub(crate) mod claim;
+mod folders;
 pub(crate) mod intake;
 mod lock;
 pub(crate) mod recover;
@@ -166,6 +167,8 @@ pub struct Daemon {
     pub(crate) runners: RunnerWatch,
     /// Notes renamed in: claimed by hard link, first name dropped after `moved_in_grace`.
     pub(crate) arrivals: crate::arrivals::Arrivals,
+    /// Set while a state folder is a symlink: nothing is claimed (§9.13).
+    pub(crate) folder_pause: folders::FolderPause,
 }
 
 /// The shared HTTP client: one connection pool for every tool.
@@ -314,6 +317,7 @@ async fn run_reloading(
         settling: Mutex::new(HashSet::new()),
         mode,
         runners,
+        folder_pause: Default::default(),
     });
     daemon.supervise(mode, shutdown).await
 }
@@ -342,7 +346,20 @@ fn one_runner(
             source,
         })?;
     if take_over {
-        let at = journal.record_take_over(me.as_str())?;
+        // §9.14: the other runner's notes as they are now, future-dated ones included, become
+        // history whatever its clock says; `--take-over` always works.
+        let newest_foreign = crate::synced::foreign_notes(
+            vault,
+            &me,
+            config.runner_window,
+            journal.taken_over_at()?,
+            config.max_note_bytes,
+            SystemTime::now(),
+        )
+        .into_iter()
+        .map(|f| f.updated)
+        .max();
+        let at = journal.record_take_over(me.as_str(), newest_foreign)?;
         tracing::warn!(
             runner = %me,
             "--take-over: notes other runners updated up to {} are history; this daemon runs the vault",

@@ -64,7 +64,7 @@ impl Daemon {
         open: Option<crate::journal::OpenRun>,
     ) -> Result<(), DaemonError> {
         let rel = self.vault.relative(path);
-        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let text = crate::vault::read_regular_text(path).unwrap_or_default();
         let carried = note::frontmatter_property(&text, "tool_note")
             .filter(|id| valid_note_id(id))
             .map(str::to_string);

@@ -36,12 +36,19 @@ pub struct RunnerPause {
 }
 
 impl Journal {
-    /// Records a take-over by `runner` now and returns its time: notes of other runners
-    /// updated up to it are history from now on.
-    pub fn record_take_over(&self, runner: &str) -> Result<SystemTime, JournalError> {
+    /// Records a take-over by `runner` and returns its cutoff: notes of other runners updated
+    /// up to it are history from now on. The cutoff is now, or `up_to` when that is later: a
+    /// note the other host stamped with a clock ahead of ours (DESIGN §9.14) is history too,
+    /// and that host's later notes, stamped by the same clock, still come after it.
+    pub fn record_take_over(
+        &self,
+        runner: &str,
+        up_to: Option<SystemTime>,
+    ) -> Result<SystemTime, JournalError> {
         let runner = runner.to_owned();
+        let up_to = up_to.map(super::to_ms);
         self.write(move |tx| {
-            let at = now_ms();
+            let at = up_to.map_or_else(now_ms, |t| t.max(now_ms()));
             tx.execute(
                 "INSERT INTO runner_takeovers (at_ms, runner) VALUES (?1, ?2)",
                 params![at, runner],
@@ -113,9 +120,9 @@ mod tests {
         let j = Journal::open(dir.path()).unwrap();
         assert_eq!(j.taken_over_at().unwrap(), None);
         assert_eq!(j.pause().unwrap(), None);
-        let first = j.record_take_over("alpha-0a1b").unwrap();
+        let first = j.record_take_over("alpha-0a1b", None).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let second = j.record_take_over("alpha-0a1b").unwrap();
+        let second = j.record_take_over("alpha-0a1b", None).unwrap();
         assert!(second > first);
         j.record_pause("alpha-0a1b", "beta-1234", "Done/x.md")
             .unwrap();

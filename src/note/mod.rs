@@ -14,4 +14,6 @@ pub use parse::{
     json_block_contents, params_hash, parse_note,
 };
 pub use render::{Block, append_and_set, append_blocks, set_note_id, set_runner, stamp_claim};
-pub use write::{WriteError, read_settled, update_note, update_note_then_move};
+pub use write::{
+    WriteError, read_settled, update_note, update_note_beneath, update_note_then_move,
+};

@@ -21,6 +21,13 @@ pub enum WriteError {
     },
 }
 
+impl WriteError {
+    /// A write refused because the note's folder is reached through a symlink (§9.13).
+    pub fn is_symlink_refusal(&self) -> bool {
+        matches!(self, WriteError::Io { source, .. } if crate::beneath::is_symlink_refusal(source))
+    }
+}
+
 /// How often the note may change under us before we give up on this write (about 1.5 s of
 /// back-off in all; the daemon retries the whole write later, so giving up loses nothing).
 const MAX_ATTEMPTS: u32 = 20;
@@ -42,7 +49,20 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// temp file is dropped and `build` runs again on the new content, so the other writer's
 /// change is kept. When `build` changes nothing, nothing is written.
 pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
-    update(path, build, true)
+    update(None, path, build, true)
+}
+
+/// [`update_note`] for a note below the vault `root` (the daemon's writes into state folders,
+/// DESIGN §9.13): the note's folder must be reached from `root` without a symlink, checked
+/// before the temp file is made, and the rename goes through that folder opened without
+/// following symlinks; a folder swapped for a symlink gives an error whose source
+/// [`crate::beneath::is_symlink_refusal`] recognises, and nothing is written through it.
+pub fn update_note_beneath(
+    root: &Path,
+    path: &Path,
+    build: impl Fn(&str) -> String,
+) -> Result<String, WriteError> {
+    update(Some(root), path, build, true)
 }
 
 /// [`update_note`] without the fsync of the note's folder after the rename, for a caller that
@@ -50,13 +70,15 @@ pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String
 /// makes this rename durable too, before anything is recorded as done. A caller whose move
 /// then fails must fsync the folder itself ([`crate::vault::fsync_dir`]).
 pub fn update_note_then_move(
+    root: &Path,
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(path, build, false)
+    update(Some(root), path, build, false)
 }
 
 fn update(
+    root: Option<&Path>,
     path: &Path,
     build: impl Fn(&str) -> String,
     sync_folder: bool,
@@ -89,6 +111,9 @@ fn update(
         if new == current {
             return Ok(new);
         }
+        if let (Some(root), Some(folder)) = (root, path.parent()) {
+            crate::beneath::check_dir(root, folder).map_err(|e| io_error(path, e))?;
+        }
         let temp = temp_path(path);
         if let Err(source) = write_temp(&temp, path, new.as_bytes()) {
             let _ = fs::remove_file(&temp);
@@ -119,7 +144,11 @@ fn update(
                 return Err(e);
             }
         }
-        if let Err(source) = fs::rename(&temp, path) {
+        let renamed = match root {
+            Some(root) => crate::beneath::rename(root, &temp, path),
+            None => fs::rename(&temp, path),
+        };
+        if let Err(source) = renamed {
             let _ = fs::remove_file(&temp);
             return Err(io_error(path, source));
         }
@@ -162,7 +191,7 @@ struct Guard {
 impl Guard {
     /// `None` while another process has the note open for writing.
     fn take(path: &Path) -> Result<Option<Guard>, WriteError> {
-        let file = File::open(path).map_err(|e| read_error(path, e))?;
+        let file = crate::vault::open_regular(path).map_err(|e| read_error(path, e))?;
         #[cfg(target_os = "linux")]
         {
             use std::os::fd::AsRawFd;
@@ -295,14 +324,15 @@ pub fn read_settled(path: &Path) -> Result<Vec<u8>, WriteError> {
         }
         std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
     }
-    fs::read(path).map_err(|e| read_error(path, e))
+    crate::vault::read_regular(path).map_err(|e| read_error(path, e))
 }
 
 /// The note's bytes, or None while another process may still be writing it (as
 /// [`writer_busy`] tells): one open where a check and a read took two (every note is read
 /// so twice on its way to Done, so the saved open counts).
 fn read_unless_busy(path: &Path) -> Result<Option<Vec<u8>>, WriteError> {
-    let mut file = File::open(path).map_err(|e| read_error(path, e))?;
+    // Only a regular file: a FIFO named like a note would block the read forever (§9.15).
+    let mut file = crate::vault::open_regular(path).map_err(|e| read_error(path, e))?;
     let (bytes, busy) = read_noting_writer(&mut file).map_err(|e| read_error(path, e))?;
     Ok((!busy).then_some(bytes))
 }
@@ -349,7 +379,7 @@ pub fn writer_busy(path: &Path) -> Result<bool, WriteError> {
     {
         use std::os::fd::AsRawFd;
         ignore_lease_break_signal();
-        let file = File::open(path).map_err(|e| read_error(path, e))?;
+        let file = crate::vault::open_regular(path).map_err(|e| read_error(path, e))?;
         let fd = file.as_raw_fd();
         // SAFETY: fcntl on a valid, open descriptor; the lease is dropped before it closes.
         let rc = unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) };

@@ -34,6 +34,8 @@ pub(crate) struct Ending<'a> {
 
 /// A run's results, to append to its note in the blocking pool.
 struct Appender {
+    /// The vault root: the note's folder is reached from it without a symlink (§9.13).
+    root: PathBuf,
     path: PathBuf,
     note_id: String,
     results: Vec<CallResult>,
@@ -52,9 +54,9 @@ impl Appender {
         let update = if self.moves_on {
             note::update_note_then_move
         } else {
-            note::update_note
+            note::update_note_beneath
         };
-        let written = update(&self.path, &|current: &str| {
+        let written = update(&self.root, &self.path, &|current: &str| {
             let appended = append_results(
                 current,
                 &self.note_id,
@@ -276,6 +278,7 @@ impl Daemon {
         next: State,
     ) -> Appender {
         Appender {
+            root: self.vault.root().to_path_buf(),
             path: path.to_path_buf(),
             note_id: note_id.to_string(),
             results,
@@ -306,6 +309,13 @@ impl Daemon {
             }
             Err(note::WriteError::Gone(_)) => Ok(WriteBack::Gone),
             Err(e) => {
+                if e.is_symlink_refusal() {
+                    // §9.13: claiming pauses (logged once) until the folder is real again.
+                    self.pause_if_symlinked(&crate::vault::VaultError::SymlinkedFolder {
+                        path: path.parent().unwrap_or(path).to_path_buf(),
+                        why: "was swapped for a symlink while vaultd ran".into(),
+                    });
+                }
                 let rel = self.vault.relative(path);
                 let message = format!(
                     "results not written yet ({e}); the note stays in {}/ and is retried at the next scan",

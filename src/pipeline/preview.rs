@@ -39,8 +39,9 @@ impl Daemon {
         let path_buf = path.to_path_buf();
         let now = SystemTime::now();
         let runner = self.runners.me.clone();
+        let root = self.vault.root().to_path_buf();
         let written = tokio::task::spawn_blocking(move || {
-            note::update_note(&path_buf, |current| {
+            note::update_note_beneath(&root, &path_buf, |current| {
                 let parsed = parse_note(current);
                 let previews =
                     dry_run::previews(&registry, &redactor, &parsed, current, &note, &facts);

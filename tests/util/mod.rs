@@ -856,3 +856,50 @@ impl SmtpServer {
         self.mails.lock().unwrap().clone()
     }
 }
+
+/// Makes a FIFO at `path` (a command tool with `writable` can make one named like a note).
+pub fn make_fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o644) },
+        0,
+        "mkfifo {path:?}"
+    );
+}
+
+/// Waits up to `deadline` for `child` to exit; kills it and returns None when it did not.
+pub fn exit_within(child: &mut Child, deadline: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+impl TestVault {
+    /// `vaultd once` that must end within `deadline`; (exit code, stderr), or a panic that says
+    /// it hung (the process is killed first).
+    pub fn once_within(&self, deadline: Duration) -> (i32, String) {
+        let log = self.dir.path().join("once.log");
+        let mut child = self
+            .cmd()
+            .arg("once")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn vaultd once");
+        let status = exit_within(&mut child, deadline);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let Some(status) = status else {
+            panic!("vaultd once did not exit within {deadline:?}; its log:\n{text}");
+        };
+        (status.code().unwrap_or(-1), text)
+    }
+}

@@ -220,7 +220,10 @@ impl McpSource {
         let server = self.servers.iter().find(|s| s.name() == srv)?;
         let listed = server.tool(tool)?;
         let catalog = journal.mcp_catalog(srv).ok().flatten();
-        let (pin, diff) = match journal.mcp_pin_state(srv, &listed.listed) {
+        let pin_state = journal.mcp_pin_state(srv, &listed.listed);
+        // What `check_pin` lets run: `--format openai|anthropic` lists only these (§10.4).
+        let may_run = matches!(pin_state, Ok(PinState::Accepted));
+        let (pin, diff) = match pin_state {
             Ok(PinState::Accepted) => ("accepted", None),
             Ok(PinState::New) => ("new: run `vaultd tools accept` to allow calls", None),
             Ok(PinState::Changed {
@@ -235,6 +238,7 @@ impl McpSource {
             "server": srv,
             "annotations": listed.definition.get("annotations").cloned().unwrap_or(Value::Null),
             "pin": pin,
+            "may_run": may_run,
             "diff": diff,
             "catalog_refreshed_at": catalog.map(|c| c.listed_at),
         }))
@@ -350,6 +354,15 @@ impl McpTool {
 impl Tool for McpTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    /// A schema that does not compile makes the tool unusable: `vaultd tools` says so and
+    /// `--format openai|anthropic` leaves it out.
+    fn details(&self) -> Option<Value> {
+        let why = self.broken_schema.as_ref()?;
+        Some(
+            json!({ "unusable": format!("its inputSchema from the server does not compile: {why}") }),
+        )
     }
 
     fn admit(&self, _parameters: &Map<String, Value>) -> Admission {

@@ -353,7 +353,8 @@ pub(crate) fn opt_param<'a>(call: &'a VaultCall, key: &str) -> Option<&'a str> {
 
 /// The file's bytes, or `None` when nothing is there.
 pub(crate) fn current_bytes(abs: &Path) -> Result<Option<Vec<u8>>, CallError> {
-    match std::fs::read(abs) {
+    // Only a regular file, never waiting on a FIFO (DESIGN §9.15).
+    match crate::vault::read_regular(abs) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(execution(format!("cannot read {}: {e}", abs.display()))),

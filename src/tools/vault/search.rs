@@ -92,9 +92,14 @@ pub fn search(
     for rel in walk_notes(context, dir, true) {
         let mut lines: Vec<(u64, String)> = Vec::new();
         let path = root.join(&rel);
-        let searched = searcher.search_path(
+        // Opened as a regular file first: a FIFO put there after the walk is skipped, never
+        // waited on (DESIGN §9.15).
+        let Ok(file) = crate::vault::open_regular(&path) else {
+            continue;
+        };
+        let searched = searcher.search_file(
             &matcher,
-            &path,
+            &file,
             Lossy(|n, line| {
                 lines.push((n, line.trim_end_matches(['\n', '\r']).to_string()));
                 Ok(true)
@@ -133,7 +138,7 @@ pub fn search(
 
 /// `#tag` (or `#tag/sub`) in the text, or `tag` in the `tags` property.
 fn has_tag(path: &std::path::Path, tag: &str) -> bool {
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let Ok(text) = crate::vault::read_regular_text(path) else {
         return false;
     };
     let in_property = match read_properties(&text).get("tags") {

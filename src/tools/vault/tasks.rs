@@ -120,7 +120,7 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
     let mut truncated = false;
     if dir.is_dir() {
         'notes: for rel in walk_notes(context, &dir, true) {
-            let Ok(text) = std::fs::read_to_string(context.paths.root().join(&rel)) else {
+            let Ok(text) = crate::vault::read_regular_text(&context.paths.root().join(&rel)) else {
                 continue;
             };
             for (line, task) in tasks_of(&text) {
