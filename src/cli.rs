@@ -205,6 +205,10 @@ pub struct RunnerArgs {
     /// stopped or gone for good.
     #[arg(long)]
     pub take_over: bool,
+    /// Start with a new, empty journal although this vault holds notes vaultd ran here (the
+    /// journal was deleted or emptied): their pending send/write calls are held for approval.
+    #[arg(long)]
+    pub new_journal: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -369,9 +373,16 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        daemon::run_vault(config, mode, runner.take_over, redactor, shutdown_signal())
-            .await
-            .map_err(anyhow::Error::from)
+        daemon::run_vault(
+            config,
+            mode,
+            runner.take_over,
+            runner.new_journal,
+            redactor,
+            shutdown_signal(),
+        )
+        .await
+        .map_err(anyhow::Error::from)
     })?;
     Ok(0)
 }
@@ -989,7 +1000,7 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
 }
 
 fn open_journal(config: &Config) -> Result<crate::journal::Journal> {
-    Ok(crate::journal::Journal::open(&config.state_dir)?)
+    Ok(crate::state::open_journal(config)?)
 }
 
 fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
@@ -1016,6 +1027,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     let circuits = crate::guard::breaker::read_state_file(&config.state_dir, daemon_pid);
     let runner = crate::synced::RunnerId::load(&config.state_dir);
     let pause = journal.pause()?;
+    let storage_pause = crate::state::storage_pause(&config.state_dir, daemon_pid);
     let failures = journal.recent_failures(10)?;
     let problems = journal.problems(10)?;
     let now = std::time::SystemTime::now();
@@ -1041,6 +1053,8 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             "rate_limits": rates,
             "open_circuits": circuits,
             "runner": runner.as_ref().map(|r| r.to_string()),
+            "state_dir": config.state_dir.display().to_string(),
+            "storage_paused": storage_pause,
             "paused": pause.as_ref().map(|p| json!({
                 "host": crate::synced::host_of(&p.other),
                 "runner": p.other,
@@ -1062,6 +1076,10 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     match &runner {
         Some(r) => println!("runner {r} (the tool_runner of the notes this daemon claims)"),
         None => println!("runner none yet (made at the first start)"),
+    }
+    println!("state  {}", config.state_dir.display());
+    if let Some(why) = &storage_pause {
+        println!("{}", escape_controls(why));
     }
     if let Some(p) = &pause {
         let host = crate::synced::host_of(&p.other);

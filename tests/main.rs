@@ -17,5 +17,6 @@ mod pipeline;
 mod recovery;
 mod secrets;
 mod service;
+mod state;
 mod synced;
 mod vault_tools;

@@ -390,6 +390,9 @@ impl Daemon {
         if self.runners.is_paused() {
             return Ok(()); // a second runner: nothing new is claimed (§9.9)
         }
+        if self.storage_paused() {
+            return Ok(()); // the journal cannot be written: the note waits (§9.12)
+        }
         match state {
             State::NeedsAction => self.claim_and_run(path, Pass::Fresh).await,
             State::Approved => self.claim_and_run(path, Pass::Approved).await,
