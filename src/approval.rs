@@ -12,7 +12,7 @@
 //!   updates a note; no daemon needed: nothing runs) and moves the note to `Rejected/`.
 
 use crate::config::Config;
-use crate::journal::{Decision, Journal, JournalError};
+use crate::journal::{Decision, JournalError};
 use crate::note::{self, parse_note};
 use crate::pipeline::next_state::append_results;
 use crate::pipeline::plan::{self, HeldInNote};
@@ -158,7 +158,7 @@ pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
             ),
         });
     }
-    let journal = Journal::open(&config.state_dir)?;
+    let journal = crate::state::open_journal(config)?;
     let rel = target.vault.relative(&target.path);
     for h in &shown {
         journal.record_approval(&rel, &h.call_id, &h.hash, Decision::Approved)?;
@@ -188,7 +188,7 @@ pub fn reject(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
             message: "has no call waiting for approval".to_string(),
         });
     }
-    let journal = Journal::open(&config.state_dir)?;
+    let journal = crate::state::open_journal(config)?;
     let runner = RunnerId::load_or_create(&config.state_dir).map_err(|e| ApprovalError::Note {
         path: note.to_path_buf(),
         message: format!(

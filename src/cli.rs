@@ -215,6 +215,10 @@ pub struct RunnerArgs {
     /// stopped or gone for good.
     #[arg(long)]
     pub take_over: bool,
+    /// Start with a new, empty journal although this vault holds notes vaultd ran here (the
+    /// journal was deleted or emptied): their pending send/write calls are held for approval.
+    #[arg(long)]
+    pub new_journal: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -417,7 +421,7 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
             signal.await;
             exit_if_shutdown_hangs(grace, lock);
         };
-        daemon::run_vault(config, mode, runner.take_over, redactor, shutdown)
+        daemon::run_vault(config, mode, runner.take_over, runner.new_journal, redactor, shutdown)
             .await
             .map_err(anyhow::Error::from)
     });
@@ -1125,7 +1129,7 @@ fn print_config(g: &GlobalArgs) -> Result<i32> {
 }
 
 fn open_journal(config: &Config) -> Result<crate::journal::Journal> {
-    Ok(crate::journal::Journal::open(&config.state_dir)?)
+    Ok(crate::state::open_journal(config)?)
 }
 
 fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
@@ -1162,6 +1166,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     let circuits = crate::guard::breaker::read_state_file(&config.state_dir, daemon_pid);
     let runner = crate::synced::RunnerId::load(&config.state_dir);
     let pause = journal.pause()?;
+    let storage_pause = crate::state::storage_pause(&config.state_dir, daemon_pid);
     let failures = journal.recent_failures(10)?;
     let failed_notes_now = notes_now(&vault, &failures);
     let problems = journal.problems(10)?;
@@ -1193,6 +1198,8 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             "rate_limits": rates,
             "open_circuits": circuits,
             "runner": runner.as_ref().map(|r| r.to_string()),
+            "state_dir": config.state_dir.display().to_string(),
+            "storage_paused": storage_pause,
             "paused": pause.as_ref().map(|p| json!({
                 "host": crate::synced::host_of(&p.other),
                 "runner": p.other,
@@ -1214,6 +1221,10 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
     match &runner {
         Some(r) => println!("runner {r} (the tool_runner of the notes this daemon claims)"),
         None => println!("runner none yet (made at the first start)"),
+    }
+    println!("state  {}", config.state_dir.display());
+    if let Some(why) = &storage_pause {
+        println!("{}", escape_controls(why));
     }
     if let Some(p) = &pause {
         let host = crate::synced::host_of(&p.other);

@@ -54,6 +54,8 @@ pub enum ConfigError {
     },
     #[error(transparent)]
     Mcp(#[from] crate::tools::mcp::config::McpConfigError),
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
     #[error(
         "no vault found: {looked}; pass --vault DIR, run vaultd inside a vault, or create one with `vaultd init DIR`"
     )]
@@ -433,15 +435,6 @@ fn user_config_file() -> Option<PathBuf> {
     directories::ProjectDirs::from("", "", "vaultd").map(|d| d.config_dir().join("config.toml"))
 }
 
-fn default_state_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("STATE_DIRECTORY").filter(|v| !v.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    directories::ProjectDirs::from("", "", "vaultd")
-        .and_then(|d| d.state_dir().map(Path::to_path_buf))
-        .unwrap_or_else(|| PathBuf::from(".vaultd-state"))
-}
-
 /// The vault that holds the current folder: the first folder, walking up, that holds
 /// `.vaultd.toml` or `Needs_Action/` (docs/design.md §13).
 pub fn find_vault_upwards() -> Option<PathBuf> {
@@ -706,7 +699,8 @@ pub fn from_raw(
     let state_dir = match (&overrides.state_dir, &raw.state_dir) {
         (Some(s), _) => s.clone(),
         (None, Some(s)) => config_path(s),
-        (None, None) => default_state_dir(),
+        // One state per vault (DESIGN §9.11): named by the id kept in the vault.
+        (None, None) => crate::state::default_state_dir(&vault)?,
     };
 
     let workers = raw.workers.unwrap_or(10);

@@ -28,6 +28,7 @@
 //! - [`runner`]: one call under permit, timeout, rate limit and policy.
 //! - [`results`]: results too big for a note, saved to `Tool_Results/`.
 //! - [`journal`]: the SQLite record of every claim, call and move.
+//! - [`state`]: one state dir per vault, named by the id kept in the vault; the journal opened for its vault.
 //! - [`tools`]: the registry and the tool sources (built-in, MCP servers).
 //! - [`arrivals`]: notes renamed in are claimed at once by hard link; their first name goes after `moved_in_grace`.
 //! - [`daemon`]: run, supervise and drain; intake and settle, the claim, recovery.
@@ -52,6 +53,7 @@ pub mod recent;
 pub mod results;
 pub mod runner;
 pub mod secret;
+pub mod state;
 pub mod synced;
 pub mod tools;
 pub mod vault;

@@ -259,10 +259,22 @@ fn rate_limited(name: &str, window: &RateWindow, reset_at: SystemTime) -> CallEr
     .with_details(serde_json::json!({ "limit": window.max, "window": label, "reset_at": reset_s }))
 }
 
+/// The `details` marking a call that never started because its start could not be recorded.
+const START_NOT_RECORDED: &str = "start_not_recorded";
+
 fn journal_down(why: &str) -> CallError {
     CallError::new(
         ErrorCode::ExecutionError,
         format!("not run: the journal could not record the start: {why}"),
     )
     .retryable(true)
+    .with_details(serde_json::json!({ "journal": START_NOT_RECORDED }))
+}
+
+/// Whether `result` is a call that did not run because the journal could not record its
+/// start: it stays pending in its note, never a failure of it (DESIGN §9.12).
+pub fn start_not_recorded(result: &CallResult) -> bool {
+    matches!(&result.outcome, Err(e)
+        if e.details.as_ref().and_then(|d| d.get("journal")).and_then(|j| j.as_str())
+            == Some(START_NOT_RECORDED))
 }

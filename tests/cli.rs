@@ -821,7 +821,7 @@ printf '```json\n{"tool_call": {"name": "send_notification", "parameters": {"rec
 vaultd check report.md              # -> held for approval: recipient boss@example.net is not in allowed_recipients
 vaultd once                         # the note waits in Pending_Approval/
 vaultd approve report.md            # approve exactly what the question shows
-vaultd once                         # sent (an .eml in ~/.local/state/vaultd/outbox); the note ends in Done/
+vaultd once                         # sent (an .eml in ~/.local/state/vaultd/<vault id>/outbox); the note ends in Done/
 vaultd status                       # notes per state, failures, rate limits
 vaultd log --since 1h               # what happened"#;
 

@@ -21,6 +21,7 @@ mod reload;
 mod secrets;
 mod service;
 mod shutdown;
+mod state;
 mod symlink_swap;
 mod synced;
 mod vault_tools;

@@ -459,7 +459,12 @@ fn systemd_state_and_configuration_directories_are_the_defaults() {
         config["source"],
         conf.join("config.toml").display().to_string()
     );
-    assert_eq!(config["state_dir"], state.display().to_string());
+    // One state per vault under $STATE_DIRECTORY, named by the id kept in the vault (§9.11).
+    let id = std::fs::read_to_string(vault.join(".vaultd/id")).unwrap();
+    assert_eq!(
+        config["state_dir"],
+        state.join(id.trim()).display().to_string()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -423,6 +423,9 @@ impl Daemon {
         if !self.folders_safe() {
             return Ok(()); // a state folder is a symlink: nothing is claimed (§9.13)
         }
+        if self.storage_paused() {
+            return Ok(()); // the journal cannot be written: the note waits (§9.12)
+        }
         let looked = match state {
             State::NeedsAction => self.claim_and_run(path, Pass::Fresh).await,
             State::Approved => self.claim_and_run(path, Pass::Approved).await,

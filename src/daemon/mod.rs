@@ -34,6 +34,7 @@ pub(crate) mod intake;
 mod lock;
 pub(crate) mod recover;
 pub(crate) mod reload;
+pub(crate) mod storage;
 
 pub use lock::{VaultLock, lock_vault, running_daemon};
 pub use reload::BuildTools;
@@ -205,15 +206,23 @@ pub async fn run_vault(
     config: Config,
     mode: Mode,
     take_over: bool,
+    new_journal: bool,
     redactor: Arc<Redactor>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
+    storage::ignore_file_size_signal();
     let vault = Vault::new(config.vault.clone(), config.folders.clone());
     // Before `prepare`, which would create missing folders through a symlink.
     vault.refuse_symlinked_folders()?;
     vault.prepare()?;
     let _lock = lock_vault(vault.root())?;
-    let journal = Arc::new(Journal::open(&config.state_dir)?);
+    let journal = Arc::new(crate::state::open_journal(&config)?);
+    let me =
+        RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
+            dir: config.state_dir.clone(),
+            source,
+        })?;
+    storage::journal_continuity(&config, &vault, &journal, &me, new_journal)?;
     one_runner(&config, &vault, &journal, take_over)?;
     let http = http_client()?;
     // Servers start in parallel; each delays start-up by at most its start_timeout.
@@ -414,6 +423,12 @@ impl Daemon {
             // The next tick draws the finished bar; bounded, since a note that no task
             // looked at (it left its folder meanwhile) would keep the count short.
             let _ = tokio::time::timeout(Duration::from_millis(500), progress).await;
+            if let Some(why) = self.journal.storage_failure() {
+                tracing::error!(
+                    "the journal {} cannot be written: {why}; the notes not claimed wait where they are",
+                    self.journal.path().display()
+                );
+            }
             return Ok(());
         }
         let reloading = reloads.map(|r| r.start(self));
@@ -505,12 +520,15 @@ impl Daemon {
             tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
         let mut rescan_tick = tokio::time::interval(self.live().config.rescan_interval);
         rescan_tick.tick().await; // the first tick is immediate; the start-up scan just ran
+        let mut storage = storage::StorageWatch::new(&self.live().config.state_dir);
+        let mut storage_tick = tokio::time::interval(storage::STORAGE_CHECK);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
                 Some(hint) = rx.recv() => self.on_hint(hint, tasks),
                 (slot, path) = self.next_queued() => self.start_note_task(slot, path, tasks),
                 _ = rescan_tick.tick() => { self.scan_all(tasks); }
+                _ = storage_tick.tick() => storage.check(self, tasks),
                 _ = watchdog_tick.tick(), if watchdog.is_some() => {
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 }

@@ -16,7 +16,8 @@ impl Daemon {
     /// Finishes open runs whose note sits in In_Progress with no task on it: their results
     /// could not be written or the note not moved (it kept changing, a folder was read-only).
     pub(crate) async fn resume_stranded(self: Arc<Self>) {
-        if self.stopping.load(Ordering::SeqCst) || self.runners.is_paused() {
+        if self.stopping.load(Ordering::SeqCst) || self.runners.is_paused() || self.storage_paused()
+        {
             return;
         }
         let open = match self.blocking(|j| j.open_runs()).await {

@@ -64,13 +64,13 @@
 //! - `events`: what `vaultd log` shows, in order.
 //! - `approvals`: `vaultd approve`/`reject` decisions, bound to the call id and the hash of the
 //!   exact parameters shown.
-//! - `undo_records`/`undo_changes`, `mcp_*`, `runner_*`: self-contained tables, created at open
-//!   (see their modules).
+//! - `undo_records`/`undo_changes`, `mcp_*`, `runner_*`, `vault_owner`, `journal_origin`,
+//!   `storage_probe`: self-contained tables, created at open (see their modules).
 //!
 //! # Layout
 //! One file per table, its queries and its tests: `runs.rs`, `calls.rs`, `rates.rs` (rate
 //! limits, counted from the start records in `calls`), `events.rs` (`vaultd log` and `status`),
-//! `approvals.rs`, `undo.rs`, `catalog.rs` (MCP pins), `runners.rs` (synced vaults);
+//! `approvals.rs`, `undo.rs`, `catalog.rs` (MCP pins), `runners.rs` (synced vaults), `owner.rs` (the vault it belongs to, §9.11);
 //! `schema.rs` holds the migrations and pragmas; `writer.rs` the group commit; this file the
 //! handle and its transactions.
 
@@ -78,6 +78,7 @@ mod approvals;
 mod calls;
 pub mod catalog;
 mod events;
+pub mod owner;
 mod rates;
 pub mod runners;
 mod runs;
@@ -95,7 +96,7 @@ pub use runs::{Claim, OpenRun, RunId};
 
 use rusqlite::{Connection, TransactionBehavior};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +116,10 @@ pub enum JournalError {
 pub struct Journal {
     /// The database file, named in every error.
     path: PathBuf,
+    /// Why the journal's storage refuses writes now, if it does (DESIGN §9.12): set by the
+    /// writer on a full disk, a read-only file or an I/O error, cleared by a write that
+    /// succeeds again ([`Journal::probe_storage`]). The daemon stops claiming meanwhile.
+    storage: Arc<StorageHealth>,
     /// The writer thread, owner of the write connection: every write goes through it.
     writer: writer::Writer,
     /// The connection reads use (WAL: they never wait for the writer); the mutex makes
@@ -126,6 +131,57 @@ impl std::fmt::Debug for Journal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Journal").field("path", &self.path).finish()
     }
+}
+
+/// Whether the journal's storage takes writes (DESIGN §9.12), shared by the handle and its
+/// writer thread.
+#[derive(Debug, Default)]
+pub(crate) struct StorageHealth {
+    failure: Mutex<Option<String>>,
+}
+
+impl StorageHealth {
+    fn failure(&self) -> MutexGuard<'_, Option<String>> {
+        // Only ever holds a plain value: a panic while it was held left it consistent.
+        self.failure.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `e` when it says the storage refuses writes (not a bug, a constraint or a busy
+    /// lock): the first reason is kept until a write succeeds again.
+    pub(crate) fn note_error(&self, e: &rusqlite::Error) {
+        if let Some(reason) = storage_failure(e) {
+            let mut failure = self.failure();
+            if failure.is_none() {
+                tracing::error!(
+                    "journal: cannot write: {reason}; nothing new is claimed until it can"
+                );
+                *failure = Some(reason);
+            }
+        }
+    }
+
+    fn clear(&self) -> bool {
+        self.failure().take().is_some()
+    }
+}
+
+/// What a SQLite error says about the storage, when it is the storage's fault.
+fn storage_failure(e: &rusqlite::Error) -> Option<String> {
+    use rusqlite::ErrorCode as C;
+    let rusqlite::Error::SqliteFailure(code, message) = e else {
+        return None;
+    };
+    let what = match code.code {
+        C::DiskFull => "the disk is full",
+        C::SystemIoFailure => "an I/O error",
+        C::ReadOnly => "the file or its folder is read-only",
+        C::CannotOpen => "the file cannot be opened",
+        _ => return None,
+    };
+    Some(match message {
+        Some(m) => format!("{what} ({m})"),
+        None => what.to_string(),
+    })
 }
 
 /// An error inside a transaction, before the journal's path is attached.
@@ -178,6 +234,7 @@ fn create_tables(conn: &mut Connection) -> Result<(), Failure> {
     tx.execute_batch(catalog::TABLES)?;
     undo::ensure_schema(&tx)?;
     tx.execute_batch(runners::TABLES)?;
+    tx.execute_batch(owner::TABLES)?;
     Ok(tx.commit()?)
 }
 
@@ -210,13 +267,16 @@ impl Journal {
         // Opened after the writer's connection set WAL mode and migrated the schema.
         let reader = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         schema::configure_reader(&reader).map_err(wrap)?;
-        let writer =
-            writer::Writer::start(conn, path.clone()).map_err(|e| JournalError::Other {
+        let storage = Arc::new(StorageHealth::default());
+        let writer = writer::Writer::start(conn, path.clone(), storage.clone()).map_err(|e| {
+            JournalError::Other {
                 path: path.clone(),
                 message: format!("cannot start the journal's writer thread: {e}"),
-            })?;
+            }
+        })?;
         Ok(Journal {
             path,
+            storage,
             writer,
             reader: Mutex::new(reader),
         })
@@ -225,6 +285,29 @@ impl Journal {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Why the journal cannot be written now (disk full, read-only, I/O error), if a write
+    /// failed so and none has succeeded since (DESIGN §9.12).
+    pub fn storage_failure(&self) -> Option<String> {
+        self.storage.failure().clone()
+    }
+
+    /// A real write ([`probe_storage`](Self::probe_storage)) while the storage is failing:
+    /// true when it took it again (the failure is then forgotten and logged as over).
+    pub fn storage_recovered(&self) -> bool {
+        if self.storage_failure().is_none() {
+            return false;
+        }
+        match self.probe_storage() {
+            Ok(()) => {
+                if self.storage.clear() {
+                    tracing::warn!("journal: writes succeed again; claiming resumes");
+                }
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// Returns once every write made before it is durable, `read_only` starts included
@@ -248,7 +331,7 @@ impl Journal {
     ) -> Result<T, JournalError> {
         self.writer
             .submit(writer::Wait::Durable, f)
-            .map_err(|e| attach(&self.path, e))
+            .map_err(|e| self.failed(e))
     }
 
     /// [`write`](Self::write) returning as soon as it ran, before its group commits.
@@ -258,7 +341,7 @@ impl Journal {
     ) -> Result<T, JournalError> {
         self.writer
             .submit(writer::Wait::Executed, f)
-            .map_err(|e| attach(&self.path, e))
+            .map_err(|e| self.failed(e))
     }
 
     /// [`write`](Self::write) (`Durable`) or [`write_executed`](Self::write_executed) for an
@@ -271,7 +354,7 @@ impl Journal {
         self.writer
             .submit_async(wait, f)
             .await
-            .map_err(|e| attach(&self.path, e))
+            .map_err(|e| self.failed(e))
     }
 
     /// One write nobody waits for: queued, it joins the next group commit; its errors are
@@ -281,9 +364,7 @@ impl Journal {
         what: &'static str,
         f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
     ) -> Result<(), JournalError> {
-        self.writer
-            .enqueue(what, f)
-            .map_err(|e| attach(&self.path, e))
+        self.writer.enqueue(what, f).map_err(|e| self.failed(e))
     }
 
     /// One read transaction: one consistent snapshot across its queries, on the reader
@@ -299,7 +380,18 @@ impl Journal {
             tx.commit()?;
             Ok(out)
         };
-        run().map_err(|e| attach(&self.path, e))
+        run().map_err(|e| self.failed(e))
+    }
+}
+
+impl Journal {
+    /// `failure` with the journal's path attached; one that says the storage refuses writes
+    /// is noted first (see [`StorageHealth`]).
+    fn failed(&self, failure: Failure) -> JournalError {
+        if let Failure::Sql(e) = &failure {
+            self.storage.note_error(e);
+        }
+        attach(&self.path, failure)
     }
 }
 

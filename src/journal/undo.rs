@@ -360,8 +360,8 @@ mod tests {
             .unwrap();
         }
         let conn = Connection::open(dir.path().join("journal.sqlite")).unwrap();
-        ensure_schema(&conn).unwrap();
-        ensure_schema(&conn).unwrap(); // twice: nothing more to add
+        assert!(ensure_schema(&conn).is_ok());
+        assert!(ensure_schema(&conn).is_ok()); // twice: nothing more to add
         let (key, id): (String, Option<String>) = conn
             .query_row("SELECT note_key, note_id FROM undo_records", [], |r| {
                 Ok((r.get(0)?, r.get(1)?))

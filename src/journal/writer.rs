@@ -9,7 +9,7 @@
 //! committed, and closes the connection.
 
 use super::rates::RateCache;
-use super::{Failure, Tx};
+use super::{Failure, StorageHealth, Tx};
 use rusqlite::Connection;
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -63,13 +63,17 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Starts the writer thread on `conn` (already configured and migrated).
-    pub(super) fn start(conn: Connection, path: PathBuf) -> std::io::Result<Writer> {
+    pub(super) fn start(
+        conn: Connection,
+        path: PathBuf,
+        storage: Arc<StorageHealth>,
+    ) -> std::io::Result<Writer> {
         let (jobs, queue) = sync_channel::<Job>(QUEUE);
         let groups = Arc::new(AtomicU64::new(0));
         let counter = groups.clone();
         let thread = std::thread::Builder::new()
             .name("journal-writer".into())
-            .spawn(move || write_groups(&conn, &queue, &path, &counter))?;
+            .spawn(move || write_groups(&conn, &queue, &path, &counter, &storage))?;
         Ok(Writer {
             jobs: Some(jobs),
             thread: Some(thread),
@@ -196,6 +200,7 @@ fn write_groups(
     queue: &Receiver<Job>,
     path: &std::path::Path,
     groups: &AtomicU64,
+    storage: &StorageHealth,
 ) {
     let rates = RefCell::new(RateCache::default());
     while let Ok(first) = queue.recv() {
@@ -209,7 +214,7 @@ fn write_groups(
         // Counted before its callers are answered: one who reads the count after its write
         // returned sees its own group (the tests count groups so).
         groups.fetch_add(1, Ordering::SeqCst);
-        commit_group(conn, group, path, &rates);
+        commit_group(conn, group, path, &rates, storage);
     }
 }
 
@@ -224,9 +229,11 @@ fn commit_group(
     group: Vec<Job>,
     path: &std::path::Path,
     rates: &RefCell<RateCache>,
+    storage: &StorageHealth,
 ) {
     let begun = fixed(conn, "BEGIN IMMEDIATE").and_then(|()| rates.borrow_mut().check(conn));
     if let Err(e) = begun {
+        storage.note_error(&e);
         tracing::error!(path = %path.display(), "journal: cannot begin a transaction: {e}");
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
@@ -268,6 +275,7 @@ fn commit_group(
     }
     let commit = fixed(conn, "COMMIT");
     if let Err(e) = &commit {
+        storage.note_error(e);
         tracing::error!(path = %path.display(), "journal: commit failed: {e}");
         rates.borrow_mut().clear();
         if !conn.is_autocommit() {

@@ -76,7 +76,8 @@ impl Daemon {
             return Ok(());
         };
         let mut parsed = parse_note(&text);
-        let facts = self.facts_for(&parsed, pass, &mut ident).await?;
+        let mut facts = self.facts_for(&parsed, pass, &mut ident).await?;
+        facts.journal_lost = self.journal_lost(&text, &facts)?;
         let rules = rules(&live.config, pass);
         let mut plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
         let id_on_note = note::frontmatter_property(&text, "tool_note");
@@ -99,7 +100,23 @@ impl Daemon {
         let calls = self
             .start_calls(&live, run, path, &ident.note_id, &plan.steps)
             .await;
+        let ran: HashSet<String> = plan
+            .steps
+            .iter()
+            .filter(|(_, step)| matches!(step, Step::Run(_)))
+            .map(|(call_id, _)| call_id.clone())
+            .collect();
         let outcome = self.gather(run, &text, plan.steps, calls, &ident).await?;
+        if outcome
+            .results
+            .iter()
+            .any(crate::runner::start_not_recorded)
+        {
+            // The journal's storage failed, not the note (docs/design.md §9.12).
+            return self
+                .wait_for_storage(run, path, &ident.note_id, &ran, outcome.results)
+                .await;
+        }
         self.write_and_move(run, path, &text, &parsed, &ident, outcome)
             .await
     }
@@ -186,6 +203,8 @@ impl Daemon {
             prior: std::mem::take(&mut ident.prior),
             stale: ident.stale.as_ref().map(|s| s.within_grace),
             unknown_to_journal: pass == (Pass::Recover { known: false }),
+            // Read by `execute` from the note's text (`journal_lost`).
+            journal_lost: None,
             decisions,
             calls_started,
         })
@@ -308,8 +327,17 @@ impl Daemon {
             );
             let unrecorded: Vec<CallResult> =
                 unrecorded.iter().map(|i| out.results[*i].clone()).collect();
-            self.blocking(move |j| j.calls_finished(run, &unrecorded))
-                .await?;
+            let recorded = self
+                .blocking(move |j| j.calls_finished(run, &unrecorded))
+                .await;
+            // The journal's storage failing is not the note's failure (§9.12): the results
+            // are still written into the note, or planned again at its next claim.
+            if let Err(e) = recorded {
+                if !self.storage_paused() {
+                    return Err(e);
+                }
+                tracing::warn!("{e}");
+            }
         }
         Ok(out)
     }

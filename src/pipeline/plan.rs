@@ -54,6 +54,9 @@ pub struct Facts {
     pub stale: Option<bool>,
     /// Recovery of a note in In_Progress that the journal knows nothing of (§8.15).
     pub unknown_to_journal: bool,
+    /// The note was stamped by this machine's vaultd before its journal was lost and started
+    /// afresh (`--new-journal`, §9.12): why its side effects may already have run.
+    pub journal_lost: Option<String>,
     /// Unspent decisions on the questions the note shows, by call id and parameter hash
     /// (read with [`Facts::questions`] for `approval_via = "cli"`).
     pub decisions: HashMap<(String, String), Decision>,
@@ -237,6 +240,15 @@ fn recorded(facts: &Facts, registry: &Registry, call_id: &str, name: &str) -> Re
             ))
         }
         Some(_) => Recorded::Nothing,
+        // §9.12: the journal that knew this note was lost; it may have run. Held, never run
+        // silently (and never failed: a person who knows it did not run approves it).
+        None if facts.journal_lost.is_some()
+            && registry
+                .get(name)
+                .is_some_and(|t| !t.spec().effect.safe_to_repeat()) =>
+        {
+            Recorded::HoldAsCopy(facts.journal_lost.clone().unwrap_or_default())
+        }
         // §8.15: the journal knows nothing of the note; it may have run.
         None if facts.unknown_to_journal
             && registry
@@ -632,6 +644,20 @@ mod tests {
         assert_eq!(
             kinds(&plan_of(&text, &rules(), &facts)),
             ["fail UnknownOutcome", "run look"]
+        );
+    }
+
+    #[test]
+    fn a_note_whose_journal_was_lost_holds_its_side_effects_and_runs_the_rest() {
+        let text = format!("{}{}", call("send", "a"), call("look", "b"));
+        let facts = Facts {
+            journal_lost: Some("may already have run".into()),
+            unknown_to_journal: true,
+            ..Facts::default()
+        };
+        assert_eq!(
+            kinds(&plan_of(&text, &rules(), &facts)),
+            ["ask send", "run look"]
         );
     }
 

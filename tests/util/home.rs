@@ -83,14 +83,33 @@ impl Home {
         std::fs::read_to_string(self.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
     }
 
-    /// The default outbox of the file transport: `~/.local/state/vaultd/outbox`.
+    /// The default outbox of the file transport: `<state_dir>/outbox`, the state dir being
+    /// `~/.local/state/vaultd/<vault id>` (DESIGN §9.11).
     pub fn outbox(&self) -> Vec<PathBuf> {
-        let dir = self.home.join(".local/state/vaultd/outbox");
+        self.outbox_of(&self.vault)
+    }
+
+    /// The default outbox of the vault at `vault`.
+    pub fn outbox_of(&self, vault: &Path) -> Vec<PathBuf> {
+        let dir = self.state_dir_of(vault).join("outbox");
         let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
             .map(|d| d.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
         v.sort();
         v
+    }
+
+    /// `~/.local/state/vaultd`: where the per-vault state dirs are (and the shared one was).
+    pub fn state_base(&self) -> PathBuf {
+        self.home.join(".local/state/vaultd")
+    }
+
+    /// The default state dir of the vault at `vault`, named by the id it keeps in
+    /// `.vaultd/id` (made by the first command that needed it).
+    pub fn state_dir_of(&self, vault: &Path) -> PathBuf {
+        let id = std::fs::read_to_string(vault.join(".vaultd/id"))
+            .unwrap_or_else(|e| panic!("{}: no vault id: {e}", vault.display()));
+        self.state_base().join(id.trim())
     }
 }
 

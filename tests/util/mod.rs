@@ -324,7 +324,8 @@ impl TestVault {
         serde_json::from_slice(&out.stdout).expect("status --json is JSON")
     }
 
-    /// Every file in the vault (hidden ones included, `.vaultd.lock` excepted), relative.
+    /// Every file in the vault (hidden ones included, `.vaultd.lock` and `.vaultd/` excepted),
+    /// relative.
     pub fn all_files(&self) -> Vec<String> {
         let mut out = Vec::new();
         walk_all(&self.root, &self.root, &mut out);
@@ -393,6 +394,10 @@ fn walk_all(base: &Path, dir: &Path, out: &mut Vec<String>) {
         let p = e.path();
         let Ok(ft) = e.file_type() else { continue };
         if ft.is_dir() {
+            // vaultd's own: the vault's id, which names its state dir (DESIGN §9.11).
+            if dir == base && e.file_name() == ".vaultd" {
+                continue;
+            }
             walk_all(base, &p, out);
         } else if e.file_name() != ".vaultd.lock" {
             out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());

@@ -1,0 +1,277 @@
+//! vaultd's own storage failing is not the note's failure (DESIGN §9.12): while the journal
+//! cannot be written (disk full, read-only, I/O error, a file size limit) nothing new is
+//! claimed, a note whose calls could not start goes back to `Needs_Action/` (with the results
+//! of those that did run), the log, `vaultd status` and systemd's `STATUS=` say why, and
+//! claiming resumes by itself once a probe write succeeds.
+//!
+//! The journal notices the failure itself (any write that fails so, see `journal::StorageHealth`);
+//! this module acts on it: [`StorageWatch`] is polled by the daemon's main loop.
+
+use super::Daemon;
+use crate::call::CallResult;
+use crate::daemon::DaemonError;
+use crate::journal::RunId;
+use crate::state::StoragePauseBoard;
+use crate::vault::State;
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::task::JoinSet;
+
+/// A file size limit (`ulimit -f`, `LimitFSIZE=`) reached by the journal is a storage failure
+/// like a full disk (the write fails with EFBIG), not a reason to die: SIGXFSZ's default action
+/// would kill the daemon in the middle of a write.
+pub(crate) fn ignore_file_size_signal() {
+    // SAFETY: setting a signal's disposition to SIG_IGN has no handler to run.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
+/// How often the main loop looks at the journal's storage, and probes it while it fails.
+pub(crate) const STORAGE_CHECK: Duration = Duration::from_secs(2);
+
+/// The main loop's view of the journal's storage: what it last reported, and whether a probe
+/// is on its way.
+pub(crate) struct StorageWatch {
+    reported: Option<String>,
+    probing: Arc<AtomicBool>,
+    board: Option<StoragePauseBoard>,
+}
+
+impl StorageWatch {
+    pub(crate) fn new(state_dir: &Path) -> StorageWatch {
+        let board = StoragePauseBoard::create(state_dir)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "cannot reserve {}/storage_pause ({e}); `vaultd status` will not show a storage pause",
+                    state_dir.display()
+                );
+            })
+            .ok();
+        StorageWatch {
+            reported: None,
+            probing: Arc::new(AtomicBool::new(false)),
+            board,
+        }
+    }
+
+    /// Reports a new failure, or the end of one (then rescans: the notes that waited are
+    /// claimed now), and probes the storage while it fails.
+    pub(crate) fn check(&mut self, daemon: &Arc<Daemon>, tasks: &mut JoinSet<()>) {
+        let now = daemon.journal.storage_failure();
+        match (&self.reported, &now) {
+            (None, Some(why)) => {
+                let message = format!(
+                    "paused: the journal {} cannot be written: {why}; nothing new is claimed, notes wait where they are; claiming resumes by itself once it can be written",
+                    daemon.journal.path().display()
+                );
+                tracing::error!("{message}");
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&message)]);
+                self.say(&message);
+                self.reported = now.clone();
+            }
+            (Some(_), None) => {
+                tracing::warn!("the journal can be written again; claiming resumes");
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&format!(
+                    "watching {}",
+                    daemon.vault.root().display()
+                ))]);
+                self.say("");
+                self.reported = None;
+                daemon.scan_all(tasks);
+            }
+            _ => {}
+        }
+        if now.is_some() && !self.probing.swap(true, Ordering::SeqCst) {
+            let (journal, probing) = (daemon.journal.clone(), self.probing.clone());
+            tokio::task::spawn_blocking(move || {
+                journal.storage_recovered();
+                probing.store(false, Ordering::SeqCst);
+            });
+        }
+    }
+
+    fn say(&self, why: &str) {
+        if let Some(board) = &self.board
+            && let Err(e) = board.write(why)
+        {
+            tracing::warn!("cannot update the storage pause for `vaultd status`: {e}");
+        }
+    }
+}
+
+impl Daemon {
+    /// Why the side effects of the note `text` may already have run although the journal
+    /// knows none of its calls: it carries this machine's `tool_runner` from before the journal
+    /// was started afresh (`--new-journal`, DESIGN §9.12). None for every other note.
+    pub(crate) fn journal_lost(
+        &self,
+        text: &str,
+        facts: &crate::pipeline::plan::Facts,
+    ) -> Result<Option<String>, DaemonError> {
+        if !facts.prior.is_empty() {
+            return Ok(None);
+        }
+        let Some(at) = self.read_journal(|j| j.new_journal_at())? else {
+            return Ok(None);
+        };
+        let Some(stamp) = crate::synced::runner_stamp(text) else {
+            return Ok(None);
+        };
+        if !stamped_here(&stamp.runner, &self.runners.me) || stamp.updated.is_some_and(|u| u >= at)
+        {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "this call may already have run: vaultd {} ran this note before its journal was lost (vaultd started with --new-journal at {}), so nothing records whether it did",
+            stamp.runner,
+            crate::call::rfc3339_seconds(at)
+        )))
+    }
+
+    /// Whether claiming waits for the journal's storage (DESIGN §9.12).
+    pub(crate) fn storage_paused(&self) -> bool {
+        self.journal.storage_failure().is_some()
+    }
+
+    /// A run some of whose calls could not start because the journal could not record their
+    /// start: they are not failures of the note (DESIGN §9.12). The results of the calls that
+    /// did run are written into the note, then the note goes back to `Needs_Action/` with the
+    /// rest pending, to be claimed again once the journal takes writes. Not left waiting in
+    /// In_Progress: the failed commit may have taken the claim's record with it, and a note
+    /// there unknown to the journal would be recovered with its unstarted sends turned into
+    /// UNKNOWN_OUTCOME (§8.15).
+    pub(crate) async fn wait_for_storage(
+        &self,
+        run: RunId,
+        path: &Path,
+        note_id: &str,
+        ran: &HashSet<String>,
+        results: Vec<CallResult>,
+    ) -> Result<(), DaemonError> {
+        use crate::pipeline::next_state::WriteBack;
+        let rel = self.vault.relative(path);
+        let started: Vec<CallResult> = results
+            .into_iter()
+            .filter(|r| ran.contains(&r.call_id) && !crate::runner::start_not_recorded(r))
+            .collect();
+        let some_ran = !started.is_empty();
+        if some_ran {
+            match self
+                .write_back(path, note_id, started, Vec::new(), State::InProgress)
+                .await?
+            {
+                WriteBack::Written(_) => {}
+                WriteBack::Gone => return self.abandon(run, path).await,
+                // Logged; the note and its open run wait in In_Progress for the next scan.
+                WriteBack::Failed => return Ok(()),
+            }
+        }
+        let (vault, p) = (self.vault.clone(), path.to_path_buf());
+        let back = tokio::task::spawn_blocking(move || vault.move_to(&p, State::NeedsAction))
+            .await
+            .expect("move task does not panic");
+        match back {
+            Ok(to) => {
+                tracing::warn!(
+                    note = %rel,
+                    "the journal cannot record the start of its calls: {}; the note went back to {} and runs once the journal can be written",
+                    if some_ran { "the results of those that ran are written" } else { "nothing ran" },
+                    self.vault.relative(&to)
+                );
+                // Recorded if the journal takes it; an open run whose note is not in
+                // In_Progress is never resumed, and the note's next claim opens its own.
+                let _ = self
+                    .blocking(move |j| {
+                        j.abandon_run(
+                            run,
+                            "the journal could not record the start of its calls; the note went back to Needs_Action",
+                        )
+                    })
+                    .await;
+            }
+            Err(e) => tracing::error!(
+                note = %rel,
+                "the journal cannot record the start of its calls and the note cannot go back ({e}); it waits in In_Progress"
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// Whether a note's `tool_runner` is this machine's vaultd: this runner id, or another id of
+/// this host (a state dir made afresh makes a new id; the notes its predecessor stamped are
+/// still this machine's).
+pub(crate) fn stamped_here(runner: &str, me: &crate::synced::RunnerId) -> bool {
+    runner == me.as_str() || crate::synced::host_of(runner) == me.host()
+}
+
+/// The start-up check of DESIGN §9.12: a journal with no claim at all (deleted, emptied, or
+/// new) while the vault holds notes this machine's vaultd stamped does not know what those
+/// notes ran. Refused unless `new_journal` (`--new-journal`), which records that the journal
+/// starts afresh: the pending side effects of those notes are then held (`journal_lost`).
+pub(crate) fn journal_continuity(
+    config: &crate::config::Config,
+    vault: &crate::vault::Vault,
+    journal: &crate::journal::Journal,
+    me: &crate::synced::RunnerId,
+    new_journal: bool,
+) -> Result<(), DaemonError> {
+    if journal.has_runs()? || journal.new_journal_at()?.is_some() {
+        return Ok(());
+    }
+    let stamped = notes_stamped_here(vault, me, config.max_note_bytes, 3);
+    if stamped.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = stamped.iter().map(|p| vault.relative(p)).collect();
+    if !new_journal {
+        return Err(crate::journal::JournalError::Other {
+            path: journal.path().to_path_buf(),
+            message: format!(
+                "holds no record of any note, but this vault holds notes vaultd ran on this machine ({}{}): the journal was deleted, emptied or replaced, and without it vaultd cannot tell what those notes already did. \
+                 Put the journal back if you can; otherwise start once with `vaultd run --new-journal` (or `vaultd once --new-journal`): the pending send/write calls of those notes are then held for approval, never run silently",
+                shown.join(", "),
+                if stamped.len() >= 3 { ", …" } else { "" }
+            ),
+        }
+        .into());
+    }
+    let at = journal.record_new_journal(me.as_str())?;
+    tracing::warn!(
+        "--new-journal: the journal starts afresh at {}; pending side effects of notes vaultd ran here before ({}) are held for approval",
+        crate::call::rfc3339_seconds(at),
+        shown.join(", ")
+    );
+    Ok(())
+}
+
+/// Up to `max` notes in any state folder whose `tool_runner` is this machine's vaultd.
+fn notes_stamped_here(
+    vault: &crate::vault::Vault,
+    me: &crate::synced::RunnerId,
+    max_bytes: u64,
+    max: usize,
+) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for state in State::ALL {
+        for path in vault.scan(state) {
+            if std::fs::metadata(&path).is_ok_and(|m| m.len() > max_bytes) {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            if crate::synced::runner_stamp(&text).is_some_and(|s| stamped_here(&s.runner, me)) {
+                found.push(path);
+                if found.len() >= max {
+                    return found;
+                }
+            }
+        }
+    }
+    found
+}
