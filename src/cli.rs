@@ -421,9 +421,16 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
             signal.await;
             exit_if_shutdown_hangs(grace, lock);
         };
-        daemon::run_vault(config, mode, runner.take_over, runner.new_journal, redactor, shutdown)
-            .await
-            .map_err(anyhow::Error::from)
+        daemon::run_vault(
+            config,
+            mode,
+            runner.take_over,
+            runner.new_journal,
+            redactor,
+            shutdown,
+        )
+        .await
+        .map_err(anyhow::Error::from)
     });
     // DESIGN §9.15: a blocking-pool thread stuck in a read (a FIFO, a hung device) must not
     // keep the process alive: the runtime is not waited for beyond a moment.

@@ -327,7 +327,7 @@ fn a_secret_error_says_its_message_once() {
         "[tools.send_notification.email]\ntransport = \"smtp\"\nsmtp_url = \"smtps://smtp.example.com\"\nusername = \"agent\"\npassword = \"file:/nonexistent/vaultd-password\"\n",
     )
     .unwrap();
-    let out = h.vaultd(&["config", "--config", cfg.to_str().unwrap()]);
+    let out = h.vaultd(&["once", "--config", cfg.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");

@@ -226,7 +226,7 @@ fn a_finished_note_moved_back_says_nothing_pending_in_the_log_check_and_status()
 // Item: read-only commands work in a shell without the secrets, and say which are unset.
 #[test]
 fn read_only_commands_work_without_secrets_and_name_the_unset_ones() {
-    let server = std::path::PathBuf::from(env!("CARGO_BIN_EXE_vaultd-mcp-test-server"));
+    let server = crate::util::mcp_test_server();
     let kinds = [
         (
             "slack webhook",
@@ -269,7 +269,8 @@ fn read_only_commands_work_without_secrets_and_name_the_unset_ones() {
             &["tools"][..],
             &["tools", "--json"],
             &["check", "Needs_Action/a.md"],
-            &["check", "--preview", "Needs_Action/a.md"],
+            // Not `check --preview`: a preview says what would happen in this shell, where the
+            // unset webhook is not configured, so the send is denied and check exits 1.
             &["config"],
             &["status"],
             &["log"],
@@ -437,7 +438,7 @@ fn status_columns_align_to_the_longest_tool_name() {
 // Item 9: an MCP server's start is one readable line, not a dump of its description.
 #[test]
 fn an_mcp_server_start_is_one_short_line() {
-    let server = std::path::PathBuf::from(env!("CARGO_BIN_EXE_vaultd-mcp-test-server"));
+    let server = crate::util::mcp_test_server();
     let vault = TestVault::new(
         NO_SEARCH,
         &format!(

@@ -371,7 +371,7 @@ fn credential_secrets_come_from_credentials_directory_and_stay_redacted() {
     let out = vault
         .cmd()
         .env_remove("CREDENTIALS_DIRECTORY")
-        .arg("config")
+        .arg("once")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -19,7 +19,7 @@ fn call(name: &str, id: &str, parameters: Value) -> Value {
 fn result<'a>(results: &'a [Value], id: &str) -> &'a Value {
     results
         .iter()
-        .find(|r| r["id"] == id)
+        .find(|r| r["call_id"] == id)
         .unwrap_or_else(|| panic!("no result {id} in {results:?}"))
 }
 

@@ -199,6 +199,8 @@ impl Daemon {
 
     /// The new config and its tools, validated as at start-up, made the live ones; returns
     /// what changed, for the log line.
+    // Called once per reload, never on a hot path: the large error is not worth a box.
+    #[allow(clippy::result_large_err)]
     fn take_config(&self) -> Result<String, (Option<PathBuf>, ReloadError)> {
         let build_tools = self
             .build_tools
@@ -476,11 +478,16 @@ mod tests {
         let build =
             |c: &Config| Registry::from_config(&c.tools, reqwest::Client::new(), None).unwrap();
         let old = config_of("", dir.path());
+        let hook = dir.path().join("ops-webhook");
+        std::fs::write(&hook, "https://hooks.example/services/T/B/X\n").unwrap();
         let new = config_of(
-            "[tools.send_notification.slack.webhooks]\nops = \"https://hooks.example/services/T/B/X\"\n\
+            &format!(
+                "[tools.send_notification.slack.webhooks]\nops = \"file:{}\"\n\
              [tools.command.hello]\ndescription = \"Say hi\"\nargv = [\"/bin/echo\", \"hi\"]\n\
-             parameters = { type = \"object\" }\neffect = \"read_only\"\n\
+             parameters = {{ type = \"object\" }}\neffect = \"read_only\"\n\
              [tools.search_web]\nenabled = false\n",
+                hook.display()
+            ),
             dir.path(),
         );
         let changes = tool_changes(&build(&old), &old, &build(&new), &new);

@@ -202,11 +202,11 @@ impl Daemon {
     }
 }
 
-/// Whether a note's `tool_runner` is this machine's vaultd: this runner id, or another id of
-/// this host (a state dir made afresh makes a new id; the notes its predecessor stamped are
-/// still this machine's).
+/// Whether a note's `tool_runner` is this state dir's runner. Only the runner id counts, not
+/// the host: two state dirs on one host (two replicas of a synced vault, each with its own
+/// daemon) are two runners, and one's notes say nothing about the other's journal.
 pub(crate) fn stamped_here(runner: &str, me: &crate::synced::RunnerId) -> bool {
-    runner == me.as_str() || crate::synced::host_of(runner) == me.host()
+    runner == me.as_str()
 }
 
 /// The start-up check of DESIGN §9.12: a journal with no claim at all (deleted, emptied, or
@@ -257,12 +257,14 @@ fn notes_stamped_here(
     max: usize,
 ) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
-    for state in State::ALL {
+    // A dry run stamps nothing that the journal records (docs/design.md §12.1): its notes
+    // say nothing about a lost journal.
+    for state in State::ALL.into_iter().filter(|s| *s != State::DryRun) {
         for path in vault.scan(state) {
             if std::fs::metadata(&path).is_ok_and(|m| m.len() > max_bytes) {
                 continue;
             }
-            let Ok(text) = std::fs::read_to_string(&path) else {
+            let Ok(text) = crate::vault::read_regular_text(&path) else {
                 continue;
             };
             if crate::synced::runner_stamp(&text).is_some_and(|s| stamped_here(&s.runner, me)) {

@@ -201,7 +201,7 @@ mod tests {
         // The text of `last_claim_from`'s statement, so the cache hands back the same one.
         let st = conn
             .prepare_cached(
-                "SELECT note_id, claimed_at_ms, note FROM runs
+                "SELECT note_id, claimed_at_ms, note, claimed_sha256 FROM runs
                  WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1",
             )
             .unwrap();

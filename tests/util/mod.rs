@@ -478,6 +478,8 @@ pub fn wait_for_progress(
 /// would add every other test's children).
 pub fn output_with_cpu(cmd: &mut Command) -> (std::process::Output, Duration) {
     use std::io::Read;
+    // Reaped by `wait4` below (for its rusage), not by `Child::wait`.
+    #[allow(clippy::zombie_processes)]
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -864,6 +866,9 @@ impl SmtpServer {
 
 /// Makes a FIFO at `path` (a command tool with `writable` can make one named like a note).
 pub fn make_fifo(path: &Path) {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: mkfifo with a valid NUL-terminated path.
     assert_eq!(
