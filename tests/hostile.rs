@@ -241,15 +241,21 @@ async fn a_note_that_keeps_changing_is_retried_politely_until_it_settles() {
         "rescan_interval = \"1s\"\nmoved_in_grace = \"0s\"\n",
     );
     let daemon = vault.start();
+    // A first search pays the one-off costs (the HTTP client's first connection, in a debug
+    // build about a second of CPU) before the CPU of the wait below is measured.
+    vault.drop_note("warm.md", &note_with_calls("Warm", &[search_call("warm")]));
+    vault.wait_until_in("Done", "warm.md");
     let original = note_with_calls("Busy", &[search_call("busy")]);
     vault.drop_note("busy.md", &original);
     wait_until_running(&vault, "busy.md");
     let path = vault.path("In_Progress", "busy.md");
-    let cpu_before = cpu_ticks(daemon.pid());
+    let leases = leases_granted(&path);
+    let cpu_before = cpu_by_thread(daemon.pid());
     let began = Instant::now();
     let mut n = 0;
-    // A writer that appends a line every 3 ms for 3 s (a log, a sync client): the note is
-    // never quiet. It stops if the note leaves In_Progress.
+    // A writer that appends a line every 25 ms for 3 s (a log, a sync client): the note is
+    // never quiet for the 50 ms vaultd waits for where it cannot take a lease. It stops if the
+    // note leaves In_Progress.
     let mut stayed = true;
     while began.elapsed() < Duration::from_secs(3) {
         let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&path) else {
@@ -259,15 +265,17 @@ async fn a_note_that_keeps_changing_is_retried_politely_until_it_settles() {
         n += 1;
         std::io::Write::write_all(&mut f, format!("edit {n}\n").as_bytes()).unwrap();
         drop(f);
-        std::thread::sleep(Duration::from_millis(3));
+        std::thread::sleep(Duration::from_millis(25));
     }
     let busy = began.elapsed();
-    let cpu = Duration::from_millis((cpu_ticks(daemon.pid()) - cpu_before) * 10);
+    let (cpu, threads) = cpu_used(&cpu_before, &cpu_by_thread(daemon.pid()));
     let text = vault.wait_until_in("Done", "busy.md");
     let log = daemon.log_text();
     drop(daemon);
-    if stayed {
-        // Only a very slow machine lets the writer pause long enough for a write to land.
+    if stayed && leases {
+        // Under a lease a write lands whenever the writer has the note closed: a note that
+        // stayed is one whose write gave up and said so. Without leases (some CI file systems,
+        // `fs.leases-enable = 0`) the reads and writes wait out the writer without a word.
         assert!(log.contains("keeps changing"), "{log}");
     }
     assert!(
@@ -275,19 +283,72 @@ async fn a_note_that_keeps_changing_is_retried_politely_until_it_settles() {
         "the last edit (edit {n}, stayed: {stayed}): {text}\n{log}"
     );
     assert_eq!(results_in(&text).len(), 1, "{text}\n{log}");
-    assert!(
-        cpu < busy / 3,
-        "no busy spin: {cpu:?} of CPU in {busy:?} while the note kept changing"
-    );
+    // Measured only when the writer went on for its 3 s: a note that left early leaves the
+    // call's own work (the search, the result write) as most of a short window. Each of the
+    // writer's ~120 appends is three file events; a debug build's watcher and note tasks spend
+    // up to half of a core on them here, a spin spends all of it.
+    if stayed {
+        assert!(
+            cpu < busy * 2 / 3,
+            "no busy spin: {cpu:?} of CPU in {busy:?} while the note kept changing:{threads}"
+        );
+    }
 }
 
-/// user + system CPU time of a process, in clock ticks (1/100 s).
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after_name.split(' ').collect();
-    // Fields 14 and 15 of the line; the name (2) and state (3) come before this slice.
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+/// Whether this file system grants read leases on `path` (vaultd's exact "is a writer at
+/// work" test); where not, vaultd falls back to the note's age.
+fn leases_granted(path: &std::path::Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: fcntl on a valid, open descriptor owned by `file`; the lease is dropped at once.
+    let granted = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) } == 0;
+    if granted {
+        // SAFETY: as above.
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    }
+    granted
+}
+
+/// Time each thread of a process spent on a CPU, by thread id and name, from the scheduler's
+/// own clock (`/proc/PID/task/*/schedstat`, in ns). Not `utime`/`stime` of `/proc/PID/stat`:
+/// those are sampled at the timer tick, and a process that wakes on timers is running at the
+/// tick more often than its share.
+fn cpu_by_thread(pid: i32) -> std::collections::BTreeMap<(String, String), Duration> {
+    let mut threads = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        // A thread that ended meanwhile has no files any more: it counts for nothing.
+        let (Ok(stat), Ok(name)) = (
+            std::fs::read_to_string(task.path().join("schedstat")),
+            std::fs::read_to_string(task.path().join("comm")),
+        ) else {
+            continue;
+        };
+        let ns = stat.split(' ').next().unwrap().parse::<u64>().unwrap();
+        let key = (
+            task.file_name().to_string_lossy().into_owned(),
+            name.trim().to_string(),
+        );
+        threads.insert(key, Duration::from_nanos(ns));
+    }
+    threads
+}
+
+/// The CPU time each thread used between two [`cpu_by_thread`] readings, and the sum.
+fn cpu_used(
+    before: &std::collections::BTreeMap<(String, String), Duration>,
+    after: &std::collections::BTreeMap<(String, String), Duration>,
+) -> (Duration, String) {
+    let mut sum = Duration::ZERO;
+    let mut each = String::new();
+    for (key, t) in after {
+        let used = t.saturating_sub(before.get(key).copied().unwrap_or_default());
+        sum += used;
+        each += &format!(" {}({})={used:?}", key.1, key.0);
+    }
+    (sum, each)
 }
 
 // ---- the watcher ----------------------------------------------------------------------------
