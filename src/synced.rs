@@ -265,7 +265,7 @@ pub fn foreign_note(
 }
 
 /// The names sync clients and file managers give a copy of `NAME.md`, in one place
-/// (DESIGN §9.10; the README lists them). Each is a suffix of the copy's stem:
+/// (docs/design.md §9.10; docs/reliability.md lists them). Each is a suffix of the copy's stem:
 ///
 /// | suffix | made by |
 /// |---|---|

@@ -222,7 +222,7 @@ impl Vault {
     /// `to` (a hard link), so that its first name stays until [`drop_left_behind`]
     /// (Self::drop_left_behind) removes it. GNU `mv a.md b.md Needs_Action/` looks at each
     /// note it moved right after moving it; a note renamed away at once made `mv` fail
-    /// (README, "Moving several notes at once"). Returns the new path and what was left
+    /// (docs/cli.md, "Moving several notes at once"). Returns the new path and what was left
     /// behind; `Err(None)`-like fallbacks are the caller's: a file system without hard links
     /// gives [`LinkError::Unsupported`].
     pub fn link_to(&self, path: &Path, to: State) -> Result<(PathBuf, LeftBehind), LinkError> {

@@ -163,7 +163,7 @@ async fn the_note_as_claimed_dropped_back_as_x_2_gets_the_recorded_result() {
     assert_eq!(sends(&slack).await, 1);
 }
 
-/// Duplicate names of `x.md` as sync clients make them (README, "Copies under other names").
+/// Duplicate names of `x.md` as sync clients make them (docs/reliability.md, "Copies under other names").
 const DUPLICATE_NAMES: &[&str] = &[
     "x 2.md",                                                // iCloud
     "x (1).md",                                              // Google Drive, Dropbox

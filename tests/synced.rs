@@ -553,7 +553,7 @@ async fn two_daemons_on_synced_replicas_one_runs_the_other_refuses_a_take_over_p
     }
     // And the sync has taken them out of B's Needs_Action: a note B still finds there when it
     // takes over is one it never heard of (a replica's daemon cannot know A ran it: the
-    // README's "inside the sync delay" case), which would make it a second send.
+    // docs/reliability.md's "inside the sync delay" case), which would make it a second send.
     wait_until("B's inbox is synced", DEADLINE, || {
         (0..4).all(|n| !b.path("Needs_Action", &format!("n{n}.md")).exists())
     });
@@ -611,7 +611,7 @@ async fn two_daemons_on_synced_replicas_one_runs_the_other_refuses_a_take_over_p
         }
     }
     // Deliveries: at most one per note, except notes both daemons claimed inside the sync
-    // delay before either saw the other (README "Synced vaults"); none for notes dropped after
+    // delay before either saw the other (docs/reliability.md, "Synced vaults"); none for notes dropped after
     // A paused ran twice.
     for k in 0..total {
         let sent = texts

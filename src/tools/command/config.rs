@@ -45,7 +45,7 @@ pub struct RawCommandTool {
     #[serde(default)]
     pub max_memory: Option<Spanned<u64>>,
     /// Not in docs/design.md §10.5's list: RLIMIT_NPROC is per user, so the limit is this many
-    /// tasks on top of those already running (README "Your own tools").
+    /// tasks on top of those already running (docs/tools/command.md).
     #[serde(default)]
     pub max_processes: Option<u64>,
     #[serde(default)]

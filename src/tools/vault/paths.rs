@@ -2,7 +2,7 @@
 //! tool call may be, which notes the tools may read and write, and the one check that no
 //! symlink is followed on the way.
 //!
-//! Decisions (README "Vault tools"):
+//! Decisions (docs/tools/vault.md):
 //! - Paths are vault-relative, `/`-separated, end in `.md` (lower case) and are taken byte
 //!   for byte: no case folding or Unicode normalization when a note is looked up, so `A.md`
 //!   and `a.md` are two notes, as on Linux.
