@@ -911,7 +911,7 @@ fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
         } else {
             writeln!(out, "{note}: {} pending call(s)", previews.len())?;
             for p in &previews {
-                let lines = crate::guard::dry_run::preview_callout(p);
+                let lines = crate::note::render::preview_callout(p);
                 writeln!(out, "{}", redactor.redact(&lines.join("\n")))?;
             }
         }

@@ -207,33 +207,7 @@ pub enum WatchMode {
     Poll(Duration),
 }
 
-/// Folder names relative to the vault root, one per state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Folders {
-    pub needs_action: String,
-    pub in_progress: String,
-    pub pending_approval: String,
-    pub approved: String,
-    pub rejected: String,
-    pub done: String,
-    pub failed: String,
-    pub dry_run: String,
-}
-
-impl Default for Folders {
-    fn default() -> Self {
-        Folders {
-            needs_action: "Needs_Action".into(),
-            in_progress: "In_Progress".into(),
-            pending_approval: "Pending_Approval".into(),
-            approved: "Approved".into(),
-            rejected: "Rejected".into(),
-            done: "Done".into(),
-            failed: "Failed".into(),
-            dry_run: "Dry_Run".into(),
-        }
-    }
-}
+pub use crate::vault::Folders;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RateLimit {

@@ -43,6 +43,7 @@ pub mod call;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod files;
 pub mod guard;
 pub mod home;
 pub mod journal;

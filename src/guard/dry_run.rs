@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 /// The title of a preview callout starts with this; the call id ends it.
-const TITLE_PREFIX: &str = "> [!example]- preview · ";
+use crate::note::render::TITLE_PREFIX;
 
 /// What stops calls now beyond their policy: the note's budget and open circuits. The
 /// daemon knows both; `vaultd check --preview` knows what the state dir records.
@@ -177,24 +177,11 @@ pub fn previewed_ids(text: &str) -> HashSet<String> {
         .collect()
 }
 
-/// The lines of one folded `[!example]-` callout (without line breaks).
-pub fn preview_callout(preview: &Value) -> Vec<String> {
-    let name = preview["name"].as_str().unwrap_or("tool_call");
-    let call_id = preview["call_id"].as_str().unwrap_or("");
-    let action = preview["decision"]["action"].as_str().unwrap_or("?");
-    let title = format!("{name} · would {action} · {call_id}").replace(['\r', '\n'], " ");
-    let mut lines = vec![format!(
-        "{TITLE_PREFIX}{}",
-        crate::guard::text::escape_untrusted(&title)
-    )];
-    crate::note::render::push_json_fence(&mut lines, &json!({ "tool_preview": preview }));
-    lines
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::note::parse_note;
+    use crate::note::render::preview_callout;
 
     fn registry() -> Registry {
         Registry::from_config(

@@ -7,7 +7,6 @@ pub mod breaker;
 pub mod budget;
 pub mod dry_run;
 pub mod hold_alert;
-pub mod text;
 
 use crate::config::ConfigError;
 use crate::tools::builtin::send_notification::SendNotificationConfig;

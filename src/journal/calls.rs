@@ -2,12 +2,11 @@
 //! its outcome and when its result block was written into the note (docs/design.md §9.3).
 
 use super::events::{EventFields, event};
-use super::runs::{record_move, run_note};
-use super::writer::Wait;
 use super::{
     Failure, Journal, JournalError, RunId, Tx, attach, exec, from_ms, from_ns, now_ms, query_one,
     to_ms, to_ns, undo,
 };
+use super::{Wait, record_move, run_note};
 use crate::call::{CallError, CallResult, ToolOutput, UndoRecord};
 use crate::tools::Effect;
 use rusqlite::{OptionalExtension, params};

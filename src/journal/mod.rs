@@ -83,6 +83,7 @@ mod rates;
 pub mod runners;
 mod runs;
 mod schema;
+
 #[cfg(test)]
 mod testing;
 pub mod undo;
@@ -330,7 +331,7 @@ impl Journal {
         f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, JournalError> {
         self.writer
-            .submit(writer::Wait::Durable, f)
+            .submit(Wait::Durable, f)
             .map_err(|e| self.failed(e))
     }
 
@@ -340,7 +341,7 @@ impl Journal {
         f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, JournalError> {
         self.writer
-            .submit(writer::Wait::Executed, f)
+            .submit(Wait::Executed, f)
             .map_err(|e| self.failed(e))
     }
 
@@ -348,7 +349,7 @@ impl Journal {
     /// async caller, awaited without a blocking thread.
     async fn write_async<T: Send + 'static>(
         &self,
-        wait: writer::Wait,
+        wait: Wait,
         f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, JournalError> {
         self.writer
@@ -457,6 +458,59 @@ fn from_ns(ns: i64) -> SystemTime {
 fn rfc3339(ms: i64) -> String {
     // humantime cannot format times before 1970; a clock that wrong shows as the epoch.
     humantime::format_rfc3339_millis(from_ms(ms.max(0))).to_string()
+}
+
+// Shared by the table files (calls, runs, rates) and the writer, kept here so that none of
+// them needs another's internals in both directions.
+
+use events::{EventFields, event};
+use rusqlite::{OptionalExtension, params};
+
+/// What a caller waits for before its journal method returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Until the transaction holding the write is durable (`synchronous=FULL`): the default,
+    /// and what every record that must precede a side effect needs.
+    Durable,
+    /// Until the write ran in the writer's open transaction (its answer, such as a rate-limit
+    /// admission, is known and is atomic with every other write), not until it commits.
+    Executed,
+}
+
+/// Records the run's note now at `to`; `ends_run` closes the run.
+fn record_move(tx: &Tx<'_>, run: RunId, to: &str, ends_run: bool) -> Result<(), Failure> {
+    let from = run_note(tx, run)?;
+    let now = now_ms();
+    if ends_run {
+        let state = to.split('/').next().unwrap_or(to);
+        exec(
+            tx,
+            "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3 WHERE id = ?4",
+            params![to, now, state, run],
+        )?;
+    } else {
+        exec(
+            tx,
+            "UPDATE runs SET note = ?1 WHERE id = ?2",
+            params![to, run],
+        )?;
+    }
+    let fields = EventFields {
+        detail: Some(to),
+        ..EventFields::default()
+    };
+    event(tx, now, "move", Some(run), &from, &fields)
+}
+
+fn run_note(tx: &Tx<'_>, run: RunId) -> Result<String, Failure> {
+    query_one(
+        tx,
+        "SELECT note FROM runs WHERE id = ?1",
+        params![run],
+        |r| r.get(0),
+    )
+    .optional()?
+    .ok_or_else(|| Failure::Other(format!("no run {run}")))
 }
 
 #[cfg(test)]

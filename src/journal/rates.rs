@@ -1,8 +1,8 @@
 //! Rate limits (docs/design.md §5): counted from the start records in `calls`, checked and recorded
 //! in one transaction so two calls cannot both take the last slot.
 
+use super::Wait;
 use super::calls::{insert_start, needs_durable_start};
-use super::writer::Wait;
 use super::{Failure, Journal, JournalError, RunId, Tx, from_ms, now_ms, query_one, to_ms};
 use crate::tools::Effect;
 use rusqlite::{Connection, OptionalExtension, params};

@@ -3,10 +3,10 @@
 
 use super::calls::run_calls;
 use super::events::{EventFields, event};
-use super::writer::Wait;
 use super::{
     Failure, Journal, JournalCall, JournalError, Tx, exec, from_ms, now_ms, query_one, to_ms,
 };
+use super::{Wait, record_move, run_note};
 use rusqlite::{OptionalExtension, params};
 use std::time::SystemTime;
 
@@ -327,47 +327,6 @@ impl Journal {
             .optional()?)
         })
     }
-}
-
-/// Records the run's note now at `to`; `ends_run` closes the run.
-pub(super) fn record_move(
-    tx: &Tx<'_>,
-    run: RunId,
-    to: &str,
-    ends_run: bool,
-) -> Result<(), Failure> {
-    let from = run_note(tx, run)?;
-    let now = now_ms();
-    if ends_run {
-        let state = to.split('/').next().unwrap_or(to);
-        exec(
-            tx,
-            "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3 WHERE id = ?4",
-            params![to, now, state, run],
-        )?;
-    } else {
-        exec(
-            tx,
-            "UPDATE runs SET note = ?1 WHERE id = ?2",
-            params![to, run],
-        )?;
-    }
-    let fields = EventFields {
-        detail: Some(to),
-        ..EventFields::default()
-    };
-    event(tx, now, "move", Some(run), &from, &fields)
-}
-
-pub(super) fn run_note(tx: &Tx<'_>, run: RunId) -> Result<String, Failure> {
-    query_one(
-        tx,
-        "SELECT note FROM runs WHERE id = ?1",
-        params![run],
-        |r| r.get(0),
-    )
-    .optional()?
-    .ok_or_else(|| Failure::Other(format!("no run {run}")))
 }
 
 #[cfg(test)]

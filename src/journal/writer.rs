@@ -8,6 +8,7 @@
 //! [`Journal`](super::Journal) was dropped), after the jobs still queued have run and
 //! committed, and closes the connection.
 
+use super::Wait;
 use super::rates::RateCache;
 use super::{Failure, StorageHealth, Tx};
 use rusqlite::Connection;
@@ -25,17 +26,6 @@ const QUEUE: usize = 1024;
 
 /// At most this many jobs share one transaction, so one group's latency stays bounded.
 const MAX_GROUP: usize = 512;
-
-/// What a caller waits for before its journal method returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Wait {
-    /// Until the transaction holding the write is durable (`synchronous=FULL`): the default,
-    /// and what every record that must precede a side effect needs.
-    Durable,
-    /// Until the write ran in the writer's open transaction (its answer, such as a rate-limit
-    /// admission, is known and is atomic with every other write), not until it commits.
-    Executed,
-}
 
 /// Called once the group's commit is known: `Ok` when it is durable.
 type AfterCommit = Box<dyn FnOnce(Result<(), Failure>) + Send>;

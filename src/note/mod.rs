@@ -4,6 +4,7 @@
 
 pub mod parse;
 pub mod render;
+pub mod text;
 pub mod write;
 
 #[cfg(test)]

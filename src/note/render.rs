@@ -2,8 +2,8 @@
 //! frontmatter properties set without touching any other line.
 
 use crate::call::{CallError, CallResult, HeldCall, rfc3339_millis, rfc3339_seconds};
-use crate::guard::text::escape_untrusted;
 use crate::note::parse::{Analysis, ParsedNote, analyze, parse_note};
+use crate::note::text::escape_untrusted;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::time::SystemTime;
@@ -127,7 +127,7 @@ fn append_only(text: &str, analysis: &Analysis, blocks: &[Block<'_>]) -> String 
         let lines = match block {
             Block::Result(result) => result_callout(result),
             Block::Held(held) => held_callout(held),
-            Block::Preview(preview) => crate::guard::dry_run::preview_callout(preview),
+            Block::Preview(preview) => preview_callout(preview),
         };
         for line in lines {
             out.push_str(&line);
@@ -421,6 +421,20 @@ pub(crate) fn push_json_fence(lines: &mut Vec<String>, doc: &impl Serialize) {
     lines.push("> ```json".to_string());
     lines.extend(json.split('\n').map(|l| format!("> {l}")));
     lines.push("> ```".to_string());
+}
+
+/// The title line of a dry-run preview callout, up to the call's name.
+pub const TITLE_PREFIX: &str = "> [!example]- preview · ";
+
+/// The lines of one folded `[!example]-` callout (without line breaks).
+pub fn preview_callout(preview: &Value) -> Vec<String> {
+    let name = preview["name"].as_str().unwrap_or("tool_call");
+    let call_id = preview["call_id"].as_str().unwrap_or("");
+    let action = preview["decision"]["action"].as_str().unwrap_or("?");
+    let title = format!("{name} · would {action} · {call_id}").replace(['\r', '\n'], " ");
+    let mut lines = vec![format!("{TITLE_PREFIX}{}", escape_untrusted(&title))];
+    push_json_fence(&mut lines, &serde_json::json!({ "tool_preview": preview }));
+    lines
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ pub fn update_note_beneath(
 /// [`update_note`] without the fsync of the note's folder after the rename, for a caller that
 /// moves the note on at once: the move's fsync of the folder it leaves ([`crate::vault::Vault::move_to`])
 /// makes this rename durable too, before anything is recorded as done. A caller whose move
-/// then fails must fsync the folder itself ([`crate::vault::fsync_dir`]).
+/// then fails must fsync the folder itself ([`crate::files::fsync_dir`]).
 pub fn update_note_then_move(
     root: &Path,
     path: &Path,
@@ -191,7 +191,7 @@ struct Guard {
 impl Guard {
     /// `None` while another process has the note open for writing.
     fn take(path: &Path) -> Result<Option<Guard>, WriteError> {
-        let file = crate::vault::open_regular(path).map_err(|e| read_error(path, e))?;
+        let file = crate::files::open_regular(path).map_err(|e| read_error(path, e))?;
         #[cfg(target_os = "linux")]
         {
             use std::os::fd::AsRawFd;
@@ -324,7 +324,7 @@ pub fn read_settled(path: &Path) -> Result<Vec<u8>, WriteError> {
         }
         std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
     }
-    crate::vault::read_regular(path).map_err(|e| read_error(path, e))
+    crate::files::read_regular(path).map_err(|e| read_error(path, e))
 }
 
 /// The note's bytes, or None while another process may still be writing it (as
@@ -332,7 +332,7 @@ pub fn read_settled(path: &Path) -> Result<Vec<u8>, WriteError> {
 /// so twice on its way to Done, so the saved open counts).
 fn read_unless_busy(path: &Path) -> Result<Option<Vec<u8>>, WriteError> {
     // Only a regular file: a FIFO named like a note would block the read forever (§9.15).
-    let mut file = crate::vault::open_regular(path).map_err(|e| read_error(path, e))?;
+    let mut file = crate::files::open_regular(path).map_err(|e| read_error(path, e))?;
     let (bytes, busy) = read_noting_writer(&mut file).map_err(|e| read_error(path, e))?;
     Ok((!busy).then_some(bytes))
 }
@@ -379,7 +379,7 @@ pub fn writer_busy(path: &Path) -> Result<bool, WriteError> {
     {
         use std::os::fd::AsRawFd;
         ignore_lease_break_signal();
-        let file = crate::vault::open_regular(path).map_err(|e| read_error(path, e))?;
+        let file = crate::files::open_regular(path).map_err(|e| read_error(path, e))?;
         let fd = file.as_raw_fd();
         // SAFETY: fcntl on a valid, open descriptor; the lease is dropped before it closes.
         let rc = unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) };
@@ -471,13 +471,13 @@ fn write_temp(temp: &Path, note: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// The folder fsync after a rename, shared with other writers of the same folder
-/// ([`crate::vault::fsync_dir`]).
+/// ([`crate::files::fsync_dir`]).
 fn sync_parent(path: &Path) {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    crate::vault::fsync_dir(parent);
+    crate::files::fsync_dir(parent);
 }
 
 #[cfg(test)]

@@ -1,0 +1,173 @@
+//! Files read and made durable the careful way, for every layer: a note, a config or a vault
+//! file is opened only as a regular file (never a FIFO that would block, never through a
+//! symlink at its own name, docs/design.md §9.15), and folder fsyncs are shared between the
+//! callers that need one at the same time. A leaf: it uses nothing of vaultd.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Opens a file of the vault for reading: never through a symlink at its own name, never
+/// waiting for a FIFO's writer (`O_NONBLOCK`), and only a regular file (docs/design.md §9.15): a FIFO
+/// named `x.md`, a socket or a device gives an `InvalidInput` error that says what it is.
+pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symlink; vaultd never reads through one",
+                    path.display()
+                ),
+            ),
+            _ => e,
+        })?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        return Ok(file);
+    }
+    let what = if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_dir() {
+        "a folder"
+    } else {
+        "not a regular file"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{} is {what}, not a regular file; vaultd reads only regular files",
+            path.display()
+        ),
+    ))
+}
+
+/// [`open_regular`], read whole.
+pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_regular(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// [`read_regular`] as UTF-8 text.
+pub fn read_regular_text(path: &Path) -> io::Result<String> {
+    String::from_utf8(read_regular(path)?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8"))
+}
+
+/// Makes renames into or out of `dir` durable, sharing fsyncs between callers (for throughput):
+/// a caller that arrives while an fsync of the same folder runs waits for the next one, which
+/// then serves every caller that arrived meanwhile — ten notes finishing together cost two
+/// folder fsyncs, not ten. Each caller returns only after an fsync that *started* after its
+/// call, so its own rename is covered. Errors are ignored: some file systems refuse fsync on
+/// folders. Blocking: call it where blocking IO is allowed.
+pub fn fsync_dir(dir: &Path) {
+    static DIRS: std::sync::LazyLock<Mutex<HashMap<PathBuf, Arc<SharedSync>>>> =
+        std::sync::LazyLock::new(Default::default);
+    let shared = DIRS
+        .lock()
+        .expect("folder sync map poisoned")
+        .entry(dir.to_path_buf())
+        .or_default()
+        .clone();
+    shared.sync(|| {
+        if let Ok(f) = std::fs::File::open(dir) {
+            let _ = f.sync_all();
+        }
+    });
+}
+
+/// One folder's shared fsync: generations requested and made durable.
+#[derive(Default)]
+struct SharedSync {
+    state: Mutex<SyncState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Callers so far; a caller's number is its generation.
+    requested: u64,
+    /// Every generation up to this one is covered by a finished fsync.
+    durable: u64,
+    running: bool,
+}
+
+impl SharedSync {
+    fn sync(&self, fsync: impl Fn()) {
+        let mut st = self.state.lock().expect("folder sync poisoned");
+        st.requested += 1;
+        let mine = st.requested;
+        while st.durable < mine {
+            if st.running {
+                st = self.done.wait(st).expect("folder sync poisoned");
+                continue;
+            }
+            // This caller runs the fsync for everyone who asked before it starts.
+            st.running = true;
+            let covers = st.requested;
+            drop(st);
+            fsync();
+            st = self.state.lock().expect("folder sync poisoned");
+            st.running = false;
+            st.durable = st.durable.max(covers);
+            self.done.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn concurrent_folder_syncs_share_fsyncs_and_each_waits_for_one_started_after_it() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let shared = Arc::new(SharedSync::default());
+        let fsyncs = Arc::new(AtomicU64::new(0));
+        // Callers number themselves on arrival; each finished fsync raises `covered` to the
+        // number of callers that had arrived when it started.
+        let arrived = Arc::new(AtomicU64::new(0));
+        let covered = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let (shared, fsyncs) = (shared.clone(), fsyncs.clone());
+                let (arrived, covered) = (arrived.clone(), covered.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let me = arrived.fetch_add(1, Ordering::SeqCst) + 1;
+                        shared.sync(|| {
+                            let at_start = arrived.load(Ordering::SeqCst);
+                            fsyncs.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_micros(200));
+                            covered.fetch_max(at_start, Ordering::SeqCst);
+                        });
+                        let c = covered.load(Ordering::SeqCst);
+                        assert!(
+                            c >= me,
+                            "caller {me} returned before an fsync covered it ({c})"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let st = shared.state.lock().unwrap();
+        assert_eq!((st.requested, st.durable, st.running), (800, 800, false));
+        let n = fsyncs.load(Ordering::SeqCst);
+        assert!(n < 800, "fsyncs were shared: {n} for 800 callers");
+    }
+}
