@@ -8,6 +8,7 @@ mod cli;
 mod cmark;
 mod command;
 mod copies;
+mod docs;
 mod first_hour;
 mod guard;
 mod hostile;
