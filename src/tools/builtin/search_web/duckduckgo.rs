@@ -637,7 +637,8 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         let started = Instant::now();
         pacer.wait_for_turn(deadline).await.unwrap();
-        assert!(started.elapsed() < Duration::from_millis(100));
+        // The first search does not wait (well under the interval, even on a loaded machine).
+        assert!(started.elapsed() < MIN_INTERVAL / 2);
         pacer.wait_for_turn(deadline).await.unwrap();
         assert!(started.elapsed() >= MIN_INTERVAL);
         let e = pacer
