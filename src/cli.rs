@@ -238,7 +238,12 @@ pub fn main() -> i32 {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
-            eprintln!("vaultd: {}", escape_controls(&format!("{e:#}")));
+            // vaultd's own multi-line messages (every unknown config key on its own line)
+            // keep their lines; continuation lines are indented, so no text from a file or a
+            // path can pass for a line of its own.
+            let message = format!("{e:#}");
+            let lines: Vec<String> = message.lines().map(escape_controls).collect();
+            eprintln!("vaultd: {}", lines.join("\n  "));
             2
         }
     }

@@ -246,7 +246,20 @@ impl Email {
                     )
                 })?;
                 let file = outbox.join(format!("{id}.eml"));
-                crate::private::narrow(&file);
+                // Durable before the call is recorded as done: after a crash the journal's
+                // "sent" must still have its message in the outbox (lettre writes without
+                // fsync). The folder fsync is shared with other emails finishing together.
+                let (f, dir) = (file.clone(), outbox.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::private::narrow(&f);
+                    let synced = std::fs::File::open(&f).and_then(|file| file.sync_all());
+                    if let Err(e) = synced {
+                        tracing::warn!(file = %f.display(), "cannot fsync the email in the outbox: {e}");
+                    }
+                    crate::files::fsync_dir(&dir);
+                })
+                .await
+                .expect("outbox fsync task does not panic");
                 tracing::info!(call_id = call.call_id, file = %file.display(), "email written to the outbox");
             }
             Transport::Smtp(smtp) => {
