@@ -27,6 +27,9 @@ pub struct Arrivals {
     arrived: Mutex<Recent>,
     /// First names of claimed notes, until dropped: a look at one is not a new note.
     left: Mutex<HashMap<PathBuf, FileKey>>,
+    /// First names kept although a link claim left them: the claim was undone (its journal
+    /// record failed), so the first name is the note again and is not dropped.
+    kept: Mutex<Vec<LeftBehind>>,
     /// Notes renamed in, with their size and mtime then (DESIGN §9.1: a note that arrives by
     /// rename is complete), until claimed or [`WHOLE_FOR`] has passed.
     whole: Mutex<Whole>,
@@ -146,6 +149,19 @@ impl Arrivals {
             .insert(left.path.clone(), left.file);
     }
 
+    /// The claim that left `left` behind was undone: the first name is the note again, not a
+    /// name to drop when the grace ends, and is claimed anew later.
+    pub fn keep_first_name(&self, left: &LeftBehind) {
+        self.kept
+            .lock()
+            .expect("arrivals lock poisoned")
+            .push(left.clone());
+        let mut held = self.left.lock().expect("arrivals lock poisoned");
+        if held.get(&left.path) == Some(&left.file) {
+            held.remove(&left.path);
+        }
+    }
+
     /// Whether the file at `path` is one a claim left behind (or is claiming), whatever it is
     /// called now: its first name, or a name it was renamed to since (DESIGN §9.10). A
     /// different file saved under the first name is not (its file key differs).
@@ -169,6 +185,13 @@ impl Arrivals {
     /// since the claim (in the inbox or into Approved/). Errors are logged: the name then
     /// stays and is dropped at the next start (the journal has it).
     pub fn drop_one(&self, vault: &Vault, left: &LeftBehind) {
+        {
+            let mut kept = self.kept.lock().expect("arrivals lock poisoned");
+            if let Some(i) = kept.iter().position(|k| k == left) {
+                kept.remove(i);
+                return;
+            }
+        }
         let dropped = vault.drop_left_behind(left);
         if let Ok(false) = dropped
             && let Some(renamed) = find_by_key(vault, left.file)

@@ -47,6 +47,12 @@ impl Daemon {
                 return Ok(()); // moved into Approved/ by hand: only `vaultd approve` counts
             }
             let mut ident = self.identify(path, &text).await?;
+            if let Some(of) = ident.wait_for.take() {
+                if self.wait_for_original(path, &of, &parsed).await? {
+                    continue;
+                }
+                return Ok(());
+            }
             // A note whose calls still run here (it was moved back by hand mid-run, or is an
             // editor's copy of a note being claimed) waits for them: their outcomes are then
             // in the journal and are written, not run again (§9.3, §9.6).
@@ -199,7 +205,7 @@ impl Daemon {
             .as_ref()
             .ok()
             .map(|bytes| crate::tools::vault::sha256_hex(bytes));
-        let run = self
+        let began = self
             .journal
             .begin_claim_async(
                 &note,
@@ -209,10 +215,65 @@ impl Daemon {
                 left_key.as_deref(),
                 sha.as_deref(),
             )
-            .await?;
+            .await;
+        let run = match began {
+            Ok(run) => run,
+            Err(e) => {
+                // Nothing of the note started: it goes back to where it was claimed from, and
+                // is claimed again once the journal takes writes (docs/design.md §9.12).
+                self.unclaim(claimed, &from, left).await;
+                return Err(e.into());
+            }
+        };
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
         self.execute(run, claimed, pass, std::mem::take(ident), Some(read))
             .await
+    }
+
+    /// Undoes a claim the journal could not record (§9.12). A link claim's first name still
+    /// holds the note: the In_Progress name goes, and the first name is kept (not dropped when
+    /// the grace ends); a renamed note is moved back into the folder it came from.
+    async fn unclaim(&self, claimed: &Path, from: &str, left: Option<&LeftBehind>) {
+        if let Some(l) = left {
+            self.arrivals.keep_first_name(l);
+        }
+        let vault = self.vault.clone();
+        let (claimed_path, left) = (claimed.to_path_buf(), left.cloned());
+        let back_to = self
+            .vault
+            .locate(&self.vault.root().join(from))
+            .map_or(State::NeedsAction, |(state, _)| state);
+        let back = tokio::task::spawn_blocking(move || match left {
+            // Only while the first name still names the note: once the grace has dropped it,
+            // the In_Progress name is the note's only name and is moved back instead.
+            Some(l)
+                if l.path
+                    .symlink_metadata()
+                    .is_ok_and(|m| FileKey::of(&m) == l.file) =>
+            {
+                vault
+                    .drop_left_behind(&LeftBehind {
+                        path: claimed_path,
+                        file: l.file,
+                    })
+                    .map(|_| l.path)
+            }
+            _ => vault
+                .move_to(&claimed_path, back_to)
+                .map_err(|e| std::io::Error::other(e.to_string())),
+        })
+        .await
+        .expect("unclaim task does not panic");
+        match back {
+            Ok(to) => tracing::warn!(
+                note = %self.vault.relative(&to),
+                "the journal cannot record the claim: the note is back where it was and waits"
+            ),
+            Err(e) => tracing::error!(
+                note = %self.vault.relative(claimed),
+                "the journal cannot record the claim and the note cannot go back ({e}); it waits in In_Progress"
+            ),
+        }
     }
 
     /// Stamps a claimed note with `tool_note` (docs/design.md §9.2), `tool_runner` and `tool_updated`
@@ -267,13 +328,12 @@ impl Daemon {
             let id = id.to_string();
             let q = id.clone();
             let last = self.read_journal(|j| j.note_path(&q))?;
-            let original = last.filter(|p| {
-                *p != rel
-                    && crate::vault::read_regular_text(&self.vault.root().join(p))
-                        .is_ok_and(|t| note::frontmatter_property(&t, "tool_note") == Some(&id))
+            let original = last.filter(|p| *p != rel).and_then(|p| {
+                let t = crate::vault::read_regular_text(&self.vault.root().join(&p)).ok()?;
+                (note::frontmatter_property(&t, "tool_note") == Some(&id)).then_some((p, t))
             });
             let (prior, stale) = self.prior_for(&id).await?;
-            let Some(original) = original else {
+            let Some((original, original_text)) = original else {
                 return Ok(Identity {
                     note_id: id,
                     prior,
@@ -289,6 +349,15 @@ impl Daemon {
             // §9.10: the calls the carried id started get their recorded outcome (or
             // UNKNOWN_OUTCOME), as that note would: the copy is that note for them.
             let still_running = self.is_active(&id);
+            if !still_running && shares_unstarted_pending(&parsed, &original_text, &prior) {
+                // §9.10: those calls belong to that note; it has not run them yet (it waits
+                // to be claimed, recovered or approved). Run here now, they would run twice.
+                return Ok(Identity {
+                    note_id: id.clone(),
+                    wait_for: Some(id),
+                    ..Identity::default()
+                });
+            }
             if shares_started_call(&parsed, &prior) || still_running {
                 tracing::warn!(
                     note = %rel,
@@ -475,6 +544,43 @@ impl Daemon {
         {
             n.notify_waiters();
         }
+        let copies = self
+            .waiting_copies
+            .lock()
+            .expect("waiting copies lock poisoned")
+            .remove(note_id);
+        for path in copies.into_iter().flatten() {
+            self.dispatch(path);
+        }
+    }
+
+    /// Leaves the copy at `path` where it is until the note `of` has run the calls they share
+    /// (§9.10): it is looked at again when a run of that note here ends, or at a rescan. True
+    /// when that note's records show those calls started meanwhile (a run that ended before
+    /// the copy was registered): the copy is judged again at once.
+    async fn wait_for_original(
+        &self,
+        path: &Path,
+        of: &str,
+        parsed: &ParsedNote,
+    ) -> Result<bool, DaemonError> {
+        self.waiting_copies
+            .lock()
+            .expect("waiting copies lock poisoned")
+            .entry(of.to_string())
+            .or_default()
+            .insert(path.to_path_buf());
+        let (prior, _) = self.prior_for(of).await?;
+        if shares_started_call(parsed, &prior) {
+            return Ok(true);
+        }
+        self.explain_once(
+            path,
+            &format!(
+                "a copy of note {of} whose calls are still pending there: it waits until they ran there, then gets their outcomes"
+            ),
+        );
+        Ok(false)
     }
 
     /// Waits until `note_id` has no run here.
@@ -556,6 +662,24 @@ pub(crate) fn valid_note_id(id: &str) -> bool {
 }
 
 /// Whether a pending call of `parsed` was started (or has an outcome) in `prior`.
+/// Whether a pending call of `parsed` is pending in `original` too (no result there) and not
+/// started by that note: the copy must wait for it to run there.
+fn shares_unstarted_pending(
+    parsed: &ParsedNote,
+    original: &str,
+    prior: &HashMap<String, JournalCall>,
+) -> bool {
+    let there = parse_note(original);
+    let pending_there: std::collections::HashSet<&str> =
+        there.pending_calls().map(|c| c.call_id.as_str()).collect();
+    parsed.pending_calls().any(|c| {
+        pending_there.contains(c.call_id.as_str())
+            && !prior
+                .get(&c.call_id)
+                .is_some_and(|r| r.started_at.is_some() || r.recorded.is_some())
+    })
+}
+
 fn shares_started_call(parsed: &ParsedNote, prior: &HashMap<String, JournalCall>) -> bool {
     parsed.pending_calls().any(|c| {
         prior

@@ -114,6 +114,10 @@ pub(crate) struct Identity {
     pub(crate) this_run: HashSet<String>,
     /// A note without `tool_note` found at a path a note was recently claimed from.
     pub(crate) stale: Option<StaleCopy>,
+    /// A copy whose calls are still pending, not started, in the note it copies (this note
+    /// id): it waits until they have run there, then gets their outcomes (docs/design.md
+    /// §9.10). Run now, the copy and that note would both send.
+    pub(crate) wait_for: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -160,6 +164,9 @@ pub struct Daemon {
     pub(crate) active: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
     /// Notes being waited on until their writer is done (§9.1): one wait per path.
     pub(crate) settling: Mutex<HashSet<PathBuf>>,
+    /// Copies waiting for the note they copy to run the calls they share (§9.10), by that
+    /// note's id: looked at again when its run here ends (and at every rescan).
+    pub(crate) waiting_copies: Mutex<HashMap<String, HashSet<PathBuf>>>,
     /// `once` judges an unfinished last block at once: it is run when the writer is done.
     pub(crate) mode: Mode,
     /// `[notify] on_hold`: one message per held note (docs/design.md §12.4).
@@ -324,6 +331,7 @@ async fn run_reloading(
         explained: Mutex::new(HashSet::new()),
         active: Mutex::new(HashMap::new()),
         settling: Mutex::new(HashSet::new()),
+        waiting_copies: Mutex::new(HashMap::new()),
         mode,
         runners,
         folder_pause: Default::default(),

@@ -123,6 +123,7 @@ impl Daemon {
                 prior,
                 this_run,
                 stale,
+                wait_for: None,
             };
             self.execute(run, path, Pass::Recover { known }, ident, None)
                 .await
