@@ -291,6 +291,7 @@ macro_rules! tools_tables {
                 cx: &TableContext,
                 vault: &Path,
                 folders: &Folders,
+                tool_results: &str,
             ) -> Result<ToolsConfig, ConfigError> {
                 Ok(ToolsConfig {
                     vault: crate::tools::vault::VaultToolsConfig::from_raw(
@@ -310,6 +311,7 @@ macro_rules! tools_tables {
                         ],
                         vault,
                         folders,
+                        tool_results,
                         cx.path,
                     )?,
                     $($name: <crate::tools::builtin::$module::$tool as BuiltinTool>::config(
@@ -810,7 +812,7 @@ pub fn from_raw(
         state_dir: &state_dir,
         skip_secrets: overrides.skip_secrets,
     };
-    let tools = ToolsConfig::from_raw(raw.tools, &cx, &vault, &folders)?;
+    let tools = ToolsConfig::from_raw(raw.tools, &cx, &vault, &folders, &tool_results)?;
     let guard = crate::guard::config_from_raw(
         raw.note_budget,
         raw.notify,
@@ -996,6 +998,25 @@ mod tests {
                 ..Default::default()
             },
         )
+    }
+
+    #[test]
+    fn the_vault_tools_keep_out_of_the_configured_preview_and_results_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = load_str(
+            "[folders]\ndry_run = \"Previews\"\ntool_results = \"Saved\"\n",
+            dir.path(),
+        )
+        .unwrap();
+        let reserved = &c.tools.vault.reserved;
+        assert!(reserved.contains(&"Previews".to_string()), "{reserved:?}");
+        assert!(reserved.contains(&"Saved".to_string()), "{reserved:?}");
+        // The default names are ordinary folders when others are configured.
+        assert!(!reserved.contains(&"Dry_Run".to_string()), "{reserved:?}");
+        assert!(
+            !reserved.contains(&"Tool_Results".to_string()),
+            "{reserved:?}"
+        );
     }
 
     #[test]

@@ -83,7 +83,7 @@ pub const TOOL_NAMES: [&str; 11] = [
 pub struct VaultToolsConfig {
     pub enabled: bool,
     pub root: PathBuf,
-    /// vaultd's own folders (every state folder, `Dry_Run`, `Tool_Results`): no tool reads or
+    /// vaultd's own folders (every state folder, `[folders] dry_run` and `tool_results`): no tool reads or
     /// writes there.
     pub reserved: Vec<String>,
     pub read: Vec<String>,
@@ -101,6 +101,7 @@ impl VaultToolsConfig {
         per_tool: Vec<(&str, RawVaultTool)>,
         root: &Path,
         folders: &Folders,
+        tool_results: &str,
         path: &Path,
     ) -> Result<VaultToolsConfig, ConfigError> {
         let invalid = |key: &str, message: String| ConfigError::Invalid {
@@ -119,7 +120,7 @@ impl VaultToolsConfig {
         };
         let read = raw.read.unwrap_or_else(|| vec!["**".to_string()]);
         let write = raw.write.unwrap_or_default();
-        let mut reserved: Vec<String> = [
+        let reserved: Vec<String> = [
             &folders.needs_action,
             &folders.in_progress,
             &folders.pending_approval,
@@ -127,11 +128,12 @@ impl VaultToolsConfig {
             &folders.rejected,
             &folders.done,
             &folders.failed,
+            &folders.dry_run,
+            &tool_results.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
-        reserved.extend(["Dry_Run".to_string(), "Tool_Results".to_string()]);
         let names: Vec<&str> = reserved.iter().map(String::as_str).collect();
         PathPolicy::new(root.to_path_buf(), &names, &read, &write)
             .map_err(|e| invalid(&e.key, format!("`{}` is not a glob: {}", e.glob, e.message)))?;

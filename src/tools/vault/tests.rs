@@ -29,6 +29,7 @@ fn config(root: &Path, raw: RawVault, per_tool: Vec<(&str, RawVaultTool)>) -> Va
         per_tool,
         root,
         &Folders::default(),
+        crate::results::DEFAULT_FOLDER,
         Path::new("test.toml"),
     )
     .unwrap()
