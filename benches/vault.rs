@@ -93,6 +93,7 @@ fn main() {
         Vec::new(),
         &root,
         &vaultd::config::Folders::default(),
+        vaultd::results::DEFAULT_FOLDER,
         Path::new("bench.toml"),
     )
     .expect("config");

@@ -197,6 +197,7 @@ fn a_vault_write_whose_outcome_was_lost_is_not_repeated_and_stays_undoable() {
         Vec::new(),
         &vault.root,
         &vaultd::config::Folders::default(),
+        vaultd::results::DEFAULT_FOLDER,
         std::path::Path::new("test.toml"),
     )
     .unwrap();
