@@ -78,18 +78,17 @@ impl Daemon {
                 tasks.spawn(async move { me.settle_then_look(path).await });
             }
             Hint::NewFolder(dir) => {
-                // Files created with the folder may have no events of their own (notify #727):
-                // those written before the watcher's watch on it was in place. The folder is
-                // scanned now and again shortly after, when that watch is surely there (under
-                // load, 53 of 2,000 notes dropped into a new folder waited for the next rescan).
-                self.scan_new_folder(&dir);
-                let me = self.clone();
-                tasks.spawn(async move {
-                    for after in [Duration::from_millis(500), Duration::from_secs(2)] {
-                        tokio::time::sleep(after).await;
-                        me.scan_new_folder(&dir);
+                // Files created with the folder may have no events of their own (notify #727).
+                for s in self.watched_states() {
+                    if dir.starts_with(self.vault.folder(s)) {
+                        let base = self.vault.folder(s);
+                        for path in self.vault.scan(s) {
+                            if path.starts_with(&dir) && path.starts_with(&base) {
+                                self.dispatch(path);
+                            }
+                        }
                     }
-                });
+                }
             }
             Hint::Rescan => {
                 self.scan_all(tasks);
@@ -197,20 +196,6 @@ impl Daemon {
     ) {
         let me = self.clone();
         tasks.spawn(async move { me.note_task(path, slot).await });
-    }
-
-    /// Dispatches every note below `dir`, a folder that appeared in a watched state folder.
-    fn scan_new_folder(&self, dir: &Path) {
-        for s in self.watched_states() {
-            if dir.starts_with(self.vault.folder(s)) {
-                let base = self.vault.folder(s);
-                for path in self.vault.scan(s) {
-                    if path.starts_with(dir) && path.starts_with(&base) {
-                        self.dispatch(path);
-                    }
-                }
-            }
-        }
     }
 
     /// docs/design.md §9.1: a note written in place is looked at once no process has it open for
