@@ -76,12 +76,20 @@ mod tests {
 
     #[test]
     fn a_path_counts_until_its_time_to_live_is_over() {
-        let mut r = Recent::new(Duration::from_millis(50));
+        // A long time to live while counting (a loaded machine may pause this thread for
+        // long), then a tiny one to see it expire: no outcome depends on the scheduler.
+        let mut r = Recent::new(Duration::from_secs(600));
         r.note(Path::new("a"));
         assert!(r.age(Path::new("a")).is_some());
         assert!(r.age(Path::new("b")).is_none());
-        std::thread::sleep(Duration::from_millis(60));
+        r.ttl = Duration::from_millis(1);
+        std::thread::sleep(Duration::from_millis(5));
         assert!(r.age(Path::new("a")).is_none());
+        assert!(
+            r.take(Path::new("a")).is_none(),
+            "an expired path is not taken"
+        );
+        r.ttl = Duration::from_secs(600);
         r.note(Path::new("a"));
         assert!(r.take(Path::new("a")).is_some());
         assert!(r.take(Path::new("a")).is_none());
