@@ -6,8 +6,8 @@ use crate::config::WatchMode;
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
 use notify::{Event, EventKind, RecursiveMode, Watcher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 /// What the watcher tells the daemon.
@@ -28,7 +28,7 @@ pub enum Hint {
 
 /// Keeps the OS watcher alive; dropping it stops watching.
 pub struct WatchHandle {
-    _watcher: Box<dyn Watcher + Send>,
+    _watcher: Arc<Mutex<Box<dyn Watcher + Send>>>,
     /// Set when a hint could not be queued; the daemon answers with a full scan.
     pub overflowed: Arc<AtomicBool>,
 }
@@ -49,6 +49,9 @@ pub fn start(
     let overflowed = Arc::new(AtomicBool::new(false));
     let flag = overflowed.clone();
     let poll = matches!(mode, WatchMode::Poll(_));
+    // A new folder's hint waits until the folder is surely watched (see `watch_new_folders`).
+    let (new_folders, new_folders_rx) = std::sync::mpsc::channel::<PathBuf>();
+    let daemon = tx.clone();
     let handler = move |res: notify::Result<Event>| {
         let hints = match res {
             Ok(event) => hints_for(event, poll),
@@ -58,8 +61,15 @@ pub fn start(
             }
         };
         for hint in hints {
-            if tx.try_send(hint).is_err() {
-                flag.store(true, Ordering::SeqCst);
+            match hint {
+                Hint::NewFolder(dir) if !poll => {
+                    let _ = new_folders.send(dir);
+                }
+                hint => {
+                    if tx.try_send(hint).is_err() {
+                        flag.store(true, Ordering::SeqCst);
+                    }
+                }
             }
         }
     };
@@ -90,10 +100,61 @@ pub fn start(
                 source,
             })?;
     }
+    let watcher = Arc::new(Mutex::new(watcher));
+    watch_new_folders(
+        Arc::downgrade(&watcher),
+        new_folders_rx,
+        daemon,
+        overflowed.clone(),
+    );
     Ok(WatchHandle {
         _watcher: watcher,
         overflowed,
     })
+}
+
+/// Turns each new folder into a `NewFolder` hint once the folder is surely watched.
+///
+/// notify adds the watch on a new folder after it has passed the folder's creation on (notify
+/// #727): a file created in between has no event, and the daemon's scan of the folder, made
+/// on the hint, could run before the file existed. Under load that window grew long enough for
+/// 53 of 2,000 notes dropped into a new folder to wait for the periodic rescan. Here the
+/// folder is watched again (inotify keeps one watch per folder: adding it twice is harmless)
+/// before the hint goes out, so every file is either there when the daemon scans or has an
+/// event after. A thread of its own: `watch` waits for notify's event loop, which is the
+/// thread that runs the handler.
+fn watch_new_folders(
+    watcher: std::sync::Weak<Mutex<Box<dyn Watcher + Send>>>,
+    new_folders: std::sync::mpsc::Receiver<PathBuf>,
+    daemon: mpsc::Sender<Hint>,
+    overflowed: Arc<AtomicBool>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("vaultd-new-folders".into())
+        .spawn(move || {
+            // Ends when the watcher, and with it the handler that sends here, is dropped.
+            while let Ok(dir) = new_folders.recv() {
+                let Some(watcher) = watcher.upgrade() else {
+                    return;
+                };
+                let watched = watcher
+                    .lock()
+                    .expect("the watcher lock is never poisoned")
+                    .watch(&dir, RecursiveMode::Recursive);
+                drop(watcher);
+                if let Err(e) = watched {
+                    // Gone again, or no more watches: the scan on the hint still looks.
+                    tracing::debug!("cannot watch new folder {}: {e}", dir.display());
+                }
+                if daemon.try_send(Hint::NewFolder(dir)).is_err() {
+                    overflowed.store(true, Ordering::SeqCst);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        // Without the thread new folders get no hint: the daemon's periodic rescan finds them.
+        tracing::warn!("cannot start the new-folder watcher thread: {e}");
+    }
 }
 
 /// Watches one file, `file`, for changes: its folder is watched (not recursively) and events
@@ -151,7 +212,7 @@ pub fn watch_file(
         .watch(&folder, RecursiveMode::NonRecursive)
         .map_err(error)?;
     Ok(WatchHandle {
-        _watcher: watcher,
+        _watcher: Arc::new(Mutex::new(watcher)),
         overflowed: Arc::new(AtomicBool::new(false)),
     })
 }

@@ -78,7 +78,9 @@ impl Daemon {
                 tasks.spawn(async move { me.settle_then_look(path).await });
             }
             Hint::NewFolder(dir) => {
-                // Files created with the folder may have no events of their own (notify #727).
+                // Files created with the folder before its watch was in place have no events
+                // of their own (notify #727); the hint comes once the watch is there
+                // (`watch::watch_new_folders`), so a scan now finds them.
                 for s in self.watched_states() {
                     if dir.starts_with(self.vault.folder(s)) {
                         let base = self.vault.folder(s);
