@@ -27,8 +27,8 @@ pub struct Arrivals {
     arrived: Mutex<Recent>,
     /// First names of claimed notes, until dropped: a look at one is not a new note.
     left: Mutex<HashMap<PathBuf, FileKey>>,
-    /// First names kept although a link claim left them: the claim was undone (its journal
-    /// record failed), so the first name is the note again and is not dropped.
+    /// First names the end of the grace leaves alone: the claim was undone (its journal
+    /// record failed), so the first name is the note again, or it was dropped already.
     kept: Mutex<Vec<LeftBehind>>,
     /// Notes renamed in, with their size and mtime then (DESIGN §9.1: a note that arrives by
     /// rename is complete), until claimed or [`WHOLE_FOR`] has passed.
@@ -149,9 +149,21 @@ impl Arrivals {
             .insert(left.path.clone(), left.file);
     }
 
-    /// The claim that left `left` behind was undone: the first name is the note again, not a
-    /// name to drop when the grace ends, and is claimed anew later.
-    pub fn keep_first_name(&self, left: &LeftBehind) {
+    /// The name a link claim left behind at `path`, while it is held.
+    pub fn held(&self, path: &Path) -> Option<LeftBehind> {
+        self.left
+            .lock()
+            .expect("arrivals lock poisoned")
+            .get(path)
+            .map(|file| LeftBehind {
+                path: path.to_path_buf(),
+                file: *file,
+            })
+    }
+
+    /// The end of the grace leaves `left` alone: the claim that left it behind was undone (the
+    /// first name is the note again, claimed anew later), or the name was dealt with already.
+    pub fn leave_first_name(&self, left: &LeftBehind) {
         self.kept
             .lock()
             .expect("arrivals lock poisoned")

@@ -233,6 +233,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Run { .. } | Command::Once { .. }) {
         restore_sigpipe();
+        ONE_SHOT.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     match dispatch(cli) {
         Ok(code) => code,
@@ -345,8 +346,28 @@ fn completions(shell: clap_complete::Shell) -> Result<i32> {
 /// (secrets aside: it names those it cannot read here in a warning).
 fn validated(o: &Overrides) -> Result<(Config, Registry)> {
     let config = config::load(o)?;
+    if ONE_SHOT.load(std::sync::atomic::Ordering::Relaxed) {
+        init_warnings(&config);
+    }
     let registry = registry_for(&config)?;
     Ok((config, registry))
+}
+
+/// Set for every command but `run` and `once` (which set up their own logging from the config).
+static ONE_SHOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What a one-shot command logs: warnings only (a journal adopted into the vault's own state
+/// folder, a runner id that could not be copied), through the config's redactor, without
+/// timestamps. Before, such commands had no logger and said nothing of what they changed.
+fn init_warnings(config: &Config) {
+    let writer = RedactingStderr(Arc::new(daemon::redactor_for(config)), false);
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn,rmcp=error"))
+        .with_writer(writer)
+        .with_ansi(false)
+        .with_target(false)
+        .without_time()
+        .try_init();
 }
 
 /// For commands that run no tool (`status`, `log`, `config`): a secret that cannot be read

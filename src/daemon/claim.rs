@@ -235,7 +235,7 @@ impl Daemon {
     /// the grace ends); a renamed note is moved back into the folder it came from.
     async fn unclaim(&self, claimed: &Path, from: &str, left: Option<&LeftBehind>) {
         if let Some(l) = left {
-            self.arrivals.keep_first_name(l);
+            self.arrivals.leave_first_name(l);
         }
         let vault = self.vault.clone();
         let (claimed_path, left) = (claimed.to_path_buf(), left.cloned());

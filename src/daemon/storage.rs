@@ -170,6 +170,19 @@ impl Daemon {
                 WriteBack::Failed => return Ok(()),
             }
         }
+        // A link claim still within `moved_in_grace` left the note's first name in
+        // Needs_Action: the unstamped text as it arrived. The note going back is the claimed
+        // one (its identity, the results of what ran), so the first name goes first and the
+        // note takes its name back, instead of coming back as `a (2).md` beside it.
+        if let Some(first) = self
+            .vault
+            .locate(path)
+            .map(|(_, rel)| self.vault.folder(State::NeedsAction).join(rel))
+            .and_then(|first| self.arrivals.held(&first))
+        {
+            self.arrivals.drop_one(&self.vault, &first);
+            self.arrivals.leave_first_name(&first);
+        }
         let (vault, p) = (self.vault.clone(), path.to_path_buf());
         let back = tokio::task::spawn_blocking(move || vault.move_to(&p, State::NeedsAction))
             .await

@@ -426,15 +426,26 @@ pub async fn webhook_server(status: u16) -> wiremock::MockServer {
 
 /// Waits until `done()` holds, polling; panics with `what` after the deadline. For an event
 /// with no measure of progress; a count uses [`wait_for_progress`].
-pub fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, deadline: Duration, done: impl FnMut() -> bool) {
+    wait_until_or_say(what, deadline, done, String::new)
+}
+
+/// [`wait_until`], whose failure also prints `say()` (a daemon's log, where the notes are).
+pub fn wait_until_or_say(
+    what: &str,
+    deadline: Duration,
+    mut done: impl FnMut() -> bool,
+    say: impl FnOnce() -> String,
+) {
     let start = Instant::now();
     let mut checks = 0u64;
     while !done() {
         checks += 1;
         if start.elapsed() > deadline {
             panic!(
-                "timed out after {:.1?} waiting until {what} (checked {checks} times, never true)",
-                start.elapsed()
+                "timed out after {:.1?} waiting until {what} (checked {checks} times, never true)\n{}",
+                start.elapsed(),
+                say()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
