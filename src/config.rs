@@ -324,6 +324,7 @@ macro_rules! tools_tables {
                         vault,
                         cx.state_dir,
                         cx.skip_secrets,
+                        folders,
                     )?,
                 })
             }

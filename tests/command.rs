@@ -115,7 +115,7 @@ fn the_sandbox_denies_writes_and_reads_outside_and_caps_output() {
     );
 
     assert_eq!(
-        r[5]["data"]["stdout"], "HOME LANG PATH PWD VAULTD_CALL_ID VAULTD_NOTE_ID ",
+        r[5]["data"]["stdout"], "HOME LANG PATH PWD TMPDIR VAULTD_CALL_ID VAULTD_NOTE_ID ",
         "PWD is the shell's own"
     );
     // Each call's scratch dir is gone afterwards.
@@ -381,13 +381,14 @@ writable = ["out"]
         std::fs::read_to_string(&pgid_file).is_ok_and(|s| s.ends_with('\n'))
     });
     daemon.kill9();
-    // The program outlived the killed daemon (its own session); end it as a person would.
-    let pgid: i32 = std::fs::read_to_string(&pgid_file)
+    // The program does not outlive the killed daemon: its supervisor saw the control pipe
+    // close with vaultd and killed it.
+    let pid: i32 = std::fs::read_to_string(&pgid_file)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    wait_until("the program dies with the daemon", DEADLINE, || !alive(pid));
 
     once_ok(&vault);
     let text = vault.read("Failed", "deploy.md");
@@ -543,4 +544,298 @@ fn the_example_vaults_command_tool_works_on_a_fresh_machine() {
     once_ok(&vault);
     let r = &results_in(&vault.read("Done", "Count words.md"))[0];
     assert_eq!(r["data"]["stdout"], "11 Reference/Ideas.md\n", "{r}");
+}
+
+/// A hostile program tries every kind of socket toward listeners the test runs outside the
+/// sandbox: a unix socket by path, an abstract unix socket, UDP (v4 and v6), TCP, netlink,
+/// raw and packet sockets. With `network = false` none is even created, and no listener
+/// hears a byte.
+#[test]
+fn without_network_no_socket_of_any_family_reaches_a_listener_outside() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    let outside = tempfile::tempdir().unwrap();
+    let unix_path = outside.path().join("bus.sock");
+    let unix = UnixListener::bind(&unix_path).unwrap();
+    unix.set_nonblocking(true).unwrap();
+    let abstract_name = format!("vaultd-test-{}", std::process::id());
+    let abstract_unix =
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap())
+            .unwrap();
+    abstract_unix.set_nonblocking(true).unwrap();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let udp6 = std::net::UdpSocket::bind("[::1]:0").ok();
+    if let Some(u) = &udp6 {
+        u.set_nonblocking(true).unwrap();
+    }
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let script = r#"
+use Socket;
+my ($path, $abstract, $udp, $udp6, $tcp) = @ARGV;
+sub attempt {
+    my ($name, $domain, $type, $proto, $addr) = @_;
+    if (!socket(my $s, $domain, $type, $proto)) { print "$name: no socket ($!)\n"; return }
+    if (!defined $addr) { print "$name: OPENED\n"; return }
+    if (!connect($s, $addr)) { print "$name: no connect ($!)\n"; return }
+    send($s, "hostile", 0);
+    print "$name: CONNECTED\n";
+}
+attempt("unix_path", AF_UNIX, SOCK_STREAM, 0, pack_sockaddr_un($path));
+attempt("unix_abstract", AF_UNIX, SOCK_STREAM, 0, pack_sockaddr_un("\0" . $abstract));
+attempt("unix_datagram", AF_UNIX, SOCK_DGRAM, 0, pack_sockaddr_un($path));
+attempt("udp", AF_INET, SOCK_DGRAM, 0, pack_sockaddr_in($udp, inet_aton("127.0.0.1")));
+attempt("udp6", AF_INET6, SOCK_DGRAM, 0, pack_sockaddr_in6($udp6, inet_pton(AF_INET6, "::1")));
+attempt("tcp", AF_INET, SOCK_STREAM, 0, pack_sockaddr_in($tcp, inet_aton("127.0.0.1")));
+attempt("netlink", 16, SOCK_RAW, 0, undef);
+attempt("raw", AF_INET, SOCK_RAW, 1, undef);
+attempt("packet", 17, SOCK_DGRAM, 0, undef);
+"#;
+    let vault = command_vault(&format!(
+        "[tools.command.hostile]\ndescription = \"Try every socket\"\nargv = [\"perl\", \"-e\", '''{script}''', {:?}, {:?}, \"{}\", \"{}\", \"{}\"]\neffect = \"read_only\"\nnetwork = false\n",
+        unix_path.display().to_string(),
+        abstract_name,
+        udp.local_addr().unwrap().port(),
+        udp6.as_ref().map_or(9, |u| u.local_addr().unwrap().port()),
+        tcp.local_addr().unwrap().port(),
+    ));
+    vault.drop_note(
+        "sockets.md",
+        &note_with_calls("Sockets", &[call("hostile", json!({}))]),
+    );
+    once_ok(&vault);
+    let r = &results_in(&vault.read("Done", "sockets.md"))[0];
+    let stdout = r["data"]["stdout"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 9, "{stdout}");
+    for line in &lines {
+        assert!(
+            line.ends_with(": no socket (Permission denied)"),
+            "{stdout}"
+        );
+    }
+    let nothing = |what: &str, r: std::io::Result<()>| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("{what} heard from the sandbox: {other:?}"),
+    };
+    nothing("the unix listener", unix.accept().map(drop));
+    nothing("the abstract listener", abstract_unix.accept().map(drop));
+    nothing("the UDP listener", udp.recv(&mut [0; 64]).map(drop));
+    if let Some(u) = &udp6 {
+        nothing("the UDP6 listener", u.recv(&mut [0; 64]).map(drop));
+    }
+    nothing("the TCP listener", tcp.accept().map(drop));
+}
+
+/// Runs `vaultd once` on one call of `tool` in the note `rel`; returns its result.
+fn run_one(vault: &TestVault, rel: &str, tool: &str) -> (Value, String) {
+    vault.drop_note(rel, &note_with_calls("Call", &[call(tool, json!({}))]));
+    once_ok(vault);
+    let text = ["Done", "Failed"]
+        .iter()
+        .find(|f| vault.exists(f, rel))
+        .map(|f| vault.read(f, rel))
+        .unwrap_or_else(|| {
+            panic!(
+                "{rel} is in neither Done nor Failed: {:?}",
+                vault.all_notes()
+            )
+        });
+    (results_in(&text)[0].clone(), text)
+}
+
+/// Between two calls, the `writable` folder becomes a symlink to a folder outside the vault
+/// (what a program of the first call, or anyone, could do). The second call is refused, and
+/// nothing is written outside.
+#[test]
+fn a_writable_folder_swapped_for_a_symlink_between_calls_is_refused() {
+    let vault = command_vault(
+        r#"
+[tools.command.write]
+description = "Write into out/"
+argv = ["sh", "-c", 'echo written > out/file.txt']
+effect = "read_only"
+writable = ["out"]
+"#,
+    );
+    let (r, _) = run_one(&vault, "one.md", "write");
+    assert_eq!(r["ok"], true, "{r}");
+    let outside = vault.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::rename(vault.root.join("out"), vault.root.join("out.before")).unwrap();
+    std::os::unix::fs::symlink(&outside, vault.root.join("out")).unwrap();
+    let (r, _) = run_one(&vault, "two.md", "write");
+    assert_eq!(r["error"]["code"], "POLICY_DENIED", "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`out` is a symbolic link"), "{message}");
+    assert!(
+        !outside.join("file.txt").exists(),
+        "written outside the vault"
+    );
+}
+
+#[test]
+fn writable_and_read_may_not_name_the_root_a_state_folder_a_hidden_path_or_secrets() {
+    let cases = [
+        ("writable = [\".\"]", "writable", "names the vault root"),
+        ("writable = [\"Done\"]", "writable", "state folder `Done/`"),
+        (
+            "writable = [\"Needs_Action/sub\"]",
+            "writable",
+            "state folder `Needs_Action/`",
+        ),
+        ("writable = [\".obsidian\"]", "writable", "is a hidden path"),
+        ("read = [\"/\"]", "read", "never readable"),
+        ("read = [\"~\"]", "read", "never readable"),
+    ];
+    for (line, key, says) in cases {
+        let vault = command_vault(&format!(
+            "[tools.command.bad]\ndescription = \"bad\"\nargv = [\"true\"]\n{line}\n"
+        ));
+        std::fs::create_dir_all(vault.root.join(".obsidian")).unwrap();
+        let (code, log) = vault.once();
+        assert_ne!(code, 0, "{line}: {log}");
+        assert!(
+            log.contains(&format!("key `tools.command.bad.{key}`")),
+            "{line}: {log}"
+        );
+        assert!(log.contains(says), "{line}: {log}");
+    }
+}
+
+/// A program double-forks a `setsid` daemon that keeps stdout open and sleeps, then exits
+/// at once. The call ends when the program does, with its output, and the daemon is gone.
+#[test]
+fn a_double_forked_setsid_daemon_ends_with_the_call_and_does_not_hold_its_output() {
+    let vault = command_vault(
+        r#"
+[tools.command.daemonize]
+description = "Leave a daemon behind"
+argv = ["perl", "-MPOSIX", "-e", 'if (fork() == 0) { POSIX::setsid(); if (fork() == 0) { open(my $f, ">", "out/daemon.pid.tmp"); print $f $$; close($f); rename("out/daemon.pid.tmp", "out/daemon.pid"); sleep 300; exit 0 } exit 0 } wait(); while (!-e "out/daemon.pid") { select(undef, undef, undef, 0.02) } print "parent done\n"']
+effect = "read_only"
+writable = ["out"]
+timeout = "60s"
+"#,
+    );
+    let started = std::time::Instant::now();
+    let (r, _) = run_one(&vault, "daemon.md", "daemonize");
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["data"]["stdout"], "parent done\n", "{r}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(50),
+        "the daemon held the call: {:?}",
+        started.elapsed()
+    );
+    let pid: i32 = std::fs::read_to_string(vault.root.join("out/daemon.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_until("the daemon is gone", DEADLINE, || !alive(pid));
+}
+
+/// What `vaultd tools` says bounds a call here (a cgroup, or per process).
+fn sandbox_status(vault: &TestVault) -> String {
+    let out = vault.cmd().args(["tools", "--json"]).output().unwrap();
+    let tools: Value = serde_json::from_slice(&out.stdout).unwrap();
+    tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|t| t["details"]["sandbox_status"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// As root (where RLIMIT_NPROC never applies), the call's pids cgroup bounds a fork bomb;
+/// and four processes of 200 MB each do not all fit in `max_memory` = 400 MB together.
+/// Skipped, saying so, where vaultd cannot make a cgroup.
+#[test]
+fn the_calls_cgroup_bounds_processes_and_memory_of_the_whole_call() {
+    let vault = command_vault(
+        r#"
+[tools.command.forker]
+description = "Fork 100 sleeping children"
+argv = ["perl", "-e", 'my $n = 0; for (1..100) { my $p = fork(); if (!defined $p) { print "forked $n then failed\n"; exit 3 } if ($p == 0) { sleep 60; exit 0 } $n++ } print "forked $n\n"']
+effect = "read_only"
+max_processes = 20
+timeout = "30s"
+
+[tools.command.hog]
+description = "Four processes of 200 MB"
+argv = ["perl", "-e", 'for (1..4) { if (fork() == 0) { my $x = "a" x (200 * 1024 * 1024); sleep 10; exit 0 } } my $ok = 0; while ((my $p = wait()) > 0) { $ok++ if $? == 0 } print "$ok of 4\n"']
+effect = "read_only"
+max_memory = 419430400
+timeout = "60s"
+"#,
+    );
+    let status = sandbox_status(&vault);
+    if !(status.contains("cgroup per call (memory, pids)")) {
+        eprintln!("skipped: no per-call cgroup here: {status}");
+        return;
+    }
+    let (r, _) = run_one(&vault, "fork.md", "forker");
+    assert_eq!(r["error"]["details"]["exit_code"], 3, "{r}");
+    let stdout = r["error"]["details"]["stdout"].as_str().unwrap();
+    let forked: u32 = stdout
+        .strip_prefix("forked ")
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(forked <= 20, "{stdout}");
+
+    let (r, _) = run_one(&vault, "hog.md", "hog");
+    let stdout = r["data"]["stdout"].as_str().unwrap_or_default();
+    assert!(stdout.ends_with(" of 4\n") && stdout != "4 of 4\n", "{r}");
+}
+
+/// pyenv's python (under ~/.pyenv, outside the system dirs) runs with `read` naming its
+/// prefix, and fails without it with the denial explained; its temporary directory is the
+/// call's private TMPDIR.
+#[test]
+fn an_interpreter_under_home_runs_with_read_and_the_denial_names_the_key() {
+    let probe = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, os; print(os.path.realpath(sys.executable)); print(sys.prefix)",
+        ])
+        .output();
+    let Ok(probe) = probe else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let text = String::from_utf8_lossy(&probe.stdout).to_string();
+    let mut lines = text.lines();
+    let (Some(exe), Some(prefix)) = (lines.next(), lines.next()) else {
+        eprintln!("skipped: python3 did not answer");
+        return;
+    };
+    if prefix.starts_with("/usr") {
+        eprintln!("skipped: python3 is the system's ({prefix})");
+        return;
+    }
+    let script =
+        "import tempfile, os; f = tempfile.NamedTemporaryFile(); print(os.path.dirname(f.name))";
+    let vault = command_vault(&format!(
+        "[tools.command.with_read]\ndescription = \"py\"\nargv = [{exe:?}, \"-c\", {script:?}]\neffect = \"read_only\"\nread = [{prefix:?}]\n\n[tools.command.without]\ndescription = \"py\"\nargv = [{exe:?}, \"-c\", {script:?}]\neffect = \"read_only\"\n"
+    ));
+    let (r, _) = run_one(&vault, "with.md", "with_read");
+    assert_eq!(r["ok"], true, "{r}");
+    let tmp = r["data"]["stdout"].as_str().unwrap().trim();
+    assert!(
+        tmp.starts_with(vault.state.join("scratch").to_str().unwrap()) && tmp.ends_with("/tmp"),
+        "{tmp}"
+    );
+    let (r, _) = run_one(&vault, "without.md", "without");
+    let message = r["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"));
+    assert!(message.contains("denied by the sandbox: "), "{message}");
+    assert!(
+        message.contains("allow it with `read = [...]`"),
+        "{message}"
+    );
 }

@@ -13,6 +13,7 @@ pub mod builtin;
 pub mod command;
 pub mod http;
 pub mod mcp;
+pub mod sandbox;
 pub mod vault;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};

@@ -38,6 +38,9 @@ pub struct RawCommandTool {
     pub writable: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     pub network: Option<bool>,
+    /// Extra read-only paths (DESIGN §10.5): an interpreter under `~/.pyenv`, a venv.
+    #[serde(default)]
+    pub read: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     pub env: Option<Spanned<BTreeMap<String, String>>>,
     #[serde(default)]
@@ -132,8 +135,11 @@ pub struct CommandToolConfig {
     pub rate_limit: RateLimit,
     pub output: Output,
     pub cwd: Cwd,
-    /// Absolute vault folders the program may write, besides its scratch dir.
+    /// Vault folders the program may write, besides its scratch dir: relative to the vault,
+    /// opened at every call without following a symlink (`tools::sandbox::paths`).
     pub writable: Vec<PathBuf>,
+    /// Absolute paths the program may read (and execute), opened the same way.
+    pub read: Vec<PathBuf>,
     pub network: bool,
     pub env: BTreeMap<String, EnvValue>,
     pub max_output_bytes: usize,
@@ -209,7 +215,14 @@ pub fn validate(
     vault: &Path,
     state_dir: &Path,
     skip_secrets: bool,
+    folders: &crate::config::Folders,
 ) -> Result<CommandTools, ConfigError> {
+    let protected = Protected {
+        vault,
+        state_dir,
+        config: path,
+        folders,
+    };
     let mut tools = Vec::new();
     for (name, table) in raw {
         let span = table.span();
@@ -226,7 +239,7 @@ pub fn validate(
             table.into_inner(),
             &at,
             base,
-            vault,
+            &protected,
             skip_secrets,
         )?);
     }
@@ -251,9 +264,10 @@ fn validate_one(
     raw: RawCommandTool,
     at: &At<'_>,
     base: &Path,
-    vault: &Path,
+    protected: &Protected<'_>,
     skip_secrets: bool,
 ) -> Result<CommandToolConfig, ConfigError> {
+    let vault = protected.vault;
     // parameters: JSON Schema written in TOML, compiled now.
     let (schema, schema_span) = match raw.parameters {
         Some(p) => {
@@ -316,30 +330,20 @@ fn validate_one(
     if let Some(w) = raw.writable {
         let span = w.span();
         for folder in w.into_inner() {
-            let rel = Path::new(&folder);
-            if folder.is_empty()
-                || !rel
-                    .components()
-                    .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
-            {
-                return Err(at.err(
-                    "writable",
-                    span,
-                    format!("`{folder}` must be a folder relative to the vault, without `..`"),
-                ));
-            }
-            let abs = vault.join(rel);
-            if !abs.is_dir() {
-                return Err(at.err(
-                    "writable",
-                    span,
-                    format!(
-                        "`{folder}` is not a folder in the vault ({})",
-                        abs.display()
-                    ),
-                ));
-            }
-            writable.push(abs);
+            let rel = protected
+                .check_writable(&folder)
+                .map_err(|m| at.err("writable", span.clone(), m))?;
+            writable.push(rel);
+        }
+    }
+    let mut read = Vec::new();
+    if let Some(r) = raw.read {
+        let span = r.span();
+        for entry in r.into_inner() {
+            let abs = protected
+                .check_read(&entry, base)
+                .map_err(|m| at.err("read", span.clone(), m))?;
+            read.push(abs);
         }
     }
     let mut env = BTreeMap::new();
@@ -351,7 +355,7 @@ fn validate_one(
             }
             if matches!(
                 key.as_str(),
-                "PATH" | "HOME" | "LANG" | "VAULTD_NOTE_ID" | "VAULTD_CALL_ID"
+                "PATH" | "HOME" | "LANG" | "TMPDIR" | "VAULTD_NOTE_ID" | "VAULTD_CALL_ID"
             ) {
                 return Err(at.err(
                     "env",
@@ -410,6 +414,7 @@ fn validate_one(
         output: raw.output.unwrap_or(Output::Text),
         cwd: raw.cwd.unwrap_or(Cwd::Vault),
         writable,
+        read,
         network: raw.network.unwrap_or(false),
         env,
         max_output_bytes: raw.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
@@ -418,6 +423,110 @@ fn validate_one(
         sandbox: raw.sandbox.unwrap_or(SandboxMode::Required),
         name,
     })
+}
+
+/// What `writable` and `read` may never name (DESIGN §10.5): the vault root, a state
+/// folder, a hidden path, the state dir, the config file.
+struct Protected<'a> {
+    vault: &'a Path,
+    state_dir: &'a Path,
+    config: &'a Path,
+    folders: &'a crate::config::Folders,
+}
+
+impl Protected<'_> {
+    /// A `writable` entry as a vault-relative folder, checked now (it is opened again at
+    /// every call: a folder swapped for a symlink later is refused then).
+    fn check_writable(&self, folder: &str) -> Result<PathBuf, String> {
+        let mut rel = PathBuf::new();
+        for c in Path::new(folder).components() {
+            match c {
+                Component::CurDir => {}
+                Component::Normal(n) => {
+                    if n.to_string_lossy().starts_with('.') {
+                        return Err(format!(
+                            "`{folder}` is a hidden path (.obsidian, .git, the state dir, the config live there); name a visible folder"
+                        ));
+                    }
+                    rel.push(n);
+                }
+                _ => {
+                    return Err(format!(
+                        "`{folder}` must be a folder relative to the vault, without `..`"
+                    ));
+                }
+            }
+        }
+        if rel.as_os_str().is_empty() {
+            return Err(format!(
+                "`{folder}` names the vault root: the program could rewrite every note and the config; name a folder inside it"
+            ));
+        }
+        let f = self.folders;
+        let first = rel
+            .components()
+            .next()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned());
+        if let Some(state) = [
+            &f.needs_action,
+            &f.in_progress,
+            &f.pending_approval,
+            &f.approved,
+            &f.rejected,
+            &f.done,
+            &f.failed,
+            &f.dry_run,
+        ]
+        .into_iter()
+        .find(|s| Some(s.as_str()) == first.as_deref())
+        {
+            return Err(format!(
+                "`{folder}` is in the state folder `{state}/`: a program writing there could approve or start calls; name another folder"
+            ));
+        }
+        let abs = self.vault.join(&rel);
+        if self.state_dir.starts_with(&abs) || abs.starts_with(self.state_dir) {
+            return Err(format!("`{folder}` holds vaultd's state dir"));
+        }
+        if self.config.starts_with(&abs) {
+            return Err(format!("`{folder}` holds the config file"));
+        }
+        match crate::tools::sandbox::paths::open_beneath(self.vault, &rel) {
+            Ok(o) if o.is_dir => Ok(rel),
+            Ok(_) => Err(format!(
+                "`{folder}` is not a folder in the vault ({})",
+                abs.display()
+            )),
+            Err(e) => Err(format!("{e} (in the vault, {})", self.vault.display())),
+        }
+    }
+
+    /// A `read` entry as an absolute path (`~` expanded, relative to the config's folder).
+    fn check_read(&self, entry: &str, base: &Path) -> Result<PathBuf, String> {
+        let p = crate::home::expand_tilde(entry);
+        let p = if p.is_relative() { base.join(p) } else { p };
+        if p.components().any(|c| c == Component::ParentDir) {
+            return Err(format!("`{entry}` must not contain `..`"));
+        }
+        let home = crate::home::expand_tilde("~");
+        let secret_dirs = [
+            self.state_dir.to_path_buf(),
+            self.config.to_path_buf(),
+            home.join(".ssh"),
+            home.join(".gnupg"),
+        ];
+        if let Some(s) = secret_dirs
+            .iter()
+            .find(|s| s.starts_with(&p) || p.starts_with(s))
+        {
+            return Err(format!(
+                "`{entry}` would let the program read {} (the state dir, the config and ~/.ssh are never readable); name a narrower folder",
+                s.display()
+            ));
+        }
+        crate::tools::sandbox::paths::open_absolute(&p).map_err(|e| e.to_string())?;
+        Ok(p)
+    }
 }
 
 /// The schema must describe an object; misspelt parameters are errors, so

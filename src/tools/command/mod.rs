@@ -6,10 +6,13 @@ pub mod config;
 pub mod sandbox;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
+use crate::tools::sandbox::cgroup::{CallCgroup, CallLimits, Cgroups};
+use crate::tools::sandbox::{seccomp, supervise};
 use crate::tools::{Policy, Registry, RegistryError, Source, Tool, ToolCall, ToolFuture, ToolSpec};
 use config::{CommandToolConfig, CommandTools, Cwd, Output, Piece};
 use sandbox::{Limits, Support};
 use serde_json::{Map, Value, json};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,12 +27,14 @@ pub fn register(config: &CommandTools, registry: &mut Registry) -> Result<(), Re
         return Ok(());
     }
     let support = Arc::new(Support::probe());
+    let cgroups = Arc::new(Cgroups::discover());
     tracing::info!(
         tools = config.tools.len(),
-        "command tools: sandbox: {}",
-        support.describe()
+        "command tools: sandbox: {}; {}",
+        support.describe(),
+        cgroups.describe()
     );
-    if rustix::process::getuid().is_root() {
+    if rustix::process::getuid().is_root() && !cgroups.bounds_processes() {
         tracing::warn!(
             "vaultd runs as root: the kernel does not apply the process limit (RLIMIT_NPROC) to root, so command tools' max_processes is not enforced; run vaultd as its own user"
         );
@@ -58,6 +63,8 @@ pub fn register(config: &CommandTools, registry: &mut Registry) -> Result<(), Re
                 vault: config.vault.clone(),
                 scratch_root: config.scratch_root.clone(),
                 support: support.clone(),
+                cgroups: cgroups.clone(),
+                filter: seccomp::filter(tool.network).ok().map(Arc::new),
                 unusable,
             }),
             policy,
@@ -73,6 +80,10 @@ pub struct CommandTool {
     vault: PathBuf,
     scratch_root: PathBuf,
     support: Arc<Support>,
+    /// The per-call cgroups this vaultd can make (none: supervisor and rlimits only).
+    cgroups: Arc<Cgroups>,
+    /// The seccomp filter for this tool's `network`, compiled once (None: the arch has none).
+    filter: Option<Arc<seccomp::Filter>>,
     /// Why this kernel cannot run the tool as configured (`sandbox = "required"`).
     unusable: Option<String>,
 }
@@ -90,7 +101,9 @@ impl Tool for CommandTool {
             "sandbox": self.config.sandbox.as_str(),
             "landlock_abi": self.support.abi,
             "fully_enforced": self.support.fully_enforced && self.unusable.is_none(),
-            "sandbox_status": self.support.describe(),
+            "sandbox_status": format!("{}; {}", self.support.describe(), self.cgroups.describe()),
+            "read": self.config.read,
+            "writable": self.config.writable,
             "network": self.config.network,
             "unusable": self.unusable,
         }))
@@ -120,20 +133,55 @@ impl CommandTool {
             )
             .retryable(true)
         })?;
+        // A private TMPDIR: /tmp is not granted, and a program's temporary files go with
+        // its scratch dir.
+        let tmp = scratch.path.join("tmp");
+        std::fs::create_dir(&tmp).map_err(|e| {
+            CallError::new(
+                ErrorCode::ExecutionError,
+                format!("cannot make the scratch dir: {e}"),
+            )
+            .retryable(true)
+        })?;
         let ruleset = match sandbox::ruleset(c, &self.vault, &scratch.path) {
             Ok(r) => Some(r),
-            Err(e) if c.sandbox == config::SandboxMode::BestEffort => {
+            Err(sandbox::RulesetBuildError::Path(why)) => {
+                return Err(CallError::new(
+                    ErrorCode::PolicyDenied,
+                    format!("{} was not started: {why}", c.argv0),
+                ));
+            }
+            Err(sandbox::RulesetBuildError::Landlock(e))
+                if c.sandbox == config::SandboxMode::BestEffort =>
+            {
                 tracing::warn!(tool = %c.name, "running without Landlock: {e}");
                 None
             }
-            Err(e) => {
+            Err(sandbox::RulesetBuildError::Landlock(e)) => {
                 return Err(CallError::new(
                     ErrorCode::ExecutionError,
                     format!("the sandbox could not be built: {e}"),
                 ));
             }
         };
-        let limits = Limits::for_tool(c);
+        let limits = Limits::for_tool(c, &self.cgroups);
+        let cgroup = self.cgroups.for_call(CallLimits {
+            memory: c.max_memory,
+            processes: c.max_processes,
+        });
+        let (control_read, control_write) = control_pipe().map_err(|e| {
+            CallError::new(
+                ErrorCode::ExecutionError,
+                format!("cannot make the supervisor's pipe: {e}"),
+            )
+            .retryable(true)
+        })?;
+        // From here on, dropping this future (the runner's timeout) ends every process of
+        // the call: the supervisor sees its pipe close; the cgroup is killed.
+        let mut end = CallEnd {
+            control: Some(control_write),
+            cgroup,
+        };
         let mut cmd = std::process::Command::new(&c.program);
         cmd.arg0(&c.argv0)
             .args(&args)
@@ -147,6 +195,7 @@ impl CommandTool {
                 std::env::var_os("LANG").unwrap_or_else(|| "C.UTF-8".into()),
             )
             .env("HOME", &scratch.path)
+            .env("TMPDIR", &tmp)
             .env("VAULTD_NOTE_ID", note_id(&call))
             .env("VAULTD_CALL_ID", call.call_id)
             .envs(c.env.iter().map(|(k, v)| (k, v.value())))
@@ -159,14 +208,26 @@ impl CommandTool {
             .stderr(Stdio::piped());
         let mode = c.sandbox;
         let mut ruleset = ruleset;
-        // SAFETY: `enter` makes only system calls (setsid, setrlimit, prctl, capset,
-        // landlock_restrict_self) and allocates nothing on its success path.
+        let filter = self.filter.clone();
+        let control = control_read.as_raw_fd();
+        let procs = end
+            .cgroup
+            .as_ref()
+            .map(CallCgroup::procs_fds)
+            .unwrap_or_default();
+        // SAFETY: `split` and `enter` make only system calls (setsid, write, prctl, fork,
+        // setrlimit, capset, landlock_restrict_self, seccomp; the supervisor: poll, waitpid,
+        // kill, /proc reads into stack buffers) and allocate nothing on their success path.
         unsafe {
-            cmd.pre_exec(move || sandbox::enter(&mut ruleset, limits, mode));
+            cmd.pre_exec(move || {
+                supervise::split(control, &procs)?;
+                sandbox::enter(&mut ruleset, filter.as_deref(), limits, mode)
+            });
         }
         let mut cmd = tokio::process::Command::from(cmd);
-        cmd.kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| {
+        let spawned = cmd.spawn();
+        drop(control_read);
+        let mut child = spawned.map_err(|e| {
             let message = if e.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error()) {
                 format!(
                     "{} was not started: the sandbox could not be applied ({e}); sandbox = \"required\" never runs a program unsandboxed",
@@ -177,39 +238,34 @@ impl CommandTool {
             };
             CallError::new(ErrorCode::ExecutionError, message)
         })?;
-        // From here on, dropping this future (the runner's timeout) kills the whole group.
-        let group = GroupGuard(std::sync::atomic::AtomicI32::new(
-            child.id().map_or(0, |pid| pid as i32),
-        ));
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let max = c.max_output_bytes;
         let deadline = tokio::time::Instant::from_std(call.deadline);
+        // The supervisor exits once the program and everything it left are gone, so the
+        // pipes close then too: a grandchild holding stdout does not hold the call.
         let run = async {
-            let wait = async {
-                let status = child.wait().await;
-                // The program is done: what it left running in its group goes too. Its
-                // pid is free again now, so the guard is disarmed at once.
-                group.kill();
-                group.disarm();
-                status
-            };
-            tokio::join!(wait, read_capped(stdout, max), read_capped(stderr, max))
+            tokio::join!(
+                child.wait(),
+                read_capped(stdout, max),
+                read_capped(stderr, max)
+            )
         };
         let (status, out, err) = match tokio::time::timeout_at(deadline, run).await {
             Ok(done) => done,
             Err(_) => {
-                group.kill();
+                drop(end);
                 return Err(CallError::new(
                     ErrorCode::Timeout,
                     format!(
-                        "{} did not finish within its timeout of {}; its process group was killed",
+                        "{} did not finish within its timeout of {}; it and every process it started were killed",
                         c.name,
                         humantime::format_duration(c.timeout)
                     ),
                 ));
             }
         };
+        end.control.take();
         drop(scratch);
         let status = status.map_err(|e| {
             CallError::new(
@@ -262,6 +318,7 @@ fn finish(
         data.insert("stderr_truncated".into(), Value::Bool(true));
     }
     if !status.success() {
+        let denial = explain_denial(&stderr_text, &stdout_text);
         data.insert("stdout".into(), Value::String(stdout_text));
         let how = match (status.code(), status.signal()) {
             (Some(code), _) => format!("exited with code {code}"),
@@ -269,11 +326,14 @@ fn finish(
             _ => "failed".to_string(),
         };
         let tail = tail(&stderr_text, 500);
-        let message = if tail.is_empty() {
+        let mut message = if tail.is_empty() {
             format!("{} {how}", c.argv0)
         } else {
             format!("{} {how}: {tail}", c.argv0)
         };
+        if let Some(denial) = denial {
+            message = format!("{message}\n{denial}");
+        }
         return Err(
             CallError::new(ErrorCode::ExecutionError, message).with_details(Value::Object(data))
         );
@@ -312,6 +372,62 @@ fn finish(
         ),
         undo: None,
     })
+}
+
+/// What a program's output says the sandbox denied, and the key that allows it (DESIGN
+/// §10.5): "denied by the sandbox: …; allow it with `read = [...]`". Read from the program's
+/// own words, so it is a hint: a program may print "Permission denied" for a file that no
+/// key would open.
+fn explain_denial(stderr: &str, stdout: &str) -> Option<String> {
+    const PATTERNS: &[&str] = &[
+        "Permission denied",
+        "Operation not permitted",
+        "EACCES",
+        "EPERM",
+        "Read-only file system",
+        "No module named 'encodings'",
+        "No usable temporary directory",
+    ];
+    let line = stderr
+        .lines()
+        .chain(stdout.lines())
+        .find(|l| PATTERNS.iter().any(|p| l.contains(p)))?
+        .trim();
+    let lower = line.to_lowercase();
+    let key = if [
+        "socket",
+        "connect",
+        "network",
+        "resolve",
+        "getaddrinfo",
+        "http",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+    {
+        "`network = true`"
+    } else if [
+        "write",
+        "creat",
+        "mkdir",
+        "read-only file system",
+        "touch",
+        "remove",
+        "rename",
+        "open for writing",
+        "save",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+    {
+        "`writable = [...]` (a vault folder)"
+    } else {
+        "`read = [...]` (the folder the program needs, e.g. its interpreter's)"
+    };
+    let line: String = line.chars().take(300).collect();
+    Some(format!(
+        "denied by the sandbox: {line}; allow it with {key}"
+    ))
 }
 
 fn signal_hint(sig: i32) -> &'static str {
@@ -403,29 +519,32 @@ fn render_template_source(pieces: &[Piece]) -> String {
         .collect()
 }
 
-/// Kills the program's whole process group (its pgid is its pid: `setsid` in the child)
-/// when the call ends early: timeout, or the runner dropping the call.
-struct GroupGuard(std::sync::atomic::AtomicI32);
+/// The end of a call's processes: closing the control pipe tells the supervisor to kill
+/// the program and everything it left (DESIGN §10.5); the call's cgroup is then killed and
+/// removed on a thread of its own (removal waits for the kernel to see it empty).
+struct CallEnd {
+    control: Option<OwnedFd>,
+    cgroup: Option<CallCgroup>,
+}
 
-impl GroupGuard {
-    fn kill(&self) {
-        let raw = self.0.load(std::sync::atomic::Ordering::Relaxed);
-        if let Some(pid) = rustix::process::Pid::from_raw(raw) {
-            // ESRCH when the group is already gone: nothing to do.
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+impl Drop for CallEnd {
+    fn drop(&mut self) {
+        self.control.take();
+        if let Some(cgroup) = self.cgroup.take() {
+            std::thread::spawn(move || cgroup.end());
         }
-    }
-
-    /// After the program was reaped: its pid may be reused, so never signal it again.
-    fn disarm(&self) {
-        self.0.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        self.kill();
+/// A pipe whose ends close on exec: the supervisor (which never execs) keeps the read end.
+fn control_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) writing two fds into a local array, owned at once below.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
+    // SAFETY: two fresh fds that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// A fresh, empty directory for one call (the program's HOME), removed afterwards.
@@ -500,6 +619,25 @@ mod tests {
         let (kept, truncated) = read_capped(&data[..10], 1000).await.unwrap();
         assert_eq!(kept.len(), 10);
         assert!(!truncated);
+    }
+
+    #[test]
+    fn a_denial_names_the_key_that_allows_it() {
+        let read = explain_denial(
+            "Fatal Python error\nModuleNotFoundError: No module named 'encodings'\n",
+            "",
+        )
+        .unwrap();
+        assert!(
+            read.starts_with("denied by the sandbox: ModuleNotFoundError"),
+            "{read}"
+        );
+        assert!(read.contains("allow it with `read = [...]`"), "{read}");
+        let write = explain_denial("sh: 1: cannot create notes/x: Permission denied", "").unwrap();
+        assert!(write.contains("`writable = [...]`"), "{write}");
+        let net = explain_denial("", "connect: Permission denied").unwrap();
+        assert!(net.contains("`network = true`"), "{net}");
+        assert_eq!(explain_denial("no such file", ""), None);
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! Rulesets are built in the parent; the child only makes async-signal-safe system calls.
 
 use super::config::{CommandToolConfig, SandboxMode};
+use crate::tools::sandbox::cgroup::Cgroups;
+use crate::tools::sandbox::{paths, seccomp};
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, RulesetAttr,
-    RulesetCreated, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope, path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, PathBeneath,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetError, RulesetStatus, Scope,
+    path_beneath_rules,
 };
 use rustix::process::{Resource, Rlimit};
 use std::path::{Path, PathBuf};
@@ -40,12 +43,21 @@ pub struct Support {
     pub fully_enforced: bool,
     /// Why Landlock is missing, when it is.
     pub problem: Option<String>,
+    /// Why the seccomp filter (the sockets Landlock leaves open) cannot be installed.
+    pub seccomp_problem: Option<String>,
 }
 
 impl Support {
     /// Restricts a throwaway thread with the full ruleset (allowing everything under `/`)
     /// and reads what the kernel did. Landlock restricts only the calling thread, which ends.
     pub fn probe() -> Support {
+        Support {
+            seccomp_problem: seccomp::probe().err(),
+            ..Support::probe_landlock()
+        }
+    }
+
+    fn probe_landlock() -> Support {
         let probe = std::thread::spawn(|| -> Result<landlock::RestrictionStatus, RulesetError> {
             base_ruleset(false, CompatLevel::BestEffort)?
                 .create()?
@@ -71,24 +83,35 @@ impl Support {
                     abi,
                     fully_enforced: status.ruleset == RulesetStatus::FullyEnforced,
                     problem,
+                    seccomp_problem: None,
                 }
             }
             Ok(Err(e)) => Support {
                 abi: 0,
                 fully_enforced: false,
                 problem: Some(format!("Landlock could not be set up: {e}")),
+                seccomp_problem: None,
             },
             Err(_) => Support {
                 abi: 0,
                 fully_enforced: false,
                 problem: Some("the Landlock probe thread panicked".to_string()),
+                seccomp_problem: None,
             },
         }
     }
 
     /// Whether a tool with this `sandbox` and `network` may run here; the error says why not.
     pub fn allows(&self, mode: SandboxMode, network: bool) -> Result<(), String> {
-        if mode == SandboxMode::BestEffort || self.abi >= required_abi(network) {
+        if mode == SandboxMode::BestEffort {
+            return Ok(());
+        }
+        if let Some(p) = &self.seccomp_problem {
+            return Err(format!(
+                "sandbox = \"required\" but {p}: without it sockets other than TCP stay open; the tool is not run unsandboxed (set sandbox = \"best_effort\" to run it anyway)"
+            ));
+        }
+        if self.abi >= required_abi(network) {
             return Ok(());
         }
         Err(match &self.problem {
@@ -106,6 +129,14 @@ impl Support {
 
     /// One line for the log and `vaultd tools`.
     pub fn describe(&self) -> String {
+        let seccomp = match &self.seccomp_problem {
+            None => "seccomp (no sockets without `network`)".to_string(),
+            Some(p) => format!("no seccomp: {p}"),
+        };
+        format!("{}; {seccomp}", self.describe_landlock())
+    }
+
+    fn describe_landlock(&self) -> String {
         match (&self.problem, self.fully_enforced) {
             (Some(p), _) => format!("no Landlock: {p}"),
             (None, true) => format!("Landlock ABI {}, fully enforced", self.abi),
@@ -146,37 +177,70 @@ fn base_ruleset(network: bool, level: CompatLevel) -> Result<landlock::Ruleset, 
     Ok(ruleset)
 }
 
-/// The Landlock ruleset of one call, ready for `restrict_self` in the child.
+/// The Landlock ruleset of one call, ready for `restrict_self` in the child. `writable`
+/// and `read` are opened now, without following a symlink, and the rules are built from
+/// the open fds (DESIGN §10.5): a folder swapped for a symlink is refused, never followed.
 pub fn ruleset(
     tool: &CommandToolConfig,
     vault: &Path,
     scratch: &Path,
-) -> Result<RulesetCreated, RulesetError> {
+) -> Result<RulesetCreated, RulesetBuildError> {
     let read = AccessFs::from_read(FS_ABI);
     let all = AccessFs::from_all(FS_ABI);
     let mut readable: Vec<PathBuf> = SYSTEM_DIRS.iter().map(PathBuf::from).collect();
     readable.push(vault.to_path_buf());
     // A program outside the system dirs (a script in ~/bin) may still be executed and read.
     readable.push(tool.program.clone());
-    let writable = tool
-        .writable
-        .iter()
-        .cloned()
-        .chain([scratch.to_path_buf()])
+    let mut granted = Vec::new();
+    for rel in &tool.writable {
+        let opened = paths::open_beneath(vault, rel)
+            .map_err(|e| RulesetBuildError::Path(format!("writable: {e}")))?;
+        granted.push((opened, all));
+    }
+    for path in &tool.read {
+        let opened = paths::open_absolute(path)
+            .map_err(|e| RulesetBuildError::Path(format!("read: {e}")))?;
+        granted.push((opened, read));
+    }
+    let writable = [scratch.to_path_buf()]
+        .into_iter()
         .chain(WRITABLE_DEVICES.iter().map(PathBuf::from));
-    base_ruleset(tool.network, CompatLevel::BestEffort)?
-        .create()?
-        .add_rules(path_beneath_rules(readable, read))?
-        .add_rules(path_beneath_rules(writable, all))
+    let fd_rules = granted.into_iter().map(|(opened, access)| {
+        let access = if opened.is_dir {
+            access
+        } else {
+            access & AccessFs::from_file(FS_ABI)
+        };
+        Ok::<_, RulesetError>(PathBeneath::new(opened.fd, access))
+    });
+    let built = || -> Result<RulesetCreated, RulesetError> {
+        base_ruleset(tool.network, CompatLevel::BestEffort)?
+            .create()?
+            .add_rules(path_beneath_rules(readable, read))?
+            .add_rules(path_beneath_rules(writable, all))?
+            .add_rules(fd_rules)
+    };
+    built().map_err(|e| RulesetBuildError::Landlock(e.to_string()))
+}
+
+/// Why a call's ruleset was not built: a granted path refused (never run, whatever the
+/// `sandbox` mode), or Landlock itself (`best_effort` runs without it).
+#[derive(Debug)]
+pub enum RulesetBuildError {
+    Path(String),
+    Landlock(String),
 }
 
 /// The rlimits of one call, computed in the parent.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub cpu_seconds: u64,
-    pub address_space: u64,
+    /// `None` when the call's cgroup bounds memory for the whole call (RLIMIT_AS, per
+    /// process, also counts address space that is only reserved: it breaks node).
+    pub address_space: Option<u64>,
     pub file_size: u64,
-    /// `None` when vaultd runs as root: the kernel never applies RLIMIT_NPROC to uid 0.
+    /// `None` when the call's cgroup bounds processes, or when vaultd runs as root: the
+    /// kernel never applies RLIMIT_NPROC to uid 0.
     pub processes: Option<u64>,
 }
 
@@ -184,14 +248,18 @@ pub struct Limits {
 pub const MAX_FILE_SIZE: u64 = 1024 * 1024 * 1024;
 
 impl Limits {
-    pub fn for_tool(tool: &CommandToolConfig) -> Limits {
+    pub fn for_tool(tool: &CommandToolConfig, cgroups: &Cgroups) -> Limits {
         Limits {
             // CPU seconds can only run past the wall-clock timeout with many processes;
             // the limit is a second backstop for a runaway loop.
             cpu_seconds: tool.timeout.as_secs() + 1,
-            address_space: tool.max_memory,
+            address_space: (!cgroups.bounds_memory()).then_some(tool.max_memory),
             file_size: MAX_FILE_SIZE,
-            processes: process_limit(tool.max_processes),
+            processes: if cgroups.bounds_processes() {
+                None
+            } else {
+                process_limit(tool.max_processes)
+            },
         }
     }
 }
@@ -239,10 +307,11 @@ fn tasks_of_user(uid: u32) -> u64 {
 /// not enforce fails the spawn with EPERM instead of running unsandboxed.
 pub fn enter(
     ruleset: &mut Option<RulesetCreated>,
+    filter: Option<&seccomp::Filter>,
     limits: Limits,
     mode: SandboxMode,
 ) -> std::io::Result<()> {
-    rustix::process::setsid()?;
+    // The session is the supervisor's (`supervise::split`): the program stays in its group.
     let limit = |r: Resource, v: u64| {
         rustix::process::setrlimit(
             r,
@@ -253,7 +322,9 @@ pub fn enter(
         )
     };
     limit(Resource::Cpu, limits.cpu_seconds)?;
-    limit(Resource::As, limits.address_space)?;
+    if let Some(bytes) = limits.address_space {
+        limit(Resource::As, bytes)?;
+    }
     limit(Resource::Fsize, limits.file_size)?;
     limit(Resource::Core, 0)?;
     if let Some(n) = limits.processes {
@@ -261,6 +332,20 @@ pub fn enter(
     }
     drop_capabilities()?;
     rustix::thread::set_no_new_privs(true)?;
+    restrict_landlock(ruleset, mode)?;
+    // Last: the filter denies nothing the steps above need, but it binds what runs next.
+    match filter {
+        Some(f) => seccomp::apply(f),
+        None if mode == SandboxMode::BestEffort => Ok(()),
+        None => Err(rustix::io::Errno::PERM.into()),
+    }
+}
+
+/// Applies the Landlock ruleset; a `required` sandbox the kernel did not enforce is EPERM.
+fn restrict_landlock(
+    ruleset: &mut Option<RulesetCreated>,
+    mode: SandboxMode,
+) -> std::io::Result<()> {
     match ruleset.take() {
         Some(r) => match r.restrict_self() {
             Ok(status)
@@ -311,6 +396,7 @@ mod tests {
             abi: 0,
             fully_enforced: false,
             problem: Some("this kernel has no Landlock".into()),
+            seccomp_problem: None,
         };
         let err = none.allows(SandboxMode::Required, false).unwrap_err();
         assert!(err.contains("not run unsandboxed"), "{err}");
@@ -319,6 +405,7 @@ mod tests {
             abi: 3,
             fully_enforced: false,
             problem: None,
+            seccomp_problem: None,
         };
         assert!(old.allows(SandboxMode::Required, true).is_ok());
         let err = old.allows(SandboxMode::Required, false).unwrap_err();

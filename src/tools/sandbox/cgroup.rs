@@ -1,0 +1,364 @@
+//! A cgroup per call, where one can be had (DESIGN §10.5): `max_memory` and the process
+//! limit then bound the whole call (every process it starts, together), for root too, and
+//! the cgroup is killed as a whole when the call ends.
+//!
+//! vaultd looks, once at start, for hierarchies it may write below its own cgroup: cgroup v2
+//! (memory, pids, `cgroup.kill`), or the v1 `memory` and `pids` hierarchies of a hybrid
+//! system. It makes `vaultd-PID` there and one child per call. Where none can be had (no
+//! delegation to vaultd's user, a read-only /sys/fs/cgroup), the call is still bounded by its
+//! supervisor ([`super::supervise`]) and per-process rlimits: `max_memory` per process
+//! (RLIMIT_AS), the process limit per user (RLIMIT_NPROC, which the kernel never applies to
+//! root). [`Cgroups::describe`] says which, for `vaultd tools`.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One hierarchy vaultd can make cgroups in.
+#[derive(Debug)]
+struct Hierarchy {
+    /// `<mount>/<vaultd's cgroup>/vaultd-PID`, made at start, removed at exit.
+    base: PathBuf,
+    /// cgroup v2 (unified): `memory.max`, `pids.max`, `cgroup.kill`; else v1.
+    unified: bool,
+    memory: bool,
+    pids: bool,
+}
+
+/// The hierarchies found at start; empty when no cgroup can be had.
+#[derive(Debug, Default)]
+pub struct Cgroups {
+    hierarchies: Vec<Hierarchy>,
+    /// Why no cgroup bounds memory or processes, for `vaultd tools`.
+    problem: Option<String>,
+    next: AtomicU64,
+}
+
+/// The limits of one call's cgroup.
+#[derive(Debug, Clone, Copy)]
+pub struct CallLimits {
+    pub memory: u64,
+    pub processes: u64,
+}
+
+impl Cgroups {
+    /// Finds the writable hierarchies and makes `vaultd-PID` in each.
+    pub fn discover() -> Cgroups {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut hierarchies = Vec::new();
+        let mut problems = Vec::new();
+        for line in mounts.lines() {
+            let Some(m) = Mount::parse(line) else {
+                continue;
+            };
+            let unified = m.fstype == "cgroup2";
+            let (memory, pids) = if unified {
+                (true, true)
+            } else {
+                (m.options.contains(&"memory"), m.options.contains(&"pids"))
+            };
+            if !(unified || memory || pids) {
+                continue;
+            }
+            let Some(path) = own_path(&own, unified, &m.options) else {
+                continue;
+            };
+            let Ok(rel) = Path::new(path).strip_prefix(m.root) else {
+                continue;
+            };
+            let parent = Path::new(m.point).join(rel);
+            remove_stale(&parent);
+            let base = parent.join(format!("vaultd-{}", std::process::id()));
+            if let Err(e) = std::fs::create_dir(&base)
+                && e.kind() != std::io::ErrorKind::AlreadyExists
+            {
+                problems.push(format!("{}: {e}", base.display()));
+                continue;
+            }
+            let (memory, pids) = if unified {
+                enable_controllers(&base)
+            } else {
+                (memory, pids)
+            };
+            hierarchies.push(Hierarchy {
+                base,
+                unified,
+                memory,
+                pids,
+            });
+        }
+        let bounded = |f: fn(&Hierarchy) -> bool| hierarchies.iter().any(f);
+        let problem = if hierarchies.is_empty() {
+            Some(if problems.is_empty() {
+                "no cgroup hierarchy found".to_string()
+            } else {
+                format!("cannot make a cgroup ({})", problems.join("; "))
+            })
+        } else if !bounded(|h| h.memory) || !bounded(|h| h.pids) {
+            Some("the memory or pids controller is not delegated to vaultd".to_string())
+        } else {
+            None
+        };
+        Cgroups {
+            hierarchies,
+            problem,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a cgroup bounds the memory of the whole call.
+    pub fn bounds_memory(&self) -> bool {
+        self.hierarchies.iter().any(|h| h.memory)
+    }
+
+    /// Whether a cgroup bounds the processes of the whole call.
+    pub fn bounds_processes(&self) -> bool {
+        self.hierarchies.iter().any(|h| h.pids)
+    }
+
+    /// One line for the log and `vaultd tools`.
+    pub fn describe(&self) -> String {
+        let mut bounds = Vec::new();
+        if self.bounds_memory() {
+            bounds.push("memory");
+        }
+        if self.bounds_processes() {
+            bounds.push("pids");
+        }
+        match (&self.problem, bounds.is_empty()) {
+            (None, _) => format!("cgroup per call ({})", bounds.join(", ")),
+            (Some(p), true) => format!(
+                "no cgroup ({p}): process-tree kill by the call's supervisor, max_memory per process, processes per user (not for root)"
+            ),
+            (Some(p), false) => format!(
+                "cgroup per call ({}) but {p}: the rest per process",
+                bounds.join(", ")
+            ),
+        }
+    }
+
+    /// Makes the cgroups of one call, limits written, `cgroup.procs` open for the child.
+    /// A failure leaves the call to its supervisor and rlimits (logged, not fatal).
+    pub fn for_call(&self, limits: CallLimits) -> Option<CallCgroup> {
+        if self.hierarchies.is_empty() {
+            return None;
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut call = CallCgroup {
+            dirs: Vec::new(),
+            procs: Vec::new(),
+        };
+        for h in &self.hierarchies {
+            let dir = h.base.join(format!("call-{n}"));
+            match make_call_cgroup(h, &dir, limits) {
+                Ok(procs) => {
+                    call.dirs.push((dir, h.unified));
+                    call.procs.push(procs);
+                }
+                Err(e) => {
+                    tracing::warn!(cgroup = %dir.display(), "call cgroup not made: {e}");
+                    let _ = std::fs::remove_dir(&dir);
+                }
+            }
+        }
+        Some(call)
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for h in &self.hierarchies {
+            let _ = std::fs::remove_dir(&h.base);
+        }
+    }
+}
+
+/// Removes the `vaultd-PID` cgroups of vaultd processes that are gone (a cgroup dir is
+/// removed by `rmdir` once empty; one still holding processes stays).
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("vaultd-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(calls) = std::fs::read_dir(entry.path()) {
+            for call in calls.flatten().filter(|c| c.path().is_dir()) {
+                let _ = std::fs::remove_dir(call.path());
+            }
+        }
+        let _ = std::fs::remove_dir(entry.path());
+    }
+}
+
+fn make_call_cgroup(h: &Hierarchy, dir: &Path, limits: CallLimits) -> std::io::Result<OwnedFd> {
+    std::fs::create_dir(dir)?;
+    // The supervisor is one more process than the program may start.
+    let processes = (limits.processes + 1).to_string();
+    let memory = limits.memory.to_string();
+    if h.unified {
+        if h.memory {
+            write_file(&dir.join("memory.max"), &memory)?;
+            // No swap: the limit is memory, not memory plus as much swap as there is.
+            let _ = write_file(&dir.join("memory.swap.max"), "0");
+        }
+        if h.pids {
+            write_file(&dir.join("pids.max"), &processes)?;
+        }
+    } else {
+        if h.memory {
+            write_file(&dir.join("memory.limit_in_bytes"), &memory)?;
+            let _ = write_file(&dir.join("memory.memsw.limit_in_bytes"), &memory);
+        }
+        if h.pids {
+            write_file(&dir.join("pids.max"), &processes)?;
+        }
+    }
+    Ok(OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.procs"))?
+        .into())
+}
+
+fn write_file(path: &Path, value: &str) -> std::io::Result<()> {
+    OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .write_all(value.as_bytes())
+}
+
+/// v2: the controllers this cgroup's parent offers, enabled for the call cgroups below it.
+fn enable_controllers(base: &Path) -> (bool, bool) {
+    let offered = std::fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+    let mut enabled = (false, false);
+    for (name, slot) in [("memory", &mut enabled.0), ("pids", &mut enabled.1)] {
+        if offered.split_whitespace().any(|c| c == name) {
+            *slot = write_file(&base.join("cgroup.subtree_control"), &format!("+{name}")).is_ok();
+        }
+    }
+    enabled
+}
+
+/// vaultd's own path in the hierarchy: `0::/path` for v2, `N:ctrl,ctrl:/path` for v1.
+fn own_path<'a>(own: &'a str, unified: bool, options: &[&str]) -> Option<&'a str> {
+    own.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let matches = if unified {
+            controllers.is_empty()
+        } else {
+            !controllers.is_empty() && controllers.split(',').all(|c| options.contains(&c))
+        };
+        matches.then_some(path)
+    })
+}
+
+/// A cgroup mount line of /proc/self/mountinfo.
+struct Mount<'a> {
+    root: &'a str,
+    point: &'a str,
+    fstype: &'a str,
+    options: Vec<&'a str>,
+}
+
+impl<'a> Mount<'a> {
+    /// "36 25 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory"
+    fn parse(line: &'a str) -> Option<Mount<'a>> {
+        let (before, after) = line.split_once(" - ")?;
+        let fields: Vec<&str> = before.split(' ').collect();
+        let mut after = after.split(' ');
+        let fstype = after.next()?;
+        if fstype != "cgroup" && fstype != "cgroup2" {
+            return None;
+        }
+        let _source = after.next()?;
+        let options = after.next().unwrap_or("").split(',').collect();
+        Some(Mount {
+            root: fields.get(3).copied()?,
+            point: fields.get(4).copied()?,
+            fstype,
+            options,
+        })
+    }
+}
+
+/// One call's cgroups: joined by the supervisor, killed and removed when the call ends.
+#[derive(Debug)]
+pub struct CallCgroup {
+    dirs: Vec<(PathBuf, bool)>,
+    procs: Vec<OwnedFd>,
+}
+
+impl CallCgroup {
+    /// The open `cgroup.procs` files the child writes itself into.
+    pub fn procs_fds(&self) -> Vec<RawFd> {
+        self.procs.iter().map(AsRawFd::as_raw_fd).collect()
+    }
+
+    /// Kills what is left in the cgroups (the supervisor normally left nothing) and removes
+    /// them, waiting a bounded time for the kernel to see them empty.
+    pub fn end(self) {
+        self.kill();
+        for (dir, _) in &self.dirs {
+            let mut tries = 0;
+            while let Err(e) = std::fs::remove_dir(dir) {
+                tries += 1;
+                if tries > 200 {
+                    tracing::warn!(cgroup = %dir.display(), "call cgroup not removed: {e}");
+                    break;
+                }
+                self.kill();
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
+
+    fn kill(&self) {
+        for (dir, unified) in &self.dirs {
+            if *unified && write_file(&dir.join("cgroup.kill"), "1").is_ok() {
+                continue;
+            }
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounts_and_own_paths_are_read_for_both_versions() {
+        let m = Mount::parse(
+            "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory",
+        )
+        .unwrap();
+        assert_eq!(
+            (m.root, m.point, m.fstype),
+            ("/", "/sys/fs/cgroup/memory", "cgroup")
+        );
+        assert!(m.options.contains(&"memory"));
+        assert!(Mount::parse("23 1 0:21 / /proc rw - proc proc rw").is_none());
+        let own = "4:memory:/a/b\n1:cpu,cpuacct:/c\n0::/user.slice/x.service\n";
+        assert_eq!(own_path(own, false, &["rw", "memory"]), Some("/a/b"));
+        assert_eq!(own_path(own, true, &[]), Some("/user.slice/x.service"));
+        assert_eq!(own_path(own, false, &["rw", "pids"]), None);
+    }
+}

@@ -1,0 +1,140 @@
+//! The seccomp filter of a sandboxed program (DESIGN §10.5): Landlock's network rules cover
+//! TCP only, so sockets are closed here. With `network = false` no `socket()` of any family
+//! is created (unix by path or abstract name, UDP, TCP, raw, netlink, packet): the call
+//! fails with `EACCES` ("Permission denied"), the program is not killed. `socketpair()`
+//! stays allowed: a pair of connected unix sockets reaches nothing outside the program.
+//! With `network = true` only the families a networked program needs (unix, IPv4, IPv6,
+//! netlink for address lookups) are left. `io_uring` is closed either way: its requests
+//! (`IORING_OP_SOCKET`, `IORING_OP_CONNECT`, …) would run past a filter on system calls.
+//!
+//! The filter is compiled in the parent (`seccompiler`, rust-vmm); the child only installs
+//! it, an allocation-free `seccomp(2)` call.
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use std::collections::BTreeMap;
+
+/// The socket families a program with `network = true` may create.
+const NETWORK_FAMILIES: &[i32] = &[
+    libc::AF_UNIX,
+    libc::AF_INET,
+    libc::AF_INET6,
+    libc::AF_NETLINK,
+];
+
+/// On x86_64 the same system calls are reachable through the x32 numbering (this bit set),
+/// under the same audit arch: each denied number is denied under both.
+#[cfg(target_arch = "x86_64")]
+const X32_SYSCALL_BIT: i64 = 0x4000_0000;
+
+/// A compiled filter, ready for [`apply`] in the child.
+#[derive(Debug, Clone)]
+pub struct Filter(BpfProgram);
+
+/// Compiles the filter of a program with or without `network`.
+pub fn filter(network: bool) -> Result<Filter, String> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|e| format!("seccomp: no filter for {}: {e}", std::env::consts::ARCH))?;
+    let socket_rules = if network {
+        // Denied when the family (argument 0) is none of the allowed ones.
+        let conditions = NETWORK_FAMILIES
+            .iter()
+            .map(|&family| {
+                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, family as u64)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        vec![SeccompRule::new(conditions).map_err(|e| e.to_string())?]
+    } else {
+        // No rule: every socket() matches and is denied.
+        Vec::new()
+    };
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    rules.insert(libc::SYS_socket, socket_rules.clone());
+    rules.insert(libc::SYS_io_uring_setup, Vec::new());
+    #[cfg(target_arch = "x86_64")]
+    {
+        rules.insert(libc::SYS_socket | X32_SYSCALL_BIT, socket_rules);
+        rules.insert(libc::SYS_io_uring_setup | X32_SYSCALL_BIT, Vec::new());
+    }
+    let program: BpfProgram = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        arch,
+    )
+    .and_then(BpfProgram::try_from)
+    .map_err(|e| format!("seccomp: the filter does not compile: {e}"))?;
+    Ok(Filter(program))
+}
+
+/// Installs the filter on the calling thread; runs in the child between fork and exec
+/// (`no_new_privs` is already set, and is set again by seccompiler: one prctl).
+pub fn apply(filter: &Filter) -> std::io::Result<()> {
+    seccompiler::apply_filter(&filter.0).map_err(|_| rustix::io::Errno::PERM.into())
+}
+
+/// Whether this kernel takes a seccomp filter at all (probed on a throwaway thread, which a
+/// filter binds for its life only).
+pub fn probe() -> Result<(), String> {
+    let f = filter(false)?;
+    std::thread::spawn(move || apply(&f).map_err(|e| format!("seccomp is not available: {e}")))
+        .join()
+        .unwrap_or_else(|_| Err("the seccomp probe thread panicked".to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    fn socket(family: i32, kind: i32) -> std::io::Result<OwnedFd> {
+        // SAFETY: socket(2) with plain integer arguments; the fd is owned at once.
+        let fd = unsafe { libc::socket(family, kind, 0) };
+        if fd < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            // SAFETY: a fresh fd that nothing else owns.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        }
+    }
+
+    /// Installs each filter on a thread of its own and tries every family there.
+    #[test]
+    fn no_socket_without_network_and_only_common_families_with_it() {
+        let offline = filter(false).unwrap();
+        std::thread::spawn(move || {
+            apply(&offline).unwrap();
+            for family in [
+                libc::AF_UNIX,
+                libc::AF_INET,
+                libc::AF_INET6,
+                libc::AF_NETLINK,
+                libc::AF_PACKET,
+            ] {
+                let e = socket(family, libc::SOCK_DGRAM).unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EACCES), "family {family}");
+            }
+            let mut pair = [0; 2];
+            // SAFETY: socketpair(2) writing two fds into a local array.
+            assert_eq!(
+                unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) },
+                0
+            );
+        })
+        .join()
+        .unwrap();
+        let online = filter(true).unwrap();
+        std::thread::spawn(move || {
+            apply(&online).unwrap();
+            socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap();
+            socket(libc::AF_UNIX, libc::SOCK_STREAM).unwrap();
+            let e = socket(libc::AF_PACKET, libc::SOCK_DGRAM).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+        })
+        .join()
+        .unwrap();
+    }
+}
