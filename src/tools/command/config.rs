@@ -267,7 +267,6 @@ fn validate_one(
     protected: &Protected<'_>,
     skip_secrets: bool,
 ) -> Result<CommandToolConfig, ConfigError> {
-    let vault = protected.vault;
     // parameters: JSON Schema written in TOML, compiled now.
     let (schema, schema_span) = match raw.parameters {
         Some(p) => {
