@@ -572,7 +572,7 @@ fn without_network_no_socket_of_any_family_reaches_a_listener_outside() {
     let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
     tcp.set_nonblocking(true).unwrap();
     let script = r#"
-use Socket;
+use Socket qw(:DEFAULT inet_pton pack_sockaddr_in6);
 my ($path, $abstract, $udp, $udp6, $tcp) = @ARGV;
 sub attempt {
     my ($name, $domain, $type, $proto, $addr) = @_;
@@ -605,7 +605,13 @@ attempt("packet", 17, SOCK_DGRAM, 0, undef);
         &note_with_calls("Sockets", &[call("hostile", json!({}))]),
     );
     once_ok(&vault);
-    let r = &results_in(&vault.read("Done", "sockets.md"))[0];
+    let text = ["Done", "Failed"]
+        .iter()
+        .find(|f| vault.exists(f, "sockets.md"))
+        .map(|f| vault.read(f, "sockets.md"))
+        .expect("the note is done or failed");
+    let r = &results_in(&text)[0];
+    assert_eq!(r["ok"], true, "{text}");
     let stdout = r["data"]["stdout"]
         .as_str()
         .unwrap_or_else(|| panic!("{r}"));
@@ -661,13 +667,25 @@ effect = "read_only"
 writable = ["out"]
 "#,
     );
-    let (r, _) = run_one(&vault, "one.md", "write");
-    assert_eq!(r["ok"], true, "{r}");
+    // One running daemon: the config check at start-up would refuse the symlink; the swap
+    // happens while `run` runs, between two calls.
+    let daemon = vault.start();
+    vault.drop_note(
+        "one.md",
+        &note_with_calls("Call", &[call("write", json!({}))]),
+    );
+    let one = vault.wait_until_in("Done", "one.md");
+    assert_eq!(results_in(&one)[0]["ok"], true, "{one}");
     let outside = vault.dir.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::rename(vault.root.join("out"), vault.root.join("out.before")).unwrap();
     std::os::unix::fs::symlink(&outside, vault.root.join("out")).unwrap();
-    let (r, _) = run_one(&vault, "two.md", "write");
+    vault.drop_note(
+        "two.md",
+        &note_with_calls("Call", &[call("write", json!({}))]),
+    );
+    let two = vault.wait_until_in("Failed", "two.md");
+    let r = &results_in(&two)[0];
     assert_eq!(r["error"]["code"], "POLICY_DENIED", "{r}");
     let message = r["error"]["message"].as_str().unwrap();
     assert!(message.contains("`out` is a symbolic link"), "{message}");
@@ -675,6 +693,7 @@ writable = ["out"]
         !outside.join("file.txt").exists(),
         "written outside the vault"
     );
+    drop(daemon);
 }
 
 #[test]
