@@ -1553,9 +1553,17 @@ fn undo(
             Ok(path) => {
                 let text = std::fs::read_to_string(&path).unwrap_or_default();
                 let id = crate::note::frontmatter_property(&text, "tool_note").map(str::to_string);
-                (note_key_of_arg(&config, &path), id, None)
+                (
+                    note_key_of_arg(&config.vault, &config.folders, &path),
+                    id,
+                    None,
+                )
             }
-            Err(e) => (note_key_of_arg(&config, &n), None, Some(e.to_string())),
+            Err(e) => (
+                note_key_of_arg(&config.vault, &config.folders, &n),
+                None,
+                Some(e.to_string()),
+            ),
         },
     );
     let target = match (call_id, note) {

@@ -8,7 +8,7 @@ pub mod budget;
 pub mod dry_run;
 pub mod hold_alert;
 
-use crate::config::ConfigError;
+use crate::config::table::ConfigError;
 use crate::tools::builtin::send_notification::SendNotificationConfig;
 use serde::Deserialize;
 use std::path::Path;

@@ -14,10 +14,11 @@ pub mod command;
 pub mod http;
 pub mod mcp;
 pub mod sandbox;
+pub mod sources;
 pub mod vault;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
-use crate::config::{RateLimit, ToolsConfig};
+use crate::config::table::RateLimit;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::future::Future;
@@ -373,21 +374,6 @@ impl Registry {
             by_name: HashMap::new(),
             denials: Vec::new(),
         }
-    }
-
-    /// Builds every tool of every source from the config. The one HTTP client is shared so
-    /// connections are reused across calls. The journal holds the vault tools' undo data;
-    /// without one (listing tools, checking notes) their state changes refuse to run.
-    pub fn from_config(
-        config: &ToolsConfig,
-        http: reqwest::Client,
-        journal: Option<std::sync::Arc<crate::journal::Journal>>,
-    ) -> Result<Registry, RegistryError> {
-        let mut registry = Registry::empty();
-        builtin::register(config, http, &mut registry)?;
-        command::register(&config.command, &mut registry)?;
-        vault::register(&config.vault, journal, &mut registry)?;
-        Ok(registry)
     }
 
     /// Adds one tool, compiling its schema once. A second tool of the same name is an error.

@@ -16,7 +16,7 @@
 //! keys reported with file:line like every other table), registers the tool with its policy,
 //! hands its secrets to the one redactor and its settings to `vaultd config`.
 
-use crate::config::{ConfigError, TableContext, ToolsConfig};
+use crate::config::table::{ConfigError, TableContext};
 use crate::secret::SecretHolder;
 use crate::tools::{Policy, Registry, RegistryError, Tool};
 
@@ -62,22 +62,8 @@ pub trait BuiltinTool: Tool + Sized + 'static {
     fn build(config: &Self::Config, http: reqwest::Client) -> Result<Self, RegistryError>;
 }
 
-/// Adds every built-in tool with its policy from the config.
-pub fn register(
-    config: &ToolsConfig,
-    http: reqwest::Client,
-    registry: &mut Registry,
-) -> Result<(), RegistryError> {
-    macro_rules! add_each {
-        ($($name:ident: $module:ident::$tool:ident),* $(,)?) => {
-            $(add::<$module::$tool>(&config.$name, http.clone(), registry)?;)*
-        };
-    }
-    builtin_tools!(add_each);
-    Ok(())
-}
-
-fn add<T: BuiltinTool>(
+/// Adds one built-in tool with its policy from its table (`tools::sources` adds each).
+pub fn add<T: BuiltinTool>(
     config: &T::Config,
     http: reqwest::Client,
     registry: &mut Registry,

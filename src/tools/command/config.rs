@@ -2,7 +2,7 @@
 //! [`CommandToolConfig`]: the schema compiled, the argv template checked against it, the
 //! program found, secrets resolved. Every error names the file, line and key.
 
-use crate::config::{ConfigError, RateLimit};
+use crate::config::table::{ConfigError, RateLimit};
 use crate::secret::Secret;
 use crate::tools::{ApprovalRule, Effect};
 use serde::Deserialize;
@@ -29,7 +29,7 @@ pub struct RawCommandTool {
     #[serde(default, with = "humantime_serde")]
     pub timeout: Option<Duration>,
     #[serde(default)]
-    pub rate_limit: Option<crate::config::RawRateLimit>,
+    pub rate_limit: Option<crate::config::table::RawRateLimit>,
     #[serde(default)]
     pub output: Option<Output>,
     #[serde(default)]
@@ -215,7 +215,7 @@ pub fn validate(
     vault: &Path,
     state_dir: &Path,
     skip_secrets: bool,
-    folders: &crate::config::Folders,
+    folders: &crate::vault::Folders,
 ) -> Result<CommandTools, ConfigError> {
     let protected = Protected {
         vault,
@@ -430,7 +430,7 @@ struct Protected<'a> {
     vault: &'a Path,
     state_dir: &'a Path,
     config: &'a Path,
-    folders: &'a crate::config::Folders,
+    folders: &'a crate::vault::Folders,
 }
 
 impl Protected<'_> {

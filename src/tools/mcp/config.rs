@@ -1,8 +1,8 @@
 //! The `[mcp.NAME]` tables: read with serde (unknown keys are errors), then validated once
 //! into [`McpServerConfig`] with every secret reference resolved.
 
-use crate::config::{RateLimit, RawRateLimit};
-use crate::secret::{Secret, SecretError};
+use crate::config::table::{ConfigError, RateLimit, RawRateLimit};
+use crate::secret::Secret;
 use crate::tools::{ApprovalRule, Effect};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -135,23 +135,6 @@ impl crate::secret::SecretHolder for McpServerConfig {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum McpConfigError {
-    #[error("bad config {path}: key `{key}`: {message}")]
-    Invalid {
-        path: PathBuf,
-        key: String,
-        message: String,
-    },
-    // The cause is printed once, by the `{:#}` chain.
-    #[error("bad config {path}: key `{key}`")]
-    Secret {
-        path: PathBuf,
-        key: String,
-        source: SecretError,
-    },
-}
-
 /// Validates every `[mcp.NAME]` table. `resolve_path` makes a relative path relative to the
 /// config file's folder; with `skip_secrets` (commands that start no server) a secret that
 /// cannot be read here is left unresolved.
@@ -160,11 +143,11 @@ pub fn from_raw(
     path: &Path,
     resolve_path: impl Fn(&str) -> PathBuf,
     skip_secrets: bool,
-) -> Result<Vec<McpServerConfig>, McpConfigError> {
+) -> Result<Vec<McpServerConfig>, ConfigError> {
     let mut out = Vec::new();
     for (name, server) in raw {
         let key = |k: &str| format!("mcp.{name}.{k}");
-        let invalid = |k: &str, message: String| McpConfigError::Invalid {
+        let invalid = |k: &str, message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             key: if k.is_empty() {
                 format!("mcp.{name}")
@@ -174,7 +157,7 @@ pub fn from_raw(
             message,
         };
         let secret = |k: String, reference: &str| {
-            Secret::load(reference, skip_secrets).map_err(|source| McpConfigError::Secret {
+            Secret::load(reference, skip_secrets).map_err(|source| ConfigError::Secret {
                 path: path.to_path_buf(),
                 key: k,
                 source,
@@ -383,7 +366,7 @@ fn check_url(url: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<Vec<McpServerConfig>, McpConfigError> {
+    fn parse(text: &str) -> Result<Vec<McpServerConfig>, ConfigError> {
         let raw: BTreeMap<String, RawServer> = toml::from_str(text).expect("toml");
         from_raw(
             raw,

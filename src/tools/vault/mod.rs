@@ -22,12 +22,13 @@ pub mod undo;
 mod tests;
 
 use crate::call::{CallError, ErrorCode, ToolOutput, UndoRecord, VaultChange};
-use crate::config::{ConfigError, Folders, RateLimit, RawRateLimit};
+use crate::config::table::{ConfigError, RateLimit, RawRateLimit};
 use crate::journal::Journal;
 use crate::tools::{
     ApprovalRule, Effect, Policy, Registry, RegistryError, Source, Tool, ToolCall, ToolFuture,
     ToolSpec,
 };
+use crate::vault::Folders;
 use paths::{NotePath, PathPolicy};
 use serde::Deserialize;
 use serde_json::{Map, Value};

@@ -547,8 +547,7 @@ pub fn undo_from_cli(
 /// `vaultd undo`'s NOTE argument -> the note key its changes are recorded under: a path
 /// (from the current folder or the vault root) or a bare vault-relative name; the leading
 /// state folder is dropped (the key survives the note's moves between state folders).
-pub fn note_key_of_arg(config: &crate::config::Config, note: &Path) -> String {
-    let root = &config.vault;
+pub fn note_key_of_arg(root: &Path, folders: &crate::vault::Folders, note: &Path) -> String {
     let candidates = [note.to_path_buf(), root.join(note)];
     let rel = candidates
         .iter()
@@ -556,7 +555,7 @@ pub fn note_key_of_arg(config: &crate::config::Config, note: &Path) -> String {
         .find_map(|p| p.strip_prefix(root).ok().map(Path::to_path_buf))
         .unwrap_or_else(|| note.to_path_buf());
     let rel = rel.to_string_lossy().replace('\\', "/");
-    let f = &config.folders;
+    let f = folders;
     let states = [
         &f.needs_action,
         &f.in_progress,

@@ -2,7 +2,7 @@
 //! humantime duration, unknown keys refused) and its validation into [`SearchWebConfig`],
 //! with the secrets it names and what `vaultd config` shows of it.
 
-use crate::config::{ConfigError, RateLimit, RawRateLimit, TableContext};
+use crate::config::table::{ConfigError, RateLimit, RawRateLimit, TableContext};
 use crate::secret::{Secret, SecretHolder};
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -201,8 +201,8 @@ impl crate::tools::builtin::BuiltinTool for SearchWeb {
 
     fn config(
         raw: Self::Raw,
-        cx: &crate::config::TableContext,
-    ) -> Result<SearchWebConfig, crate::config::ConfigError> {
+        cx: &crate::config::table::TableContext,
+    ) -> Result<SearchWebConfig, crate::config::table::ConfigError> {
         SearchWebConfig::from_raw(raw, cx)
     }
 
@@ -406,7 +406,7 @@ pub(crate) mod test_support {
     //! Short builders for the provider tests: a config, a client, and one call.
 
     use super::*;
-    use crate::config::RateLimit;
+    use crate::config::table::RateLimit;
     use crate::secret::Secret;
     use std::time::Duration;
 

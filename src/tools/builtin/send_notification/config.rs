@@ -3,7 +3,7 @@
 //! [`SendNotificationConfig`], with the secrets it names (SMTP password, webhook URLs) and
 //! what `vaultd config` shows of it.
 
-use crate::config::{ApprovalVia, ConfigError, RateLimit, RawRateLimit, TableContext};
+use crate::config::table::{ApprovalVia, ConfigError, RateLimit, RawRateLimit, TableContext};
 use crate::secret::{Secret, SecretHolder};
 use serde::Deserialize;
 use serde_json::{Value, json};

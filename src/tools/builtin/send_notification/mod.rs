@@ -201,8 +201,8 @@ impl crate::tools::builtin::BuiltinTool for SendNotification {
 
     fn config(
         raw: Self::Raw,
-        cx: &crate::config::TableContext,
-    ) -> Result<SendNotificationConfig, crate::config::ConfigError> {
+        cx: &crate::config::table::TableContext,
+    ) -> Result<SendNotificationConfig, crate::config::table::ConfigError> {
         SendNotificationConfig::from_raw(raw, cx)
     }
 
@@ -545,7 +545,7 @@ mod tests_support {
     use super::SendNotification;
     use super::{Approval, EmailConfig, EmailTransport, SendNotificationConfig};
     use crate::call::{CallError, ToolOutput};
-    use crate::config::RateLimit;
+    use crate::config::table::RateLimit;
     use crate::secret::Secret;
     use crate::tools::{Tool, ToolCall};
     use serde_json::{Map, Value, json};

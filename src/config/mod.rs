@@ -5,64 +5,11 @@
 //! [`TableContext`], and names its secrets for [`Config::redactor`].
 
 use crate::home::expand_tilde;
-use crate::secret::{Redactor, Secret, SecretError, SecretHolder};
-use crate::tools::builtin::BuiltinTool;
+use crate::secret::{Redactor, SecretHolder};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    // The cause is a `#[source]` and not in the message: `{:#}` (how `main` prints errors)
-    // appends it once, after a colon, and callers can still walk the chain.
-    #[error("cannot read config {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// Not TOML at all: toml's error carries the line, column and an excerpt.
-    #[error("bad config {path}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: toml::de::Error,
-    },
-    /// Every unknown key of the file at once, each as `file:line:column: key`.
-    #[error("bad config {path}: unknown keys (a typo?):\n{}", .keys.join("\n"))]
-    UnknownKeys { path: PathBuf, keys: Vec<String> },
-    #[error("bad config {path}: key `{key}`: {message}")]
-    Invalid {
-        path: PathBuf,
-        key: String,
-        message: String,
-    },
-    #[error("bad config {path}, line {line}: key `{key}`: {message}")]
-    InvalidAt {
-        path: PathBuf,
-        line: usize,
-        key: String,
-        message: String,
-    },
-    #[error("bad config {path}: key `{key}`")]
-    Secret {
-        path: PathBuf,
-        key: String,
-        #[source]
-        source: SecretError,
-    },
-    #[error(transparent)]
-    Mcp(#[from] crate::tools::mcp::config::McpConfigError),
-    #[error(transparent)]
-    State(#[from] crate::state::StateError),
-    #[error(
-        "no vault found: {looked}; pass --vault DIR, run vaultd inside a vault, or create one with `vaultd init DIR`"
-    )]
-    NoVault { looked: String },
-    #[error("no such vault: {path} ({reason})")]
-    NoSuchVault { path: PathBuf, reason: String },
-}
 
 // ---------------------------------------------------------------------------------------------
 // Raw: exactly the file's shape.
@@ -136,13 +83,6 @@ pub struct RawFolders {
     pub dry_run: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize, Clone, Copy)]
-#[serde(deny_unknown_fields)]
-pub struct RawRateLimit {
-    pub per_hour: Option<u32>,
-    pub per_day: Option<u32>,
-}
-
 // ---------------------------------------------------------------------------------------------
 // Validated.
 
@@ -207,165 +147,10 @@ pub enum WatchMode {
     Poll(Duration),
 }
 
+pub use crate::tools::sources::{RawTools, ToolsConfig};
 pub use crate::vault::Folders;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RateLimit {
-    pub per_hour: Option<u32>,
-    pub per_day: Option<u32>,
-}
-
-impl RateLimit {
-    /// A `rate_limit` table replaces the tool's default as a whole: `{ per_hour = 2 }` sets
-    /// no daily limit.
-    pub fn from_raw(raw: Option<RawRateLimit>, default: RateLimit) -> RateLimit {
-        match raw {
-            None => default,
-            Some(r) => RateLimit {
-                per_hour: r.per_hour,
-                per_day: r.per_day,
-            },
-        }
-    }
-
-    /// What `vaultd config` shows.
-    pub fn describe(&self) -> serde_json::Value {
-        serde_json::json!({ "per_hour": self.per_hour, "per_day": self.per_day })
-    }
-}
-
-/// `[tools]`, as written ([`RawTools`]) and validated ([`ToolsConfig`]): one table per built-in
-/// tool, from the one list in [`crate::tools::builtin::builtin_tools`], then the command and
-/// vault sources' tables. Each built-in tool's table type is its own ([`BuiltinTool`]).
-macro_rules! tools_tables {
-    ($($name:ident: $module:ident::$tool:ident),* $(,)?) => {
-        #[derive(Debug, Default, Deserialize)]
-        #[serde(deny_unknown_fields)]
-        pub struct RawTools {
-            $(
-                #[serde(default)]
-                pub $name: <crate::tools::builtin::$module::$tool as BuiltinTool>::Raw,
-            )*
-            /// `[tools.command.NAME]`, read and checked by the command tool source.
-            #[serde(default)]
-            pub command:
-                BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
-            /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
-            #[serde(default)]
-            pub vault: crate::tools::vault::RawVault,
-            #[serde(default)]
-            pub vault_search: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_read: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_list: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_tasks: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_create: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_append: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_set_properties: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_complete_task: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_move: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_delete: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_undo: crate::tools::vault::RawVaultTool,
-        }
-
-        #[derive(Debug, Clone)]
-        pub struct ToolsConfig {
-            $(pub $name: <crate::tools::builtin::$module::$tool as BuiltinTool>::Config,)*
-            pub command: crate::tools::command::config::CommandTools,
-            pub vault: crate::tools::vault::VaultToolsConfig,
-        }
-
-        impl ToolsConfig {
-            /// Each source validates its own tables.
-            fn from_raw(
-                t: RawTools,
-                cx: &TableContext,
-                vault: &Path,
-                folders: &Folders,
-                tool_results: &str,
-            ) -> Result<ToolsConfig, ConfigError> {
-                Ok(ToolsConfig {
-                    vault: crate::tools::vault::VaultToolsConfig::from_raw(
-                        t.vault,
-                        vec![
-                            ("vault_search", t.vault_search),
-                            ("vault_read", t.vault_read),
-                            ("vault_list", t.vault_list),
-                            ("vault_tasks", t.vault_tasks),
-                            ("vault_create", t.vault_create),
-                            ("vault_append", t.vault_append),
-                            ("vault_set_properties", t.vault_set_properties),
-                            ("vault_complete_task", t.vault_complete_task),
-                            ("vault_move", t.vault_move),
-                            ("vault_delete", t.vault_delete),
-                            ("vault_undo", t.vault_undo),
-                        ],
-                        vault,
-                        folders,
-                        tool_results,
-                        cx.path,
-                    )?,
-                    $($name: <crate::tools::builtin::$module::$tool as BuiltinTool>::config(
-                        t.$name, cx,
-                    )?,)*
-                    command: crate::tools::command::config::validate(
-                        t.command,
-                        cx.path,
-                        cx.base,
-                        vault,
-                        cx.state_dir,
-                        cx.skip_secrets,
-                        folders,
-                    )?,
-                })
-            }
-
-            /// `vaultd config`'s `tools` object: each source describes its own tables.
-            pub fn describe(&self) -> serde_json::Value {
-                let mut tools = serde_json::Map::new();
-                $(tools.insert(
-                    stringify!($name).to_string(),
-                    <crate::tools::builtin::$module::$tool as BuiltinTool>::describe(&self.$name),
-                );)*
-                tools.insert("vault".to_string(), self.vault.describe());
-                serde_json::Value::Object(tools)
-            }
-
-            /// Every part of the `[tools]` tables that names secrets.
-            fn secret_holders(&self) -> Vec<&dyn SecretHolder> {
-                vec![$(&self.$name,)* &self.command]
-            }
-        }
-    };
-}
-crate::tools::builtin::builtin_tools!(tools_tables);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalVia {
-    /// Moving the note into `Approved/` or `Rejected/` decides.
-    Folder,
-    /// Only `vaultd approve` / `vaultd reject` decide; folder moves are ignored.
-    Cli,
-}
-
-impl ApprovalVia {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalVia::Folder => "folder",
-            ApprovalVia::Cli => "cli",
-        }
-    }
-}
+pub mod table;
+pub use table::{ApprovalVia, ConfigError, RateLimit, RawRateLimit, TableContext};
 
 // ---------------------------------------------------------------------------------------------
 // Loading.
@@ -934,47 +719,6 @@ impl Config {
         let mut holders = self.tools.secret_holders();
         holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
         Redactor::for_holders(&holders)
-    }
-}
-
-/// What a tool source needs to validate its table: the file (named in messages), the folder
-/// relative paths are resolved against, the state dir, and whether to read secrets.
-pub struct TableContext<'a> {
-    pub path: &'a Path,
-    /// The config file's folder: relative paths in it are relative to it.
-    pub base: &'a Path,
-    pub state_dir: &'a Path,
-    /// Commands that run no tool keep secret references unresolved ([`Overrides`]).
-    pub skip_secrets: bool,
-}
-
-impl TableContext<'_> {
-    /// A bad value: the file and the dotted key at fault.
-    pub fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
-            path: self.path.to_path_buf(),
-            key: key.to_string(),
-            message: message.into(),
-        }
-    }
-
-    /// The secret a reference names, resolved unless `skip_secrets`.
-    pub fn secret(&self, key: &str, reference: &str) -> Result<Secret, ConfigError> {
-        Secret::load(reference, self.skip_secrets).map_err(|source| ConfigError::Secret {
-            path: self.path.to_path_buf(),
-            key: key.to_string(),
-            source,
-        })
-    }
-
-    /// A path as written in the file: `~` expanded, relative to the file's folder.
-    pub fn path(&self, p: &str) -> PathBuf {
-        let p = expand_tilde(p);
-        if p.is_relative() {
-            self.base.join(p)
-        } else {
-            p
-        }
     }
 }
 

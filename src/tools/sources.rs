@@ -1,0 +1,158 @@
+//! Every tool source in one place: the `[tools]` tables as written ([`RawTools`]) and
+//! validated ([`ToolsConfig`]), and the registry built from them. `config` reads the file and
+//! calls in here; no tool source depends on `config` (docs/architecture.md).
+
+use crate::config::table::{ConfigError, TableContext};
+use crate::secret::SecretHolder;
+use crate::tools::builtin::BuiltinTool;
+use crate::tools::{Registry, RegistryError};
+use crate::vault::Folders;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// `[tools]`, as written ([`RawTools`]) and validated ([`ToolsConfig`]): one table per built-in
+/// tool, from the one list in [`crate::tools::builtin::builtin_tools`], then the command and
+/// vault sources' tables. Each built-in tool's table type is its own ([`BuiltinTool`]).
+macro_rules! tools_tables {
+    ($($name:ident: $module:ident::$tool:ident),* $(,)?) => {
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct RawTools {
+            $(
+                #[serde(default)]
+                pub $name: <crate::tools::builtin::$module::$tool as BuiltinTool>::Raw,
+            )*
+            /// `[tools.command.NAME]`, read and checked by the command tool source.
+            #[serde(default)]
+            pub command:
+                BTreeMap<String, toml::Spanned<crate::tools::command::config::RawCommandTool>>,
+            /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
+            #[serde(default)]
+            pub vault: crate::tools::vault::RawVault,
+            #[serde(default)]
+            pub vault_search: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_read: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_list: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_tasks: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_create: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_append: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_set_properties: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_complete_task: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_move: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_delete: crate::tools::vault::RawVaultTool,
+            #[serde(default)]
+            pub vault_undo: crate::tools::vault::RawVaultTool,
+        }
+
+        #[derive(Debug, Clone)]
+        pub struct ToolsConfig {
+            $(pub $name: <crate::tools::builtin::$module::$tool as BuiltinTool>::Config,)*
+            pub command: crate::tools::command::config::CommandTools,
+            pub vault: crate::tools::vault::VaultToolsConfig,
+        }
+
+        impl ToolsConfig {
+            /// Adds every built-in tool with its policy from its table.
+            fn register_builtins(
+                &self,
+                http: reqwest::Client,
+                registry: &mut Registry,
+            ) -> Result<(), RegistryError> {
+                $(crate::tools::builtin::add::<crate::tools::builtin::$module::$tool>(
+                    &self.$name,
+                    http.clone(),
+                    registry,
+                )?;)*
+                Ok(())
+            }
+
+            /// Each source validates its own tables.
+            pub(crate) fn from_raw(
+                t: RawTools,
+                cx: &TableContext,
+                vault: &Path,
+                folders: &Folders,
+                tool_results: &str,
+            ) -> Result<ToolsConfig, ConfigError> {
+                Ok(ToolsConfig {
+                    vault: crate::tools::vault::VaultToolsConfig::from_raw(
+                        t.vault,
+                        vec![
+                            ("vault_search", t.vault_search),
+                            ("vault_read", t.vault_read),
+                            ("vault_list", t.vault_list),
+                            ("vault_tasks", t.vault_tasks),
+                            ("vault_create", t.vault_create),
+                            ("vault_append", t.vault_append),
+                            ("vault_set_properties", t.vault_set_properties),
+                            ("vault_complete_task", t.vault_complete_task),
+                            ("vault_move", t.vault_move),
+                            ("vault_delete", t.vault_delete),
+                            ("vault_undo", t.vault_undo),
+                        ],
+                        vault,
+                        folders,
+                        tool_results,
+                        cx.path,
+                    )?,
+                    $($name: <crate::tools::builtin::$module::$tool as BuiltinTool>::config(
+                        t.$name, cx,
+                    )?,)*
+                    command: crate::tools::command::config::validate(
+                        t.command,
+                        cx.path,
+                        cx.base,
+                        vault,
+                        cx.state_dir,
+                        cx.skip_secrets,
+                        folders,
+                    )?,
+                })
+            }
+
+            /// `vaultd config`'s `tools` object: each source describes its own tables.
+            pub fn describe(&self) -> serde_json::Value {
+                let mut tools = serde_json::Map::new();
+                $(tools.insert(
+                    stringify!($name).to_string(),
+                    <crate::tools::builtin::$module::$tool as BuiltinTool>::describe(&self.$name),
+                );)*
+                tools.insert("vault".to_string(), self.vault.describe());
+                serde_json::Value::Object(tools)
+            }
+
+            /// Every part of the `[tools]` tables that names secrets.
+            pub(crate) fn secret_holders(&self) -> Vec<&dyn SecretHolder> {
+                vec![$(&self.$name,)* &self.command]
+            }
+        }
+    };
+}
+crate::tools::builtin::builtin_tools!(tools_tables);
+
+impl Registry {
+    /// Builds every tool of every source from the config. The one HTTP client is shared so
+    /// connections are reused across calls. The journal holds the vault tools' undo data;
+    /// without one (listing tools, checking notes) their state changes refuse to run.
+    pub fn from_config(
+        config: &ToolsConfig,
+        http: reqwest::Client,
+        journal: Option<std::sync::Arc<crate::journal::Journal>>,
+    ) -> Result<Registry, RegistryError> {
+        let mut registry = Registry::empty();
+        config.register_builtins(http, &mut registry)?;
+        crate::tools::command::register(&config.command, &mut registry)?;
+        crate::tools::vault::register(&config.vault, journal, &mut registry)?;
+        Ok(registry)
+    }
+}
