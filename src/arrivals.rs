@@ -30,7 +30,7 @@ pub struct Arrivals {
     /// First names the end of the grace leaves alone: the claim was undone (its journal
     /// record failed), so the first name is the note again, or it was dropped already.
     kept: Mutex<Vec<LeftBehind>>,
-    /// Notes renamed in, with their size and mtime then (DESIGN §9.1: a note that arrives by
+    /// Notes renamed in, with their size and mtime then (docs/design.md §9.1: a note that arrives by
     /// rename is complete), until claimed or [`WHOLE_FOR`] has passed.
     whole: Mutex<Whole>,
 }
@@ -87,7 +87,7 @@ impl Arrivals {
     }
 
     /// Whether the note at `path` arrived by rename and has not changed since (same size and
-    /// mtime): it is complete as it is (DESIGN §9.1), whatever its last block looks like.
+    /// mtime): it is complete as it is (docs/design.md §9.1), whatever its last block looks like.
     pub fn arrived_whole(&self, path: &Path) -> bool {
         let recorded = self
             .whole
@@ -120,7 +120,7 @@ impl Arrivals {
     /// Marks the file at `path` (as `key` says) as being claimed: true when no other claim
     /// holds that file, under this name or another one. The name a link claim leaves behind
     /// can be renamed while the claim runs (`mv x.md y.md` in the inbox); the rename arrives
-    /// as a new note, which must not be claimed a second time (DESIGN §9.10). Checked and
+    /// as a new note, which must not be claimed a second time (docs/design.md §9.10). Checked and
     /// marked under one lock, so two claims of one file never both go ahead. Kept by
     /// [`hold`](Self::hold) until dropped, or given up with [`release`](Self::release).
     pub fn begin_claim(&self, path: &Path, key: FileKey) -> bool {
@@ -175,7 +175,7 @@ impl Arrivals {
     }
 
     /// Whether the file at `path` is one a claim left behind (or is claiming), whatever it is
-    /// called now: its first name, or a name it was renamed to since (DESIGN §9.10). A
+    /// called now: its first name, or a name it was renamed to since (docs/design.md §9.10). A
     /// different file saved under the first name is not (its file key differs).
     pub fn is_left_behind(&self, path: &Path) -> bool {
         // Nothing held (the usual case): no stat.
@@ -305,7 +305,7 @@ pub fn settle_after_crash(
             .path
             .symlink_metadata()
             .is_ok_and(|m| FileKey::of(&m) == l.file);
-        // Renamed after the claim (DESIGN §9.10): the same file under another name.
+        // Renamed after the claim (docs/design.md §9.10): the same file under another name.
         let l = if same {
             l.clone()
         } else if let Some(path) = find_by_key(vault, l.file) {

@@ -1,4 +1,4 @@
-//! Paths inside the vault resolved without following symlinks (DESIGN §9.13): every move of a
+//! Paths inside the vault resolved without following symlinks (docs/design.md §9.13): every move of a
 //! note into a state folder opens the folders on both sides from the vault root with
 //! `openat2(RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)` (or, on kernels before 5.6, one
 //! `openat(O_NOFOLLOW | O_DIRECTORY)` per component) and renames or links relative to those

@@ -458,7 +458,7 @@ fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
         .await
         .map_err(anyhow::Error::from)
     });
-    // DESIGN §9.15: a blocking-pool thread stuck in a read (a FIFO, a hung device) must not
+    // docs/design.md §9.15: a blocking-pool thread stuck in a read (a FIFO, a hung device) must not
     // keep the process alive: the runtime is not waited for beyond a moment.
     runtime.shutdown_timeout(SHUTDOWN_LEFTOVERS);
     outcome?;
@@ -471,7 +471,7 @@ const SHUTDOWN_LEFTOVERS: std::time::Duration = std::time::Duration::from_secs(2
 /// Past `shutdown_grace` plus this, a shutdown that still has not ended exits anyway.
 const SHUTDOWN_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(8);
 
-/// DESIGN §9.15: SIGTERM and SIGINT end `run` within `shutdown_grace` plus a few seconds,
+/// docs/design.md §9.15: SIGTERM and SIGINT end `run` within `shutdown_grace` plus a few seconds,
 /// whatever a tool or file is doing. The drain already stops waiting after the grace; this
 /// thread is the backstop for anything that still holds the process (a stuck thread, a child
 /// that ignores its signals): it exits with status 1, saying so. Recovery at the next start
@@ -1042,7 +1042,7 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
     Ok(0)
 }
 
-/// The ready-to-use list for a model (`--format openai|anthropic`, DESIGN §10.4) carries only
+/// The ready-to-use list for a model (`--format openai|anthropic`, docs/design.md §10.4) carries only
 /// definitions whose calls may run: an MCP tool changed since accepted (or new, never
 /// accepted) or any unusable tool is left out and named on stderr, so an unaccepted
 /// description never reaches the model.

@@ -125,7 +125,7 @@ impl ResultStore {
         };
         let dir = path.parent().expect("a saved result has a folder");
         // Every folder from the vault root down made and opened without following a symlink
-        // (DESIGN §9.13): a `Tool_Results/` swapped for one is refused, never written through.
+        // (docs/design.md §9.13): a `Tool_Results/` swapped for one is refused, never written through.
         crate::beneath::create_dirs(&self.vault, dir).map_err(err)?;
         let mut tmp = tempfile::Builder::new()
             .prefix(".vaultd-")

@@ -272,7 +272,7 @@ fn journal_down(why: &str) -> CallError {
 }
 
 /// Whether `result` is a call that did not run because the journal could not record its
-/// start: it stays pending in its note, never a failure of it (DESIGN §9.12).
+/// start: it stays pending in its note, never a failure of it (docs/design.md §9.12).
 pub fn start_not_recorded(result: &CallResult) -> bool {
     matches!(&result.outcome, Err(e)
         if e.details.as_ref().and_then(|d| d.get("journal")).and_then(|j| j.as_str())

@@ -100,7 +100,7 @@ pub enum VaultError {
 }
 
 impl VaultError {
-    /// A move refused because a folder on its way is a symlink (DESIGN §9.13).
+    /// A move refused because a folder on its way is a symlink (docs/design.md §9.13).
     pub fn is_symlink_refusal(&self) -> bool {
         match self {
             VaultError::SymlinkedFolder { .. } => true,
@@ -611,7 +611,7 @@ fn numbered(target: &Path, n: u32) -> PathBuf {
 }
 
 /// rename(2) that fails with AlreadyExists instead of replacing the target, through folders
-/// opened from the vault `root` without following symlinks (DESIGN §9.13).
+/// opened from the vault `root` without following symlinks (docs/design.md §9.13).
 fn rename_noreplace(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
     let err = match crate::beneath::rename_noreplace(root, from, to) {
         Ok(()) => return Ok(()),

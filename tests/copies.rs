@@ -1,4 +1,4 @@
-//! A copy is known by what it carries, whatever its name (DESIGN §9.10), and a note's undo
+//! A copy is known by what it carries, whatever its name (docs/design.md §9.10), and a note's undo
 //! history is its id's (§11.3): the real binary, a real Slack-format webhook (wiremock) on
 //! 127.0.0.1, and the moves that used to send twice — a left-behind name renamed inside the
 //! grace, the note as claimed dropped back as `x 2.md`, sync clients' duplicate names of the

@@ -72,7 +72,7 @@ fn check_json(vault: &TestVault, note: &str) -> Value {
         .unwrap_or_else(|e| panic!("check --json: {e}: {}{}", stdout(&out), stderr(&out)))
 }
 
-// Item: one broken call, one line number (DESIGN §8.3: counted in the note as the person
+// Item: one broken call, one line number (docs/design.md §8.3: counted in the note as the person
 // sees it), in `check`, in the result written into the note, in the daemon's log line, in
 // `vaultd log` and in `vaultd status`.
 #[test]

@@ -648,7 +648,7 @@ fn a_server_that_never_answers_does_not_delay_start_up_past_start_timeout() {
     daemon.wait_for_log("within its start_timeout of 1s");
 }
 
-/// DESIGN §10.4: the ready-to-use list for a model carries only definitions that may run. A
+/// docs/design.md §10.4: the ready-to-use list for a model carries only definitions that may run. A
 /// changed definition (the rug pull: a poisoned nested description) and a tool that appeared
 /// after the first listing are left out and named on stderr until accepted.
 #[test]

@@ -434,7 +434,7 @@ fn outbox_subjects(outbox: &std::path::Path) -> BTreeMap<String, usize> {
 }
 
 /// `mv Needs_Action/x.md "Needs_Action/x (renamed).md"` 0–80 ms after the drop: inside the
-/// default `moved_in_grace`, so often the name a link claim left behind (DESIGN §9.10).
+/// default `moved_in_grace`, so often the name a link claim left behind (docs/design.md §9.10).
 fn rename_inside_the_grace(vault: &TestVault, name: &str, rng: &mut Rng) -> bool {
     std::thread::sleep(Duration::from_millis(rng.below(81)));
     let renamed = format!("{} (renamed).md", name.trim_end_matches(".md"));

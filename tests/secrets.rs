@@ -22,7 +22,7 @@ const USER: &str = "agent";
 
 /// Every form a secret could leak in: plain, URL-encoded, base64, SMTP AUTH PLAIN, and
 /// escaped inside a JSON string (once, twice, ASCII-only as Python writes it), a YAML
-/// single-quoted string, Rust's `Debug` (DESIGN §10.8).
+/// single-quoted string, Rust's `Debug` (docs/design.md §10.8).
 fn forms(secret: &str) -> Vec<String> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let url = percent_encoding::utf8_percent_encode(secret, percent_encoding::NON_ALPHANUMERIC)
@@ -387,7 +387,7 @@ async fn an_smtp_server_on_a_closed_port_leaks_the_password_nowhere() {
 }
 
 /// A password holding a quote, a backslash, a newline, an apostrophe and non-ASCII text
-/// (DESIGN §10.8).
+/// (docs/design.md §10.8).
 const AWKWARD_PASSWORD: &str = "pw-q\"uo\\te\nnext-\u{fc}n\u{ef}\u{20ac}-'s/\u{1f511}-Sup3r";
 
 /// Quotes the credentials the way a server answering in JSON does: escaped (Rust/JS style and

@@ -1,4 +1,4 @@
-//! DESIGN §9.15: shutdown always ends, and nothing waits on a file that is not a regular file.
+//! docs/design.md §9.15: shutdown always ends, and nothing waits on a file that is not a regular file.
 //! A FIFO named `x.md` (a command tool with `writable` can make one) as the target of the
 //! vault tools, in the inbox and in `In_Progress/`; `once` exits, and `run` ends on SIGTERM
 //! within `shutdown_grace` plus a few seconds while a call hangs.

@@ -1,4 +1,4 @@
-//! One vault, one state (DESIGN §9.11) and vaultd's own storage failing (§9.12), end to end:
+//! One vault, one state (docs/design.md §9.11) and vaultd's own storage failing (§9.12), end to end:
 //! two vaults made by `vaultd init` under one HOME, a vault renamed, a journal handed to the
 //! wrong vault, the journal of the releases that shared one state, a full disk, a deleted
 //! journal.

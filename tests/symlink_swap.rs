@@ -1,4 +1,4 @@
-//! DESIGN §9.13: a state folder swapped for a symlink while `run` runs is never written
+//! docs/design.md §9.13: a state folder swapped for a symlink while `run` runs is never written
 //! through. The real binary; the swap is done the way a hostile tool or a confused sync client
 //! would: the real folder renamed away, a symlink to a folder outside the vault in its place.
 

@@ -461,7 +461,7 @@ pub fn from_raw(
     let state_dir = match (&overrides.state_dir, &raw.state_dir) {
         (Some(s), _) => s.clone(),
         (None, Some(s)) => config_path(s),
-        // One state per vault (DESIGN §9.11): named by the id kept in the vault.
+        // One state per vault (docs/design.md §9.11): named by the id kept in the vault.
         (None, None) => crate::state::default_state_dir(&vault)?,
     };
 

@@ -124,7 +124,7 @@ impl Daemon {
     /// hard link instead, its first name dropped when the grace is over (`arrivals.rs`); on a
     /// file system without hard links it waits out the grace, then is renamed.
     ///
-    /// One file is claimed once, whatever names it has (DESIGN §9.10): the file is marked
+    /// One file is claimed once, whatever names it has (docs/design.md §9.10): the file is marked
     /// before its move, and a claim of a file already marked (the name a link claim left
     /// behind, renamed since) is no claim. The mark stays while a link claim's first name
     /// does; a renamed note's is given up at once.
@@ -313,7 +313,7 @@ impl Daemon {
         }
     }
 
-    /// Decides a note's identity at its claim (DESIGN §9.2, §9.6, §9.10): the `tool_note` it
+    /// Decides a note's identity at its claim (docs/design.md §9.2, §9.6, §9.10): the `tool_note` it
     /// carries unless another note in the vault carries it too (a copy gets a new id, but
     /// keeps the outcomes of the calls the carried id started), else a new one. A note
     /// without one is a stale copy of a note claimed within `stale_copy_window` from its path,
@@ -452,7 +452,7 @@ impl Daemon {
     /// A note without `tool_note` whose name is a sync client's duplicate name of a note
     /// claimed from the same folder (`x 2.md`, `x (1).md`, `x-HOST.md`, …:
     /// [`synced::duplicate_originals`]) and whose text equals that note's text as claimed
-    /// (DESIGN §9.10): the stale copy it is, as if it were at that path, with the original's
+    /// (docs/design.md §9.10): the stale copy it is, as if it were at that path, with the original's
     /// path.
     async fn duplicate_of(
         &self,

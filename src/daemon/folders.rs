@@ -1,4 +1,4 @@
-//! A state folder swapped for a symlink while the daemon runs (DESIGN §9.13): the moves refuse
+//! A state folder swapped for a symlink while the daemon runs (docs/design.md §9.13): the moves refuse
 //! to go through it (`beneath.rs`), and this pauses claiming with one clear error until the
 //! folders are real folders again, then resumes by itself (the periodic rescan picks up what
 //! arrived meanwhile).

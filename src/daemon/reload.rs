@@ -253,7 +253,7 @@ impl Daemon {
 }
 
 /// The config file read again with what the command line said at start-up (the same file;
-/// started without one, the lookup of DESIGN §6 again) and validated as at start-up; the keys
+/// started without one, the lookup of docs/design.md §6 again) and validated as at start-up; the keys
 /// bound at start-up keep their running values. When the vault, the state dir or a folder
 /// changed, the file is validated once more with the running ones, since the tools are built
 /// from them (a vault tool must not write into the vault named for the next start).

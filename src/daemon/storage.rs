@@ -1,4 +1,4 @@
-//! vaultd's own storage failing is not the note's failure (DESIGN §9.12): while the journal
+//! vaultd's own storage failing is not the note's failure (docs/design.md §9.12): while the journal
 //! cannot be written (disk full, read-only, I/O error, a file size limit) nothing new is
 //! claimed, a note whose calls could not start goes back to `Needs_Action/` (with the results
 //! of those that did run), the log, `vaultd status` and systemd's `STATUS=` say why, and
@@ -106,7 +106,7 @@ impl StorageWatch {
 impl Daemon {
     /// Why the side effects of the note `text` may already have run although the journal
     /// knows none of its calls: it carries this machine's `tool_runner` from before the journal
-    /// was started afresh (`--new-journal`, DESIGN §9.12). None for every other note.
+    /// was started afresh (`--new-journal`, docs/design.md §9.12). None for every other note.
     pub(crate) fn journal_lost(
         &self,
         text: &str,
@@ -132,13 +132,13 @@ impl Daemon {
         )))
     }
 
-    /// Whether claiming waits for the journal's storage (DESIGN §9.12).
+    /// Whether claiming waits for the journal's storage (docs/design.md §9.12).
     pub(crate) fn storage_paused(&self) -> bool {
         self.journal.storage_failure().is_some()
     }
 
     /// A run some of whose calls could not start because the journal could not record their
-    /// start: they are not failures of the note (DESIGN §9.12). The results of the calls that
+    /// start: they are not failures of the note (docs/design.md §9.12). The results of the calls that
     /// did run are written into the note, then the note goes back to `Needs_Action/` with the
     /// rest pending, to be claimed again once the journal takes writes. Not left waiting in
     /// In_Progress: the failed commit may have taken the claim's record with it, and a note
@@ -222,7 +222,7 @@ pub(crate) fn stamped_here(runner: &str, me: &crate::synced::RunnerId) -> bool {
     runner == me.as_str()
 }
 
-/// The start-up check of DESIGN §9.12: a journal with no claim at all (deleted, emptied, or
+/// The start-up check of docs/design.md §9.12: a journal with no claim at all (deleted, emptied, or
 /// new) while the vault holds notes this machine's vaultd stamped does not know what those
 /// notes ran. Refused unless `new_journal` (`--new-journal`), which records that the journal
 /// starts afresh: the pending side effects of those notes are then held (`journal_lost`).

@@ -117,7 +117,7 @@ pub enum JournalError {
 pub struct Journal {
     /// The database file, named in every error.
     path: PathBuf,
-    /// Why the journal's storage refuses writes now, if it does (DESIGN §9.12): set by the
+    /// Why the journal's storage refuses writes now, if it does (docs/design.md §9.12): set by the
     /// writer on a full disk, a read-only file or an I/O error, cleared by a write that
     /// succeeds again ([`Journal::probe_storage`]). The daemon stops claiming meanwhile.
     storage: Arc<StorageHealth>,
@@ -134,7 +134,7 @@ impl std::fmt::Debug for Journal {
     }
 }
 
-/// Whether the journal's storage takes writes (DESIGN §9.12), shared by the handle and its
+/// Whether the journal's storage takes writes (docs/design.md §9.12), shared by the handle and its
 /// writer thread.
 #[derive(Debug, Default)]
 pub(crate) struct StorageHealth {
@@ -289,7 +289,7 @@ impl Journal {
     }
 
     /// Why the journal cannot be written now (disk full, read-only, I/O error), if a write
-    /// failed so and none has succeeded since (DESIGN §9.12).
+    /// failed so and none has succeeded since (docs/design.md §9.12).
     pub fn storage_failure(&self) -> Option<String> {
         self.storage.failure().clone()
     }

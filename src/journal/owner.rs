@@ -1,4 +1,4 @@
-//! The vault a journal belongs to (DESIGN §9.11), and where the journal itself came from
+//! The vault a journal belongs to (docs/design.md §9.11), and where the journal itself came from
 //! (§9.12: started afresh with `--new-journal`). Self-contained tables, created at open.
 //!
 //! The owner is the vault's key (the id vaultd keeps in the vault, `state.rs`) and the path

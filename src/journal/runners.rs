@@ -38,7 +38,7 @@ pub struct RunnerPause {
 impl Journal {
     /// Records a take-over by `runner` and returns its cutoff: notes of other runners updated
     /// up to it are history from now on. The cutoff is now, or `up_to` when that is later: a
-    /// note the other host stamped with a clock ahead of ours (DESIGN §9.14) is history too,
+    /// note the other host stamped with a clock ahead of ours (docs/design.md §9.14) is history too,
     /// and that host's later notes, stamped by the same clock, still come after it.
     pub fn record_take_over(
         &self,

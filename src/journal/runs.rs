@@ -20,7 +20,7 @@ pub struct Claim {
     pub claimed_at: SystemTime,
     /// The vault-relative path the note has now (as far as the journal knows).
     pub note: String,
-    /// SHA-256 (hex) of the note's text as claimed, when recorded (DESIGN §9.10).
+    /// SHA-256 (hex) of the note's text as claimed, when recorded (docs/design.md §9.10).
     pub text_sha256: Option<String>,
 }
 
@@ -168,7 +168,7 @@ impl Journal {
     /// (Self::begin_linked_run) when `left_behind` is given, else [`begin_note_run`]
     /// (Self::begin_note_run). Returns once it ran in the writer's transaction, not once it
     /// is durable (see "The claim" in the module doc): reads see it after its group commits.
-    /// `claimed_sha256` is the SHA-256 of the note's text as claimed (DESIGN §9.10).
+    /// `claimed_sha256` is the SHA-256 of the note's text as claimed (docs/design.md §9.10).
     pub async fn begin_claim_async(
         &self,
         note: &str,

@@ -69,7 +69,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // Version 4: start-up reads the recent left-behind names without scanning every run.
     "CREATE INDEX runs_left_behind ON runs (claimed_at_ms) WHERE left_behind IS NOT NULL;",
     // Version 5: the note's text as claimed (SHA-256), so that a sync client's duplicate of
-    // it under another name is known (DESIGN §9.10). Older runs have none: no match.
+    // it under another name is known (docs/design.md §9.10). Older runs have none: no match.
     "ALTER TABLE runs ADD COLUMN claimed_sha256 TEXT;",
 ];
 

@@ -2,7 +2,7 @@
 //! absent) and post-image hash, keyed by call id and note, so `vaultd undo` and `vault_undo`
 //! can put the vault back.
 //!
-//! A note is known by its id (`tool_note`, DESIGN §9.2), taken from the open run of the note
+//! A note is known by its id (`tool_note`, docs/design.md §9.2), taken from the open run of the note
 //! the call came from: renaming or moving the note keeps its history. Records written before
 //! note ids were kept here (and changes made outside a run: `vaultd undo`'s own) have none
 //! and are found by `note_key`, the note's path below its state folder, as before.

@@ -88,7 +88,7 @@ pub fn json_position(result: &CallResult) -> Option<(u64, u64)> {
 }
 
 /// The result with its INVALID_JSON line moved down by `added` lines, message and details
-/// alike (DESIGN §8.3: the line is counted in the note as written back, and the lines a
+/// alike (docs/design.md §8.3: the line is counted in the note as written back, and the lines a
 /// write adds above the call move it). The one place a position is moved.
 pub fn moved_down(result: &CallResult, added: usize) -> CallResult {
     let mut r = result.clone();

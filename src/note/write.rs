@@ -53,7 +53,7 @@ pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String
 }
 
 /// [`update_note`] for a note below the vault `root` (the daemon's writes into state folders,
-/// DESIGN §9.13): the note's folder must be reached from `root` without a symlink, checked
+/// docs/design.md §9.13): the note's folder must be reached from `root` without a symlink, checked
 /// before the temp file is made, and the rename goes through that folder opened without
 /// following symlinks; a folder swapped for a symlink gives an error whose source
 /// [`crate::beneath::is_symlink_refusal`] recognises, and nothing is written through it.

@@ -450,7 +450,7 @@ fn extra_properties<'a>(
     extra
 }
 
-/// DESIGN §8.3: an INVALID_JSON position is counted in the note as the person sees it, that
+/// docs/design.md §8.3: an INVALID_JSON position is counted in the note as the person sees it, that
 /// is as written back, so the frontmatter lines the results write adds above the call move
 /// it down. Done once, before the results are journaled, logged or written: the note, the
 /// log line, `vaultd log` and `vaultd status` then all say the same line. `fresh` are the

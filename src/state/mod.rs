@@ -1,4 +1,4 @@
-//! One vault, one state (DESIGN §9.11): the id vaultd keeps in the vault, the default state
+//! One vault, one state (docs/design.md §9.11): the id vaultd keeps in the vault, the default state
 //! dir it names, the journal opened for its vault (refused for another one), and the journal
 //! the releases before kept at one shared default, adopted by the vault whose notes it knows.
 //!
@@ -216,7 +216,7 @@ const STORAGE_PAUSE_FILE: &str = "storage_pause";
 const STORAGE_PAUSE_BYTES: usize = 1024;
 
 /// Where a running daemon tells `vaultd status` (another process) that it paused because the
-/// journal cannot be written (DESIGN §9.12); the journal itself cannot carry that message.
+/// journal cannot be written (docs/design.md §9.12); the journal itself cannot carry that message.
 #[derive(Debug)]
 pub struct StoragePauseBoard {
     file: std::fs::File,

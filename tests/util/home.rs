@@ -84,7 +84,7 @@ impl Home {
     }
 
     /// The default outbox of the file transport: `<state_dir>/outbox`, the state dir being
-    /// `~/.local/state/vaultd/<vault id>` (DESIGN §9.11).
+    /// `~/.local/state/vaultd/<vault id>` (docs/design.md §9.11).
     pub fn outbox(&self) -> Vec<PathBuf> {
         self.outbox_of(&self.vault)
     }

@@ -394,7 +394,7 @@ fn walk_all(base: &Path, dir: &Path, out: &mut Vec<String>) {
         let p = e.path();
         let Ok(ft) = e.file_type() else { continue };
         if ft.is_dir() {
-            // vaultd's own: the vault's id, which names its state dir (DESIGN §9.11).
+            // vaultd's own: the vault's id, which names its state dir (docs/design.md §9.11).
             if dir == base && e.file_name() == ".vaultd" {
                 continue;
             }

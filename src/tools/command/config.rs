@@ -38,7 +38,7 @@ pub struct RawCommandTool {
     pub writable: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     pub network: Option<bool>,
-    /// Extra read-only paths (DESIGN §10.5): an interpreter under `~/.pyenv`, a venv.
+    /// Extra read-only paths (docs/design.md §10.5): an interpreter under `~/.pyenv`, a venv.
     #[serde(default)]
     pub read: Option<Spanned<Vec<String>>>,
     #[serde(default)]
@@ -424,7 +424,7 @@ fn validate_one(
     })
 }
 
-/// What `writable` and `read` may never name (DESIGN §10.5): the vault root, a state
+/// What `writable` and `read` may never name (docs/design.md §10.5): the vault root, a state
 /// folder, a hidden path, the state dir, the config file.
 struct Protected<'a> {
     vault: &'a Path,

@@ -374,7 +374,7 @@ fn finish(
     })
 }
 
-/// What a program's output says the sandbox denied, and the key that allows it (DESIGN
+/// What a program's output says the sandbox denied, and the key that allows it (docs/design.md
 /// §10.5): "denied by the sandbox: …; allow it with `read = [...]`". Read from the program's
 /// own words, so it is a hint: a program may print "Permission denied" for a file that no
 /// key would open.
@@ -520,7 +520,7 @@ fn render_template_source(pieces: &[Piece]) -> String {
 }
 
 /// The end of a call's processes: closing the control pipe tells the supervisor to kill
-/// the program and everything it left (DESIGN §10.5); the call's cgroup is then killed and
+/// the program and everything it left (docs/design.md §10.5); the call's cgroup is then killed and
 /// removed on a thread of its own (removal waits for the kernel to see it empty).
 struct CallEnd {
     control: Option<OwnedFd>,

@@ -179,7 +179,7 @@ fn base_ruleset(network: bool, level: CompatLevel) -> Result<landlock::Ruleset, 
 
 /// The Landlock ruleset of one call, ready for `restrict_self` in the child. `writable`
 /// and `read` are opened now, without following a symlink, and the rules are built from
-/// the open fds (DESIGN §10.5): a folder swapped for a symlink is refused, never followed.
+/// the open fds (docs/design.md §10.5): a folder swapped for a symlink is refused, never followed.
 pub fn ruleset(
     tool: &CommandToolConfig,
     vault: &Path,

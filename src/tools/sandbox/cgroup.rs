@@ -1,4 +1,4 @@
-//! A cgroup per call, where one can be had (DESIGN §10.5): `max_memory` and the process
+//! A cgroup per call, where one can be had (docs/design.md §10.5): `max_memory` and the process
 //! limit then bound the whole call (every process it starts, together), for root too, and
 //! the cgroup is killed as a whole when the call ends.
 //!

@@ -1,5 +1,5 @@
 //! The paths a sandbox grants (`writable`, `read`), opened at every call without following
-//! a symbolic link anywhere on the way (DESIGN §10.5). The Landlock rules are then built
+//! a symbolic link anywhere on the way (docs/design.md §10.5). The Landlock rules are then built
 //! from the open fds, never from the path again: a `writable` folder swapped for a symlink
 //! between two calls (or between the check and the rule) is refused, not followed outside
 //! the vault.

@@ -1,4 +1,4 @@
-//! The seccomp filter of a sandboxed program (DESIGN §10.5): Landlock's network rules cover
+//! The seccomp filter of a sandboxed program (docs/design.md §10.5): Landlock's network rules cover
 //! TCP only, so sockets are closed here. With `network = false` no `socket()` of any family
 //! is created (unix by path or abstract name, UDP, TCP, raw, netlink, packet): the call
 //! fails with `EACCES` ("Permission denied"), the program is not killed. `socketpair()`

@@ -1,4 +1,4 @@
-//! Every process a sandboxed program starts ends with it (DESIGN §10.5): children,
+//! Every process a sandboxed program starts ends with it (docs/design.md §10.5): children,
 //! grandchildren, a double-forked `setsid` daemon.
 //!
 //! The process vaultd spawns is a small supervisor, not the program. Between fork and exec

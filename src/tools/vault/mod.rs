@@ -356,7 +356,7 @@ pub(crate) fn opt_param<'a>(call: &'a VaultCall, key: &str) -> Option<&'a str> {
 
 /// The file's bytes, or `None` when nothing is there.
 pub(crate) fn current_bytes(abs: &Path) -> Result<Option<Vec<u8>>, CallError> {
-    // Only a regular file, never waiting on a FIFO (DESIGN §9.15).
+    // Only a regular file, never waiting on a FIFO (docs/design.md §9.15).
     match crate::vault::read_regular(abs) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

@@ -93,7 +93,7 @@ pub fn search(
         let mut lines: Vec<(u64, String)> = Vec::new();
         let path = root.join(&rel);
         // Opened as a regular file first: a FIFO put there after the walk is skipped, never
-        // waited on (DESIGN §9.15).
+        // waited on (docs/design.md §9.15).
         let Ok(file) = crate::vault::open_regular(&path) else {
             continue;
         };
