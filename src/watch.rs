@@ -61,6 +61,14 @@ pub fn start(
             }
         };
         for hint in hints {
+            // A folder renamed in (`mv batch/ Needs_Action/`) brings notes that have no
+            // events of their own: it is a new folder to scan, not a note.
+            let hint = match hint {
+                Hint::Ready(path) if path.symlink_metadata().is_ok_and(|m| m.is_dir()) => {
+                    Hint::NewFolder(path)
+                }
+                hint => hint,
+            };
             match hint {
                 Hint::NewFolder(dir) if !poll => {
                     let _ = new_folders.send(dir);

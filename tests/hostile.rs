@@ -383,6 +383,28 @@ async fn two_thousand_notes_dropped_at_once_are_all_processed() {
     assert!(vault.notes_in("In_Progress").is_empty());
 }
 
+/// `mv batch/ Needs_Action/`: the folder's rename is the only event; its notes have none.
+/// They run at once, not at the periodic rescan (five minutes by default).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_folder_of_notes_moved_into_the_inbox_is_processed_at_once() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let daemon = vault.start();
+    let staged = vault.dir.path().join("batch");
+    std::fs::create_dir_all(staged.join("inner")).unwrap();
+    for rel in ["a.md", "inner/b.md"] {
+        std::fs::write(
+            staged.join(rel),
+            note_with_calls("Batch", &[json!({ "name": "nope", "parameters": {} })]),
+        )
+        .unwrap();
+    }
+    std::fs::rename(&staged, vault.path("Needs_Action", "batch")).unwrap();
+    vault.wait_until_in("Failed", "batch/a.md");
+    vault.wait_until_in("Failed", "batch/inner/b.md");
+    drop(daemon);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn poll_mode_picks_up_notes_without_inotify() {
     let server = SearxServer::start(Duration::ZERO).await;
