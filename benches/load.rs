@@ -457,19 +457,33 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// One call to the MCP echo tool.
 fn mcp_note_text(tag: &str, i: usize) -> String {
+    mcp_note_on("bench", tag, i)
+}
+
+fn mcp_note_on(server: &str, tag: &str, i: usize) -> String {
     format!(
-        "# Note {i}\n\n```json\n{{\"tool_call\": {{\"name\": \"mcp__bench__echo\", \"parameters\": {{\"text\": \"{tag} {i}\"}}}}}}\n```\n"
+        "# Note {i}\n\n```json\n{{\"tool_call\": {{\"name\": \"mcp__{server}__echo\", \"parameters\": {{\"text\": \"{tag} {i}\"}}}}}}\n```\n"
     )
 }
 
 fn mcp_latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
     let server = rt.block_on(searx::SearxServer::start(Duration::ZERO));
     let bench = Bench::new(&server.base_url());
-    let extra = format!(
-        "[mcp.bench]\ncommand = [{:?}, \"--dir\", {:?}]\nallow = [\"echo\"]\n[mcp.bench.tools.echo]\neffect = \"read_only\"\nrate_limit = {{ per_hour = 100000000 }}\n",
-        mcp_test_server().display().to_string(),
-        bench.dir.path().join("mcp-server").display().to_string(),
-    );
+    let server_dir = bench.dir.path().join("mcp-server");
+    std::fs::create_dir_all(&server_dir).expect("the MCP server's folder");
+    // The same server twice: `bench` in the default sandbox, `open` unconfined (docs/design.md
+    // §10.7), so the sandbox's cost per call is measured beside it.
+    let server_table = |name: &str, sandbox: &str| {
+        format!(
+            "[mcp.{name}]\ncommand = [{:?}, \"--dir\", {dir:?}]\nallow = [\"echo\"]\nsandbox = {sandbox}\n[mcp.{name}.tools.echo]\neffect = \"read_only\"\nrate_limit = {{ per_hour = 100000000 }}\n",
+            mcp_test_server().display().to_string(),
+            dir = server_dir.display().to_string(),
+        )
+    };
+    let extra = server_table(
+        "bench",
+        &format!("{{ writable = [{:?}] }}", server_dir.display().to_string()),
+    ) + &server_table("open", "false");
     let mut config = std::fs::read_to_string(&bench.config).expect("read config");
     config.push_str(&extra);
     std::fs::write(&bench.config, config).expect("write config");
@@ -493,17 +507,21 @@ fn mcp_latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Me
     };
     for i in 0..5 {
         drop_one("warm-mcp", i, mcp_note_text("warm", i));
+        drop_one("warm-open", i, mcp_note_on("open", "warm", i));
         drop_one("warm-web", i, note_text("warm", i));
     }
-    let (mut mcp, mut web) = (Vec::new(), Vec::new());
+    let (mut mcp, mut open, mut web) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..sizes.latency_notes {
         mcp.push(drop_one("mcp", i, mcp_note_text("mcp", i)));
+        open.push(drop_one("open", i, mcp_note_on("open", "open", i)));
         web.push(drop_one("web", i, note_text("web", i)));
     }
     daemon.stop();
     mcp.sort_by(f64::total_cmp);
+    open.sort_by(f64::total_cmp);
     web.sort_by(f64::total_cmp);
     let added = percentile(&mcp, 0.5) - percentile(&web, 0.5);
+    let sandbox_adds = percentile(&mcp, 0.5) - percentile(&open, 0.5);
     vec![
         metric("mcp echo latency p50", percentile(&mcp, 0.5), "ms"),
         metric("mcp echo latency p99", percentile(&mcp, 0.99), "ms"),
@@ -518,6 +536,12 @@ fn mcp_latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Me
             "ms",
         ),
         metric("mcp adds at p50", added, "ms").target("<= 1", |v| v <= 1.0),
+        metric(
+            "mcp echo latency p50, server unconfined",
+            percentile(&open, 0.5),
+            "ms",
+        ),
+        metric("mcp sandbox adds at p50", sandbox_adds, "ms").target("<= 1", |v| v <= 1.0),
     ]
 }
 

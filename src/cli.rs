@@ -1026,6 +1026,9 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
                 )?;
                 if let Some(status) = t["details"]["sandbox_status"].as_str() {
                     writeln!(out, "  sandbox: {status} (sandbox = {})\n", t["details"]["sandbox"])?;
+                } else if let Some(sandbox) = t["details"]["sandbox"].as_str() {
+                    // An MCP server's: one line saying how it is confined, or that it is not.
+                    writeln!(out, "  sandbox: {sandbox}\n")?;
                 }
                 if let Some(why) = t["details"]["unusable"].as_str() {
                     writeln!(out, "  UNUSABLE: {why}\n")?;

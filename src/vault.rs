@@ -21,6 +21,22 @@ pub struct Folders {
     pub dry_run: String,
 }
 
+impl Folders {
+    /// Every state folder's name, in the order of docs/design.md §1.
+    pub fn state_names(&self) -> [&str; 8] {
+        [
+            &self.needs_action,
+            &self.in_progress,
+            &self.pending_approval,
+            &self.approved,
+            &self.rejected,
+            &self.done,
+            &self.failed,
+            &self.dry_run,
+        ]
+    }
+}
+
 impl Default for Folders {
     fn default() -> Self {
         Folders {

@@ -16,6 +16,7 @@ mod identity;
 mod in_process;
 mod limits;
 mod mcp;
+mod mcp_sandbox;
 mod pipeline;
 mod recovery;
 mod reload;

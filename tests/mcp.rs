@@ -27,8 +27,17 @@ fn mcp_vault(server: &str, extra: &str) -> (TestVault, PathBuf) {
     let vault = TestVault::new(NO_SEARCH, "");
     let dir = vault.dir.path().join("server");
     std::fs::create_dir_all(&dir).unwrap();
+    // The server writes its markers in `dir`: granted, as a person would (docs/tools/mcp.md).
+    let sandbox = if server.contains("sandbox") {
+        String::new()
+    } else {
+        format!(
+            "sandbox = {{ writable = [{:?}] }}\n",
+            dir.display().to_string()
+        )
+    };
     let config = format!(
-        "[mcp.t]\ncommand = [{bin:?}, \"--dir\", {dir:?}]\n{server}\n{extra}",
+        "[mcp.t]\ncommand = [{bin:?}, \"--dir\", {dir:?}]\n{sandbox}{server}\n{extra}",
         bin = mcp_test_server().display().to_string(),
         dir = dir.display().to_string(),
     );

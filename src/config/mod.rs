@@ -616,8 +616,7 @@ pub fn from_raw(
             format!("must be at least 1024, got {max_result_bytes}"),
         ));
     }
-    let mcp =
-        crate::tools::mcp::config::from_raw(raw.mcp, &path, config_path, overrides.skip_secrets)?;
+    let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &cx, &vault, &folders)?;
 
     Ok(Config {
         source,

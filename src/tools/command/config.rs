@@ -4,11 +4,12 @@
 
 use crate::config::table::{ConfigError, RateLimit};
 use crate::secret::Secret;
+use crate::tools::sandbox::protect::Protected;
 use crate::tools::{ApprovalRule, Effect};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml::Spanned;
 
@@ -103,6 +104,27 @@ pub enum EnvValue {
 }
 
 impl EnvValue {
+    /// A value as written: a secret reference (`env:`, `file:`, `credential:`) is loaded (and
+    /// redacted wherever it appears), anything else is plain text, shown as written.
+    pub fn load(value: &str, skip_secrets: bool) -> Result<EnvValue, crate::secret::SecretError> {
+        let is_reference = ["env:", "file:", "credential:"]
+            .iter()
+            .any(|p| value.starts_with(p));
+        Ok(if is_reference {
+            EnvValue::Secret(Secret::load(value, skip_secrets)?)
+        } else {
+            EnvValue::Plain(value.to_string())
+        })
+    }
+
+    /// How `vaultd config` shows it: a secret as its reference only.
+    pub fn shown(&self) -> String {
+        match self {
+            EnvValue::Plain(s) => s.clone(),
+            EnvValue::Secret(s) => format!("{} [redacted]", s.reference()),
+        }
+    }
+
     pub fn value(&self) -> &str {
         match self {
             EnvValue::Plain(s) => s,
@@ -362,20 +384,11 @@ fn validate_one(
                     format!("`{key}` is set by vaultd and cannot be overridden"),
                 ));
             }
-            let is_reference = ["env:", "file:", "credential:"]
-                .iter()
-                .any(|p| value.starts_with(p));
-            let v = if is_reference {
-                EnvValue::Secret(Secret::load(&value, skip_secrets).map_err(|source| {
-                    ConfigError::Secret {
-                        path: at.path.to_path_buf(),
-                        key: format!("tools.command.{name}.env.{key}"),
-                        source,
-                    }
-                })?)
-            } else {
-                EnvValue::Plain(value)
-            };
+            let v = EnvValue::load(&value, skip_secrets).map_err(|source| ConfigError::Secret {
+                path: at.path.to_path_buf(),
+                key: format!("tools.command.{name}.env.{key}"),
+                source,
+            })?;
             env.insert(key, v);
         }
     }
@@ -422,110 +435,6 @@ fn validate_one(
         sandbox: raw.sandbox.unwrap_or(SandboxMode::Required),
         name,
     })
-}
-
-/// What `writable` and `read` may never name (docs/design.md §10.5): the vault root, a state
-/// folder, a hidden path, the state dir, the config file.
-struct Protected<'a> {
-    vault: &'a Path,
-    state_dir: &'a Path,
-    config: &'a Path,
-    folders: &'a crate::vault::Folders,
-}
-
-impl Protected<'_> {
-    /// A `writable` entry as a vault-relative folder, checked now (it is opened again at
-    /// every call: a folder swapped for a symlink later is refused then).
-    fn check_writable(&self, folder: &str) -> Result<PathBuf, String> {
-        let mut rel = PathBuf::new();
-        for c in Path::new(folder).components() {
-            match c {
-                Component::CurDir => {}
-                Component::Normal(n) => {
-                    if n.to_string_lossy().starts_with('.') {
-                        return Err(format!(
-                            "`{folder}` is a hidden path (.obsidian, .git, the state dir, the config live there); name a visible folder"
-                        ));
-                    }
-                    rel.push(n);
-                }
-                _ => {
-                    return Err(format!(
-                        "`{folder}` must be a folder relative to the vault, without `..`"
-                    ));
-                }
-            }
-        }
-        if rel.as_os_str().is_empty() {
-            return Err(format!(
-                "`{folder}` names the vault root: the program could rewrite every note and the config; name a folder inside it"
-            ));
-        }
-        let f = self.folders;
-        let first = rel
-            .components()
-            .next()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned());
-        if let Some(state) = [
-            &f.needs_action,
-            &f.in_progress,
-            &f.pending_approval,
-            &f.approved,
-            &f.rejected,
-            &f.done,
-            &f.failed,
-            &f.dry_run,
-        ]
-        .into_iter()
-        .find(|s| Some(s.as_str()) == first.as_deref())
-        {
-            return Err(format!(
-                "`{folder}` is in the state folder `{state}/`: a program writing there could approve or start calls; name another folder"
-            ));
-        }
-        let abs = self.vault.join(&rel);
-        if self.state_dir.starts_with(&abs) || abs.starts_with(self.state_dir) {
-            return Err(format!("`{folder}` holds vaultd's state dir"));
-        }
-        if self.config.starts_with(&abs) {
-            return Err(format!("`{folder}` holds the config file"));
-        }
-        match crate::tools::sandbox::paths::open_beneath(self.vault, &rel) {
-            Ok(o) if o.is_dir => Ok(rel),
-            Ok(_) => Err(format!(
-                "`{folder}` is not a folder in the vault ({})",
-                abs.display()
-            )),
-            Err(e) => Err(format!("{e} (in the vault, {})", self.vault.display())),
-        }
-    }
-
-    /// A `read` entry as an absolute path (`~` expanded, relative to the config's folder).
-    fn check_read(&self, entry: &str, base: &Path) -> Result<PathBuf, String> {
-        let p = crate::home::expand_tilde(entry);
-        let p = if p.is_relative() { base.join(p) } else { p };
-        if p.components().any(|c| c == Component::ParentDir) {
-            return Err(format!("`{entry}` must not contain `..`"));
-        }
-        let home = crate::home::expand_tilde("~");
-        let secret_dirs = [
-            self.state_dir.to_path_buf(),
-            self.config.to_path_buf(),
-            home.join(".ssh"),
-            home.join(".gnupg"),
-        ];
-        if let Some(s) = secret_dirs
-            .iter()
-            .find(|s| s.starts_with(&p) || p.starts_with(s))
-        {
-            return Err(format!(
-                "`{entry}` would let the program read {} (the state dir, the config and ~/.ssh are never readable); name a narrower folder",
-                s.display()
-            ));
-        }
-        crate::tools::sandbox::paths::open_absolute(&p).map_err(|e| e.to_string())?;
-        Ok(p)
-    }
 }
 
 /// The schema must describe an object; misspelt parameters are errors, so

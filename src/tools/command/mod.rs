@@ -12,7 +12,7 @@ use crate::tools::{Policy, Registry, RegistryError, Source, Tool, ToolCall, Tool
 use config::{CommandToolConfig, CommandTools, Cwd, Output, Piece};
 use sandbox::{Limits, Support};
 use serde_json::{Map, Value, json};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -169,7 +169,7 @@ impl CommandTool {
             memory: c.max_memory,
             processes: c.max_processes,
         });
-        let (control_read, control_write) = control_pipe().map_err(|e| {
+        let (control_read, control_write) = supervise::control_pipe().map_err(|e| {
             CallError::new(
                 ErrorCode::ExecutionError,
                 format!("cannot make the supervisor's pipe: {e}"),
@@ -534,17 +534,6 @@ impl Drop for CallEnd {
             std::thread::spawn(move || cgroup.end());
         }
     }
-}
-
-/// A pipe whose ends close on exec: the supervisor (which never execs) keeps the read end.
-fn control_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2(2) writing two fds into a local array, owned at once below.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: two fresh fds that nothing else owns.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// A fresh, empty directory for one call (the program's HOME), removed afterwards.

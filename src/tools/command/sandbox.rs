@@ -185,27 +185,69 @@ pub fn ruleset(
     vault: &Path,
     scratch: &Path,
 ) -> Result<RulesetCreated, RulesetBuildError> {
-    let read = AccessFs::from_read(FS_ABI);
-    let all = AccessFs::from_all(FS_ABI);
     let mut readable: Vec<PathBuf> = SYSTEM_DIRS.iter().map(PathBuf::from).collect();
     readable.push(vault.to_path_buf());
     // A program outside the system dirs (a script in ~/bin) may still be executed and read.
     readable.push(tool.program.clone());
-    let mut granted = Vec::new();
+    let mut opened = Vec::new();
     for rel in &tool.writable {
-        let opened = paths::open_beneath(vault, rel)
+        let o = paths::open_beneath(vault, rel)
             .map_err(|e| RulesetBuildError::Path(format!("writable: {e}")))?;
-        granted.push((opened, all));
+        opened.push((o, Grant::Write));
     }
     for path in &tool.read {
-        let opened = paths::open_absolute(path)
+        let o = paths::open_absolute(path)
             .map_err(|e| RulesetBuildError::Path(format!("read: {e}")))?;
-        granted.push((opened, read));
+        opened.push((o, Grant::Read));
     }
-    let writable = [scratch.to_path_buf()]
+    build(Grants {
+        network: tool.network,
+        read_paths: readable,
+        write_paths: vec![scratch.to_path_buf()],
+        opened,
+        read_each: Vec::new(),
+    })
+}
+
+/// What a granted path may be used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// Read and execute.
+    Read,
+    /// Everything: read, write, create, remove, truncate.
+    Write,
+}
+
+/// Everything one sandboxed program may touch: a command tool's call or an MCP server's
+/// life (docs/design.md §10.5, §10.7).
+pub struct Grants {
+    /// TCP (Landlock) allowed; the seccomp filter decides the other families.
+    pub network: bool,
+    /// Readable by path (the system dirs): opened by Landlock, symlinks followed.
+    pub read_paths: Vec<PathBuf>,
+    /// Writable by path (the program's own scratch dir); the devices are always added.
+    pub write_paths: Vec<PathBuf>,
+    /// Paths the person granted, already opened without following a symlink.
+    pub opened: Vec<(paths::Opened, Grant)>,
+    /// Readable, opened one at a time without following a symlink while the rules are
+    /// added (a walk's many entries never hold many fds); one that cannot be opened is
+    /// left out, never followed.
+    pub read_each: Vec<PathBuf>,
+}
+
+/// Builds the ruleset of [`Grants`]; ready for [`enter`] in the child.
+pub fn build(grants: Grants) -> Result<RulesetCreated, RulesetBuildError> {
+    let read = AccessFs::from_read(FS_ABI);
+    let all = AccessFs::from_all(FS_ABI);
+    let writable = grants
+        .write_paths
         .into_iter()
         .chain(WRITABLE_DEVICES.iter().map(PathBuf::from));
-    let fd_rules = granted.into_iter().map(|(opened, access)| {
+    let fd_rules = grants.opened.into_iter().map(|(opened, grant)| {
+        let access = match grant {
+            Grant::Read => read,
+            Grant::Write => all,
+        };
         let access = if opened.is_dir {
             access
         } else {
@@ -213,12 +255,22 @@ pub fn ruleset(
         };
         Ok::<_, RulesetError>(PathBeneath::new(opened.fd, access))
     });
+    let each_rules = grants.read_each.into_iter().filter_map(move |p| {
+        let opened = paths::open_absolute(&p).ok()?;
+        let access = if opened.is_dir {
+            read
+        } else {
+            read & AccessFs::from_file(FS_ABI)
+        };
+        Some(Ok::<_, RulesetError>(PathBeneath::new(opened.fd, access)))
+    });
     let built = || -> Result<RulesetCreated, RulesetError> {
-        base_ruleset(tool.network, CompatLevel::BestEffort)?
+        base_ruleset(grants.network, CompatLevel::BestEffort)?
             .create()?
-            .add_rules(path_beneath_rules(readable, read))?
+            .add_rules(path_beneath_rules(grants.read_paths, read))?
             .add_rules(path_beneath_rules(writable, all))?
-            .add_rules(fd_rules)
+            .add_rules(fd_rules)?
+            .add_rules(each_rules)
     };
     built().map_err(|e| RulesetBuildError::Landlock(e.to_string()))
 }
@@ -234,7 +286,8 @@ pub enum RulesetBuildError {
 /// The rlimits of one call, computed in the parent.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    pub cpu_seconds: u64,
+    /// `None` for a program that lives as long as vaultd (an MCP server).
+    pub cpu_seconds: Option<u64>,
     /// `None` when the call's cgroup bounds memory for the whole call (RLIMIT_AS, per
     /// process, also counts address space that is only reserved: it breaks node).
     pub address_space: Option<u64>,
@@ -248,11 +301,23 @@ pub struct Limits {
 pub const MAX_FILE_SIZE: u64 = 1024 * 1024 * 1024;
 
 impl Limits {
+    /// A program that lives as long as vaultd (an MCP server): no CPU budget, and no
+    /// address-space limit (node reserves more than it uses); file size and core as for
+    /// every program.
+    pub fn for_server() -> Limits {
+        Limits {
+            cpu_seconds: None,
+            address_space: None,
+            file_size: MAX_FILE_SIZE,
+            processes: None,
+        }
+    }
+
     pub fn for_tool(tool: &CommandToolConfig, cgroups: &Cgroups) -> Limits {
         Limits {
             // CPU seconds can only run past the wall-clock timeout with many processes;
             // the limit is a second backstop for a runaway loop.
-            cpu_seconds: tool.timeout.as_secs() + 1,
+            cpu_seconds: Some(tool.timeout.as_secs() + 1),
             address_space: (!cgroups.bounds_memory()).then_some(tool.max_memory),
             file_size: MAX_FILE_SIZE,
             processes: if cgroups.bounds_processes() {
@@ -321,7 +386,9 @@ pub fn enter(
             },
         )
     };
-    limit(Resource::Cpu, limits.cpu_seconds)?;
+    if let Some(seconds) = limits.cpu_seconds {
+        limit(Resource::Cpu, seconds)?;
+    }
     if let Some(bytes) = limits.address_space {
         limit(Resource::As, bytes)?;
     }

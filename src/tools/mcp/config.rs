@@ -1,8 +1,10 @@
 //! The `[mcp.NAME]` tables: read with serde (unknown keys are errors), then validated once
 //! into [`McpServerConfig`] with every secret reference resolved.
 
-use crate::config::table::{ConfigError, RateLimit, RawRateLimit};
+use crate::config::table::{ConfigError, RateLimit, RawRateLimit, TableContext};
 use crate::secret::Secret;
+use crate::tools::command::config::{EnvValue, SandboxMode};
+use crate::tools::sandbox::protect::Protected;
 use crate::tools::{ApprovalRule, Effect};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -23,7 +25,8 @@ pub struct RawServer {
     pub command: Option<Vec<String>>,
     /// Streamable HTTP endpoint.
     pub url: Option<String>,
-    /// Environment of a stdio server: name -> secret reference (`env:`, `file:`, `credential:`).
+    /// Environment of a stdio server: name -> plain text, or a secret reference (`env:`,
+    /// `file:`, `credential:`) that is redacted wherever it appears.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// HTTP headers of a `url` server: name -> secret reference.
@@ -38,8 +41,74 @@ pub struct RawServer {
     pub start_timeout: Option<Duration>,
     /// Working directory of a stdio server (default: the state directory's `mcp/NAME`).
     pub cwd: Option<String>,
+    /// `false`, or a [`RawSandbox`] table (read here as a value: two shapes, each with
+    /// its own clear error).
+    pub sandbox: Option<toml::Value>,
     #[serde(default)]
     pub tools: BTreeMap<String, RawToolPolicy>,
+}
+
+/// `[mcp.NAME] sandbox = { read = [...], writable = [...], network = false }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSandbox {
+    #[serde(default)]
+    pub read: Vec<String>,
+    #[serde(default)]
+    pub writable: Vec<String>,
+    #[serde(default)]
+    pub network: bool,
+    pub mode: Option<SandboxMode>,
+}
+
+/// How a stdio server is confined (docs/design.md §10.7).
+#[derive(Debug, Clone)]
+pub enum McpSandbox {
+    /// `sandbox = false`: unconfined, as the person chose; `vaultd tools` says so.
+    Off,
+    On(ServerSandbox),
+}
+
+/// The sandbox of one stdio server, held for the server's life: every file readable but
+/// the secrets, nothing writable but its own folder and `writable`, no network unless set.
+#[derive(Debug, Clone)]
+pub struct ServerSandbox {
+    /// Extra readable paths inside what is otherwise never granted (rarely needed: the
+    /// rest of the file system is readable already).
+    pub read: Vec<PathBuf>,
+    /// Absolute folders or files the server may write (its root, its memory file).
+    pub writable: Vec<PathBuf>,
+    pub network: bool,
+    pub mode: SandboxMode,
+    /// Never readable: the state dir (but the server's own folder), the config, keys.
+    pub secrets: Vec<PathBuf>,
+}
+
+impl McpSandbox {
+    /// One line for `vaultd tools` and `vaultd config`.
+    pub fn describe(&self) -> String {
+        match self {
+            McpSandbox::Off => "off (sandbox = false): the server runs unconfined".into(),
+            McpSandbox::On(s) => {
+                let list = |v: &[PathBuf]| {
+                    v.iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                format!(
+                    "{}; network {}; writable: {}; reads all but the state dir, the config and keys",
+                    s.mode.as_str(),
+                    if s.network { "on" } else { "off" },
+                    if s.writable.is_empty() {
+                        "its own folder only".into()
+                    } else {
+                        list(&s.writable)
+                    }
+                )
+            }
+        }
+    }
 }
 
 /// `[mcp.NAME.tools.TOOL]`.
@@ -60,10 +129,10 @@ pub enum Transport {
     Stdio {
         program: String,
         args: Vec<String>,
-        /// Secrets handed to the child as environment variables; nothing else is inherited
-        /// except [`INHERITED_ENV`].
-        env: Vec<(String, Secret)>,
+        /// The child's environment beside [`INHERITED_ENV`]: plain values and secrets.
+        env: Vec<(String, EnvValue)>,
         cwd: Option<PathBuf>,
+        sandbox: McpSandbox,
     },
     /// Streamable HTTP.
     Http {
@@ -129,40 +198,48 @@ impl McpServerConfig {
 impl crate::secret::SecretHolder for McpServerConfig {
     fn secrets(&self) -> Vec<&Secret> {
         match &self.transport {
-            Transport::Stdio { env, .. } => env.iter().map(|(_, s)| s).collect(),
+            Transport::Stdio { env, .. } => env
+                .iter()
+                .filter_map(|(_, v)| match v {
+                    EnvValue::Secret(s) => Some(s),
+                    EnvValue::Plain(_) => None,
+                })
+                .collect(),
             Transport::Http { headers, .. } => headers.iter().map(|(_, s)| s).collect(),
         }
     }
 }
 
-/// Validates every `[mcp.NAME]` table. `resolve_path` makes a relative path relative to the
-/// config file's folder; with `skip_secrets` (commands that start no server) a secret that
-/// cannot be read here is left unresolved.
+/// Validates every `[mcp.NAME]` table: paths relative to the config file's folder, secrets
+/// resolved (unless `cx.skip_secrets`: commands that start no server), each stdio server's
+/// sandbox checked against what may never be granted.
 pub fn from_raw(
     raw: BTreeMap<String, RawServer>,
-    path: &Path,
-    resolve_path: impl Fn(&str) -> PathBuf,
-    skip_secrets: bool,
+    cx: &TableContext<'_>,
+    vault: &Path,
+    folders: &crate::vault::Folders,
 ) -> Result<Vec<McpServerConfig>, ConfigError> {
+    let protected = Protected {
+        vault,
+        state_dir: cx.state_dir,
+        config: cx.path,
+        folders,
+    };
+    let resolve_path = |p: &str| cx.path(p);
     let mut out = Vec::new();
     for (name, server) in raw {
         let key = |k: &str| format!("mcp.{name}.{k}");
-        let invalid = |k: &str, message: String| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            key: if k.is_empty() {
-                format!("mcp.{name}")
-            } else {
-                key(k)
-            },
-            message,
+        let invalid = |k: &str, message: String| {
+            cx.invalid(
+                &if k.is_empty() {
+                    format!("mcp.{name}")
+                } else {
+                    key(k)
+                },
+                message,
+            )
         };
-        let secret = |k: String, reference: &str| {
-            Secret::load(reference, skip_secrets).map_err(|source| ConfigError::Secret {
-                path: path.to_path_buf(),
-                key: k,
-                source,
-            })
-        };
+        let secret = |k: String, reference: &str| cx.secret(&k, reference);
         if !valid_server_name(&name) {
             return Err(invalid(
                 "",
@@ -197,8 +274,15 @@ pub fn from_raw(
                     return Err(invalid("command", "names no program".into()));
                 };
                 let mut env = Vec::new();
-                for (var, reference) in &server.env {
-                    env.push((var.clone(), secret(key(&format!("env.{var}")), reference)?));
+                for (var, value) in &server.env {
+                    let v = EnvValue::load(value, cx.skip_secrets).map_err(|source| {
+                        ConfigError::Secret {
+                            path: cx.path.to_path_buf(),
+                            key: key(&format!("env.{var}")),
+                            source,
+                        }
+                    })?;
+                    env.push((var.clone(), v));
                 }
                 // `./server` or `bin/server`: relative to the config file, like every path
                 // in it; a bare name is looked up in PATH.
@@ -207,11 +291,14 @@ pub fn from_raw(
                 } else {
                     program
                 };
+                let sandbox = sandbox_from_raw(server.sandbox, &protected, cx.base)
+                    .map_err(|(k, m)| invalid(&k, m))?;
                 Transport::Stdio {
                     program,
                     args: parts.collect(),
                     env,
                     cwd: server.cwd.as_deref().map(&resolve_path),
+                    sandbox,
                 }
             }
             (None, Some(url)) => {
@@ -220,6 +307,12 @@ pub fn from_raw(
                 }
                 if server.cwd.is_some() {
                     return Err(invalid("cwd", "only a `command` server takes cwd".into()));
+                }
+                if server.sandbox.is_some() {
+                    return Err(invalid(
+                        "sandbox",
+                        "only a `command` server runs here, in a sandbox; a `url` server runs elsewhere".into(),
+                    ));
                 }
                 check_url(&url).map_err(|m| invalid("url", m))?;
                 let mut headers = Vec::new();
@@ -277,6 +370,52 @@ pub fn from_raw(
     Ok(out)
 }
 
+/// `sandbox` as written -> the server's sandbox; the error names the key at fault.
+fn sandbox_from_raw(
+    raw: Option<toml::Value>,
+    protected: &Protected<'_>,
+    base: &Path,
+) -> Result<McpSandbox, (String, String)> {
+    let raw = match raw {
+        None | Some(toml::Value::Boolean(true)) => RawSandbox::default(),
+        Some(toml::Value::Boolean(false)) => return Ok(McpSandbox::Off),
+        Some(table @ toml::Value::Table(_)) => RawSandbox::deserialize(table)
+            .map_err(|e| ("sandbox".to_string(), e.message().to_string()))?,
+        Some(other) => {
+            return Err((
+                "sandbox".into(),
+                format!(
+                    "must be `false` or a table such as {{ writable = [\"~/Notes/Projects\"], network = false }}, not {}",
+                    other.type_str()
+                ),
+            ));
+        }
+    };
+    let mut read = Vec::new();
+    for entry in &raw.read {
+        read.push(
+            protected
+                .check_read(entry, base)
+                .map_err(|m| ("sandbox.read".to_string(), m))?,
+        );
+    }
+    let mut writable = Vec::new();
+    for entry in &raw.writable {
+        writable.push(
+            protected
+                .check_writable_anywhere(entry, base)
+                .map_err(|m| ("sandbox.writable".to_string(), m))?,
+        );
+    }
+    Ok(McpSandbox::On(ServerSandbox {
+        read,
+        writable,
+        network: raw.network,
+        mode: raw.mode.unwrap_or(SandboxMode::Required),
+        secrets: protected.secret_paths(),
+    }))
+}
+
 /// `vaultd config`'s view of the servers: every secret shown as its reference only.
 pub fn describe(servers: &[McpServerConfig]) -> serde_json::Value {
     use serde_json::json;
@@ -296,10 +435,14 @@ pub fn describe(servers: &[McpServerConfig]) -> serde_json::Value {
                 args,
                 env,
                 cwd,
+                sandbox,
             } => json!({
                 "command": std::iter::once(program.clone()).chain(args.iter().cloned()).collect::<Vec<_>>(),
-                "env": secrets(env),
+                "env": serde_json::Value::Object(
+                    env.iter().map(|(k, v)| (k.clone(), json!(v.shown()))).collect()
+                ),
                 "cwd": cwd.as_ref().map(|c| c.display().to_string()),
+                "sandbox": sandbox.describe(),
             }),
             Transport::Http { url, headers } => json!({ "url": url, "headers": secrets(headers) }),
         };
@@ -367,13 +510,100 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Vec<McpServerConfig>, ConfigError> {
+        parse_in(Path::new("/nonexistent/vault"), text)
+    }
+
+    fn parse_in(vault: &Path, text: &str) -> Result<Vec<McpServerConfig>, ConfigError> {
         let raw: BTreeMap<String, RawServer> = toml::from_str(text).expect("toml");
-        from_raw(
-            raw,
-            Path::new("test.toml"),
-            |p: &str| PathBuf::from(p),
-            false,
+        let state_dir = vault.join(".vaultd-state");
+        let cx = TableContext {
+            path: &vault.join("vaultd.toml"),
+            base: vault,
+            state_dir: &state_dir,
+            skip_secrets: false,
+        };
+        from_raw(raw, &cx, vault, &crate::vault::Folders::default())
+    }
+
+    fn sandbox_error(vault: &Path, sandbox: &str) -> String {
+        parse_in(
+            vault,
+            &format!("[s]\ncommand = [\"srv\"]\nsandbox = {sandbox}\n"),
         )
+        .unwrap_err()
+        .to_string()
+    }
+
+    #[test]
+    fn a_stdio_server_is_sandboxed_unless_it_says_false() {
+        let on = &parse("[s]\ncommand = [\"srv\"]\n").unwrap()[0];
+        let Transport::Stdio { sandbox, .. } = &on.transport else {
+            panic!("stdio")
+        };
+        let McpSandbox::On(s) = sandbox else {
+            panic!("sandboxed by default: {sandbox:?}")
+        };
+        assert!(!s.network && s.writable.is_empty() && s.mode == SandboxMode::Required);
+        assert!(
+            s.secrets
+                .iter()
+                .any(|p| p.ends_with(".ssh") || p.ends_with(".vaultd-state"))
+        );
+        let off = &parse("[s]\ncommand = [\"srv\"]\nsandbox = false\n").unwrap()[0];
+        let Transport::Stdio { sandbox, .. } = &off.transport else {
+            panic!("stdio")
+        };
+        assert!(matches!(sandbox, McpSandbox::Off), "{sandbox:?}");
+        assert!(sandbox.describe().contains("unconfined"));
+    }
+
+    #[test]
+    fn a_sandbox_never_grants_the_vault_its_state_folders_or_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = dir.path().join("vault");
+        for d in ["Needs_Action", "Projects", ".vaultd-state"] {
+            std::fs::create_dir_all(vault.join(d)).unwrap();
+        }
+        let w = |p: &Path| format!("{{ writable = [{:?}] }}", p.display().to_string());
+        let ok = parse_in(
+            &vault,
+            &format!(
+                "[s]\ncommand = [\"srv\"]\nsandbox = {}\n",
+                w(&vault.join("Projects"))
+            ),
+        );
+        assert!(ok.is_ok(), "{:?}", ok.err());
+        for (path, says) in [
+            (vault.clone(), "holds the vault root"),
+            (dir.path().to_path_buf(), "holds the vault root"),
+            (vault.join("Needs_Action"), "state folder"),
+            (vault.join(".vaultd-state"), "never granted"),
+            (vault.join("vaultd.toml"), "never granted"),
+            (crate::home::expand_tilde("~/.ssh"), "never granted"),
+            (vault.join("Projects/../Needs_Action"), "`..`"),
+            (vault.join("Missing"), "does not exist"),
+        ] {
+            let err = sandbox_error(&vault, &w(&path));
+            assert!(
+                err.contains("mcp.s.sandbox.writable") && err.contains(says),
+                "{}: {err}",
+                path.display()
+            );
+        }
+        let err = sandbox_error(&vault, "{ netwrok = true }");
+        assert!(
+            err.contains("mcp.s.sandbox") && err.contains("netwrok"),
+            "{err}"
+        );
+        let err = sandbox_error(&vault, "\"yes\"");
+        assert!(err.contains("must be `false` or a table"), "{err}");
+        let err = parse_in(
+            &vault,
+            "[s]\nurl = \"http://127.0.0.1:9/mcp\"\nsandbox = false\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("mcp.s.sandbox"), "{err}");
     }
 
     #[test]
@@ -435,10 +665,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("mcp.a__b"), "{err}");
-        let err = parse("[x]\ncommand = [\"srv\"]\nenv = { T = \"plain\" }\n")
+        let err = parse("[x]\ncommand = [\"srv\"]\nenv = { T = \"env:VAULTD_T_SURELY_UNSET\" }\n")
             .unwrap_err()
             .to_string();
         assert!(err.contains("mcp.x.env.T"), "{err}");
+        // A plain value is plain: given as written, shown as written, never redacted.
+        let s =
+            &parse("[x]\ncommand = [\"srv\"]\nenv = { MEMORY_FILE_PATH = \"/w/memory.jsonl\" }\n")
+                .unwrap()[0];
+        assert!(crate::secret::SecretHolder::secrets(s).is_empty());
+        let shown = describe(std::slice::from_ref(s)).to_string();
+        assert!(shown.contains("/w/memory.jsonl"), "{shown}");
         let raw: Result<BTreeMap<String, RawServer>, _> =
             toml::from_str("[x]\ncomand = [\"srv\"]\n");
         assert!(raw.unwrap_err().to_string().contains("comand"));

@@ -359,10 +359,19 @@ impl Tool for McpTool {
     /// A schema that does not compile makes the tool unusable: `vaultd tools` says so and
     /// `--format openai|anthropic` leaves it out.
     fn details(&self) -> Option<Value> {
-        let why = self.broken_schema.as_ref()?;
-        Some(
-            json!({ "unusable": format!("its inputSchema from the server does not compile: {why}") }),
-        )
+        let mut details = Map::new();
+        if let config::Transport::Stdio { sandbox, .. } = &self.server.config.transport {
+            details.insert("sandbox".into(), json!(sandbox.describe()));
+        }
+        if let Some(why) = &self.broken_schema {
+            details.insert(
+                "unusable".into(),
+                json!(format!(
+                    "its inputSchema from the server does not compile: {why}"
+                )),
+            );
+        }
+        (!details.is_empty()).then_some(Value::Object(details))
     }
 
     fn admit(&self, _parameters: &Map<String, Value>) -> Admission {

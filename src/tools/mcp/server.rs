@@ -12,11 +12,14 @@
 //! listing's pin states. A cached hash that no longer matches the listed definition is a miss.
 //! (This assumes one daemon records a state dir's catalog, as one daemon runs per vault.)
 
-use super::config::{INHERITED_ENV, McpServerConfig, Transport};
+use super::config::{INHERITED_ENV, McpSandbox, McpServerConfig, ServerSandbox, Transport};
 use super::pin;
 use crate::call::{CallError, ErrorCode};
 use crate::journal::Journal;
 use crate::journal::catalog::{ListedTool, PinState};
+use crate::tools::command::config::SandboxMode;
+use crate::tools::command::sandbox::{self as command_sandbox, Limits, Support};
+use crate::tools::sandbox::{seccomp, supervise};
 use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult};
 use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService, ServiceError};
 use rmcp::{ClientHandler, ServiceExt};
@@ -267,14 +270,18 @@ impl McpServer {
                 args,
                 env,
                 cwd,
+                sandbox,
             } => {
-                let mut child = spawn_child(
+                let mut spawned = spawn_child(
                     self.name(),
                     program,
                     args,
                     env,
                     cwd.as_deref().unwrap_or(&self.default_cwd),
+                    &self.default_cwd,
+                    sandbox,
                 )?;
+                let child = &mut spawned.child;
                 let stdout = child.stdout.take().expect("stdout is piped");
                 let stdin = child.stdin.take().expect("stdin is piped");
                 if let Some(stderr) = child.stderr.take() {
@@ -289,11 +296,11 @@ impl McpServer {
                 let service = match handler.serve((stdout, stdin)).await {
                     Ok(s) => s,
                     Err(e) => {
-                        stop_child(self.name(), child).await;
+                        stop_child(self.name(), spawned).await;
                         return Err(format!("initialize failed: {e}"));
                     }
                 };
-                (service, Some(child))
+                (service, Some(spawned))
             }
             Transport::Http { url, headers } => {
                 use rmcp::transport::StreamableHttpClientTransport;
@@ -531,7 +538,7 @@ impl McpServer {
 /// A live session and, for stdio, the process behind it.
 struct Connection {
     service: RunningService<RoleClient, VaultdClient>,
-    child: Option<tokio::process::Child>,
+    child: Option<Spawned>,
 }
 
 impl Connection {
@@ -545,9 +552,19 @@ impl Connection {
     }
 }
 
+/// A started stdio server: its supervisor (docs/design.md §10.5) and the write end of the
+/// supervisor's control pipe. Closing the pipe (dropping this, or vaultd's own end, even by
+/// `kill -9`) makes the supervisor kill the server and every process it started.
+struct Spawned {
+    control: std::os::fd::OwnedFd,
+    child: tokio::process::Child,
+}
+
 /// Close stdin (already done by closing the session), give the server a moment, SIGTERM its
-/// process group, SIGKILL it after [`TERM_GRACE`].
-async fn stop_child(server: &str, mut child: tokio::process::Child) {
+/// process group (the supervisor ignores it), then close the control pipe: the supervisor
+/// kills the server and every descendant. SIGKILL to the supervisor is the last resort.
+async fn stop_child(server: &str, spawned: Spawned) {
+    let Spawned { control, mut child } = spawned;
     drop(child.stdin.take());
     if tokio::time::timeout(EXIT_ON_EOF, child.wait())
         .await
@@ -565,56 +582,152 @@ async fn stop_child(server: &str, mut child: tokio::process::Child) {
         return;
     }
     tracing::warn!(server, "MCP server ignored SIGTERM; killing it");
-    if let Some(pg) = group {
-        let _ = rustix::process::kill_process_group(pg, rustix::process::Signal::KILL);
+    drop(control);
+    if tokio::time::timeout(TERM_GRACE, child.wait()).await.is_ok() {
+        return;
     }
     let _ = child.kill().await;
 }
 
+/// What this kernel's sandbox can do, probed once for every server.
+fn support() -> &'static Support {
+    static SUPPORT: std::sync::OnceLock<Support> = std::sync::OnceLock::new();
+    SUPPORT.get_or_init(Support::probe)
+}
+
 /// Spawns a stdio server: no shell, a clean environment (only [`INHERITED_ENV`] and the
-/// configured secrets), its own process group, and `PR_SET_PDEATHSIG` so it dies with vaultd
-/// even after `kill -9`.
+/// configured secrets), under a supervisor that ends every process it starts, and — unless
+/// `sandbox = false` — in the sandbox of docs/design.md §10.7: no capabilities, no new
+/// privileges, everything readable but the secrets, only `own` (its folder, with its
+/// `TMPDIR`) and `writable` writable, no socket without `network`.
 fn spawn_child(
     server: &str,
     program: &str,
     args: &[String],
-    env: &[(String, crate::secret::Secret)],
+    env: &[(String, crate::tools::command::config::EnvValue)],
     cwd: &std::path::Path,
-) -> Result<tokio::process::Child, String> {
-    let mut cmd = tokio::process::Command::new(program);
+    own: &std::path::Path,
+    sandbox: &McpSandbox,
+) -> Result<Spawned, String> {
+    let not_started = |why: String| format!("MCP server `{server}` was not started: {why}");
+    let tmp = own.join("tmp");
+    // Left by the last run: each start begins with an empty TMPDIR.
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| not_started(format!("cannot make {}: {e}", tmp.display())))?;
+    let mut cmd = std::process::Command::new(program);
     cmd.args(args)
         .env_clear()
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
+        .stderr(std::process::Stdio::piped());
     for var in INHERITED_ENV {
         if let Some(v) = std::env::var_os(var) {
             cmd.env(var, v);
         }
     }
-    for (var, secret) in env {
-        cmd.env(var, secret.expose());
+    for (var, value) in env {
+        cmd.env(var, value.value());
     }
     if std::fs::create_dir_all(cwd).is_ok() {
         cmd.current_dir(cwd);
     }
-    let parent = rustix::process::getpid();
-    // SAFETY: only async-signal-safe system calls (setpgid, prctl, getppid, _exit) run
-    // between fork and exec.
+    let confined = match sandbox {
+        McpSandbox::Off => None,
+        McpSandbox::On(s) => {
+            support().allows(s.mode, s.network).map_err(|why| {
+                not_started(format!(
+                    "{why} (for an MCP server the keys are `sandbox = {{ mode = \"best_effort\" }}`, or `sandbox = false`)"
+                ))
+            })?;
+            cmd.env("TMPDIR", &tmp);
+            Some((s.mode, server_ruleset(s, own).map_err(not_started)?))
+        }
+    };
+    let filter = match sandbox {
+        McpSandbox::On(s) => seccomp::filter(s.network).ok(),
+        McpSandbox::Off => None,
+    };
+    let (control_read, control) = supervise::control_pipe()
+        .map_err(|e| not_started(format!("cannot make the supervisor's pipe: {e}")))?;
+    let control_fd = std::os::fd::AsRawFd::as_raw_fd(&control_read);
+    let (mode, mut ruleset) = match confined {
+        Some((mode, ruleset)) => (Some(mode), ruleset),
+        None => (None, None),
+    };
+    // SAFETY: `split` and `enter` make only system calls and allocate nothing on their
+    // success path (the contract of `pre_exec`; see their docs).
     unsafe {
-        cmd.pre_exec(move || {
-            rustix::process::setpgid(None, None)?;
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-            // vaultd died between fork and prctl: the signal would never come.
-            if rustix::process::getppid() != Some(parent) {
-                libc::_exit(1);
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            supervise::split(control_fd, &[])?;
+            match mode {
+                Some(mode) => command_sandbox::enter(
+                    &mut ruleset,
+                    filter.as_ref(),
+                    Limits::for_server(),
+                    mode,
+                ),
+                None => Ok(()),
             }
-            Ok(())
         });
     }
-    cmd.spawn()
-        .map_err(|e| format!("cannot run `{program}` for MCP server `{server}`: {e}"))
+    let mut cmd = tokio::process::Command::from(cmd);
+    // Not killed on drop: closing `control` ends it and everything it started, where a
+    // SIGKILL to the supervisor would leave the server's orphans behind.
+    cmd.kill_on_drop(false);
+    let spawned = cmd.spawn();
+    drop(control_read);
+    let child = spawned.map_err(|e| {
+        if e.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error()) {
+            not_started(format!(
+                "the sandbox could not be applied ({e}); a required sandbox never runs a server unconfined"
+            ))
+        } else {
+            format!("cannot run `{program}` for MCP server `{server}`: {e}")
+        }
+    })?;
+    Ok(Spawned { control, child })
+}
+
+/// The server's ruleset: everything readable but the secrets (the state dir among them),
+/// its own folder and `writable` writable. `None` where a best-effort sandbox could not be
+/// built (the kernel's Landlock refused); a granted path that cannot be opened without
+/// following a symlink is an error whatever the mode.
+fn server_ruleset(
+    s: &ServerSandbox,
+    own: &std::path::Path,
+) -> Result<Option<landlock::RulesetCreated>, String> {
+    use crate::tools::sandbox::paths;
+    use command_sandbox::{Grant, Grants, RulesetBuildError};
+    let mut opened = Vec::new();
+    for (list, grant, key) in [
+        (&s.writable, Grant::Write, "sandbox.writable"),
+        (&s.read, Grant::Read, "sandbox.read"),
+    ] {
+        for p in list {
+            opened.push((
+                paths::open_absolute(p).map_err(|e| format!("{key}: {e}"))?,
+                grant,
+            ));
+        }
+    }
+    let built = command_sandbox::build(Grants {
+        network: s.network,
+        read_paths: Vec::new(),
+        write_paths: vec![own.to_path_buf()],
+        opened,
+        read_each: paths::everything_but(&s.secrets),
+    });
+    match built {
+        Ok(r) => Ok(Some(r)),
+        Err(RulesetBuildError::Landlock(e)) if s.mode == SandboxMode::BestEffort => {
+            tracing::warn!("MCP server runs without Landlock: {e}");
+            Ok(None)
+        }
+        Err(RulesetBuildError::Landlock(e) | RulesetBuildError::Path(e)) => {
+            Err(format!("the sandbox could not be built: {e}"))
+        }
+    }
 }
 
 /// The client side of the session: reacts to `notifications/tools/list_changed`.
@@ -651,14 +764,16 @@ mod tests {
     fn server(journal: Arc<Journal>) -> Arc<McpServer> {
         let raw: BTreeMap<String, RawServer> =
             toml::from_str("[files]\ncommand = [\"srv\"]\nallow = [\"a\"]\n").unwrap();
-        let config = from_raw(
-            raw,
-            std::path::Path::new("t.toml"),
-            |p: &str| std::path::PathBuf::from(p),
-            false,
-        )
-        .unwrap()
-        .remove(0);
+        let base = std::path::Path::new("/nonexistent");
+        let cx = crate::config::table::TableContext {
+            path: &base.join("t.toml"),
+            base,
+            state_dir: &base.join("state"),
+            skip_secrets: false,
+        };
+        let config = from_raw(raw, &cx, &base.join("vault"), &Default::default())
+            .unwrap()
+            .remove(0);
         McpServer::new(config, journal, reqwest::Client::new(), "/".into())
     }
 

@@ -5,5 +5,6 @@
 
 pub mod cgroup;
 pub mod paths;
+pub mod protect;
 pub mod seccomp;
 pub mod supervise;

@@ -10,7 +10,7 @@
 
 use rustix::fs::{FileType, Mode, OFlags};
 use std::os::fd::OwnedFd;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 /// What a granted path turned out to be.
 #[derive(Debug)]
@@ -59,6 +59,40 @@ pub fn open_absolute(path: &Path) -> Result<Opened, PathError> {
         }
     })?;
     walk(root, path, &shown)
+}
+
+/// Every path to grant so that the whole tree from `/` is covered except `excluded` (real
+/// paths): the entries of each folder on the way to an excluded path, that path left out.
+/// Landlock only allows, so "all but" is the siblings along the way. A symlink is never
+/// granted: its target is covered, or not, where it really is. An entry the walk cannot
+/// read is left out.
+pub fn everything_but(excluded: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    siblings_but(Path::new("/"), excluded, &mut out);
+    out
+}
+
+fn siblings_but(dir: &Path, excluded: &[PathBuf], out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if excluded.contains(&path) {
+            continue;
+        }
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_symlink() {
+            continue;
+        }
+        if kind.is_dir() && excluded.iter().any(|e| e.starts_with(&path)) {
+            siblings_but(&path, excluded, out);
+        } else {
+            out.push(path);
+        }
+    }
 }
 
 fn walk(mut dir: OwnedFd, rel: &Path, shown: &str) -> Result<Opened, PathError> {
@@ -149,5 +183,33 @@ mod tests {
             open_absolute(&root.join("link/x")).unwrap_err(),
             PathError::Symlink { .. }
         ));
+    }
+
+    #[test]
+    fn everything_but_leaves_out_the_excluded_and_covers_their_siblings() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        for d in ["home/.ssh", "home/notes", "state/journal", "other"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("home/.bashrc"), "").unwrap();
+        std::os::unix::fs::symlink(root.join("home/.ssh"), root.join("home/keys")).unwrap();
+        let granted = everything_but(&[root.join("home/.ssh"), root.join("state")]);
+        let has = |p: &str| granted.contains(&root.join(p));
+        assert!(has("home/notes") && has("home/.bashrc") && has("other"));
+        // Neither the excluded paths, nor a folder holding them, nor a symlink to them.
+        for never in [
+            "home/.ssh",
+            "state",
+            "state/journal",
+            "home",
+            "home/keys",
+            "",
+        ] {
+            assert!(!has(never), "{never:?} granted: {granted:?}");
+        }
+        assert!(!granted.iter().any(|g| g == Path::new("/")));
+        // Elsewhere from `/` on, whole top-level folders are granted.
+        assert!(granted.iter().any(|g| g == Path::new("/usr")));
     }
 }

@@ -60,6 +60,25 @@ pub unsafe fn split(control: RawFd, cgroup_procs: &[RawFd]) -> std::io::Result<(
     }
 }
 
+/// A pipe whose ends close on exec: the supervisor (which never execs) keeps the read end.
+pub fn control_pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) writing two fds into a local array, owned at once below.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: two fresh fds that nothing else owns.
+    Ok(unsafe {
+        {
+            use std::os::fd::FromRawFd;
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        }
+    })
+}
+
 /// The supervisor's whole life: wait for the program or the end of the call, kill what is
 /// left, exit as the program did.
 unsafe fn supervise(program: libc::pid_t, control: RawFd) -> ! {
@@ -70,6 +89,12 @@ unsafe fn supervise(program: libc::pid_t, control: RawFd) -> ! {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
                 libc::signal(sig, libc::SIG_DFL);
             }
+        }
+        // A polite stop sent to the whole group (an MCP server's SIGTERM, systemd's stop)
+        // is for the program: the supervisor outlives it to kill what the program leaves.
+        // It ends by its pipe, or by SIGKILL.
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::signal(sig, libc::SIG_IGN);
         }
         // Keep only the control pipe: the program has its own stdout and stderr, and the
         // exec-error pipe of the spawn (or any other call's pipe) must close with them.
