@@ -151,6 +151,7 @@ impl Daemon {
             Err(VaultError::Move { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
+                tracing::debug!(note = %self.vault.relative(path), "gone before its claim");
                 None
             }
             Err(e) if self.pause_if_symlinked(&e) => None, // §9.13: the note stays where it is
