@@ -375,7 +375,13 @@ async fn two_thousand_notes_dropped_at_once_are_all_processed() {
     }
     // No budget for the whole flood (a loaded 2-core machine took over 120 s): waits while
     // notes keep arriving in Failed/, and says where they are if they stop.
-    vault.wait_for_notes_in("Failed/flood", N);
+    // A stall prints which notes are left and what the daemon's log says about each.
+    wait_for_progress(
+        "notes in Failed/flood/",
+        N,
+        || count_notes(&vault.path("Failed", "flood")),
+        || vault.stuck_notes_report(&daemon, &["Needs_Action", "In_Progress"]),
+    );
     eprintln!("2,000 notes processed in {:?}", began.elapsed());
     // A graceful stop: the first names claims keep for `moved_in_grace` are gone too.
     assert!(daemon.terminate().success());

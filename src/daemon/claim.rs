@@ -22,9 +22,11 @@ impl Daemon {
     ) -> Result<(), DaemonError> {
         loop {
             if self.arrivals.is_left_behind(path) {
+                tracing::debug!(note = %self.vault.relative(path), "the name a claim left behind: not a new note");
                 return Ok(()); // the first name of a note claimed by link, about to go
             }
             let Some((text, busy)) = self.read_note_noting_writer(path) else {
+                tracing::debug!(note = %self.vault.relative(path), "gone, or not readable as a note");
                 return Ok(());
             };
             let parsed = parse_note(&text);
@@ -149,6 +151,7 @@ impl Daemon {
             Err(VaultError::Move { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
+                tracing::debug!(note = %self.vault.relative(path), "gone before its claim");
                 None
             }
             Err(e) if self.pause_if_symlinked(&e) => None, // §9.13: the note stays where it is

@@ -157,6 +157,7 @@ impl Daemon {
         if !self.mark_inflight(&path) {
             return;
         }
+        tracing::debug!(note = %self.vault.relative(&path), "queued");
         self.queue
             .lock()
             .expect("queue lock poisoned")
@@ -210,8 +211,10 @@ impl Daemon {
             .expect("settling lock poisoned")
             .insert(path.clone())
         {
+            tracing::debug!(note = %self.vault.relative(&path), "already waiting for its writer");
             return;
         }
+        tracing::debug!(note = %self.vault.relative(&path), "waiting for its writer");
         let settle = self.live().config.settle;
         let began = std::time::Instant::now();
         let mut logged = false;
@@ -252,6 +255,11 @@ impl Daemon {
             .lock()
             .expect("settling lock poisoned")
             .remove(&path);
+        tracing::debug!(
+            note = %self.vault.relative(&path),
+            settled,
+            "done waiting for its writer"
+        );
         if settled {
             self.dispatch(path);
         }
@@ -340,6 +348,10 @@ impl Daemon {
         let mut inflight = self.inflight.lock().expect("inflight lock poisoned");
         if let Some(again) = inflight.get_mut(path) {
             *again = true;
+            tracing::debug!(
+                note = %self.vault.relative(path),
+                "already queued or being looked at: looked at again after that look"
+            );
             return false;
         }
         inflight.insert(path.to_path_buf(), false);
@@ -353,6 +365,7 @@ impl Daemon {
             {
                 tracing::error!(note = %self.vault.relative(&path), "{e}");
             }
+            tracing::debug!(note = %self.vault.relative(&path), "looked at");
             let mut inflight = self.inflight.lock().expect("inflight lock poisoned");
             if inflight.get(&path) == Some(&true) {
                 inflight.insert(path.clone(), false);

@@ -225,6 +225,50 @@ impl TestVault {
         )
     }
 
+    /// For a wait that gave up with notes left behind: the notes still in `folders` (top-level
+    /// state folders) and, for the first few, every line of `daemon`'s log that names them
+    /// (under any state folder), so the failure says what the daemon did with each, or that it
+    /// never heard of it. Also the log's warnings, errors and panics, which can hold back any
+    /// note.
+    pub fn stuck_notes_report(&self, daemon: &RunningDaemon, folders: &[&str]) -> String {
+        const NOTES: usize = 10;
+        const LINES: usize = 40;
+        let log = daemon.log_text();
+        let stuck: Vec<String> = self
+            .all_notes()
+            .into_iter()
+            .filter(|n| folders.iter().any(|f| n.starts_with(&format!("{f}/"))))
+            .collect();
+        let mut out = format!(
+            "notes per folder: {:?}\n{} note(s) still in {folders:?}: {:?}\n",
+            self.notes_per_folder(),
+            stuck.len(),
+            stuck.iter().take(100).collect::<Vec<_>>()
+        );
+        for note in stuck.iter().take(NOTES) {
+            // The path below its state folder: the log names it as it moves between folders.
+            let rel = note.split_once('/').map_or(note.as_str(), |(_, rel)| rel);
+            let lines = daemon.log_lines_with(rel, LINES);
+            out.push_str(&format!(
+                "--- the daemon's log about {note} ({} line(s)):\n{}\n",
+                lines.len(),
+                lines.join("\n")
+            ));
+        }
+        let alarms: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("panicked"))
+            .collect();
+        let from = alarms.len().saturating_sub(LINES);
+        out.push_str(&format!(
+            "--- the log's warnings, errors and panics ({} in all, the last {}):\n{}\n",
+            alarms.len(),
+            alarms.len() - from,
+            alarms[from..].join("\n")
+        ));
+        out
+    }
+
     /// Every `.md` file in the vault, relative paths, sorted.
     pub fn all_notes(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -636,6 +680,17 @@ impl RunningDaemon {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The log's lines that contain `needle`, the first `max` of them (and a count of the rest).
+    pub fn log_lines_with(&self, needle: &str, max: usize) -> Vec<String> {
+        let log = self.log_text();
+        let all: Vec<&str> = log.lines().filter(|l| l.contains(needle)).collect();
+        let mut lines: Vec<String> = all.iter().take(max).map(|l| l.to_string()).collect();
+        if all.len() > max {
+            lines.push(format!("… and {} more", all.len() - max));
+        }
+        lines
     }
 
     /// Waits until the log says `needle`. Gives up after [`DEADLINE`] in which the log did not
