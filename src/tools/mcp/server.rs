@@ -632,6 +632,8 @@ fn spawn_child(
     if std::fs::create_dir_all(cwd).is_ok() {
         cmd.current_dir(cwd);
     }
+    // Its own, sandboxed or not: a server's temporary files go with its folder.
+    cmd.env("TMPDIR", &tmp);
     let confined = match sandbox {
         McpSandbox::Off => None,
         McpSandbox::On(s) => {
@@ -640,7 +642,6 @@ fn spawn_child(
                     "{why} (for an MCP server the keys are `sandbox = {{ mode = \"best_effort\" }}`, or `sandbox = false`)"
                 ))
             })?;
-            cmd.env("TMPDIR", &tmp);
             Some((s.mode, server_ruleset(s, own).map_err(not_started)?))
         }
     };
