@@ -17,6 +17,7 @@ mod in_process;
 mod limits;
 mod mcp;
 mod pipeline;
+mod preview;
 mod recovery;
 mod reload;
 mod secrets;
