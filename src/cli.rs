@@ -899,16 +899,13 @@ fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
     let (config, _) = load_lenient(g)?;
     let (registry, _, _) = mcp_registry_for(&config)?;
     let redactor = daemon::redactor_for(&config);
-    // What a running daemon records: its open circuits. The note budget needs the note's
-    // claim path, which a note outside the vault does not have: not checked here.
-    let facts = crate::guard::dry_run::Facts {
-        budget_left: None,
-        note_budget: config.guard.note_budget,
-        circuits: crate::guard::breaker::read_state_file(
-            &config.state_dir,
-            daemon::running_daemon(&config.vault),
-        ),
-    };
+    // What a running daemon records: its open circuits.
+    let circuits = crate::guard::breaker::read_state_file(
+        &config.state_dir,
+        daemon::running_daemon(&config.vault),
+    );
+    let journal = preview_journal(&config)?;
+    let vault = crate::vault::Vault::new(config.vault.clone(), config.folders.clone());
     let mut any_denied = false;
     let mut out = std::io::stdout().lock();
     for path in notes {
@@ -927,9 +924,36 @@ fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
         };
         let parsed = parse_note(&text);
         let note = path.display().to_string();
+        // The daemon's plan of this note, with the journal's facts (docs/design.md §12.1): a
+        // note in Approved/ is planned as the daemon claims it from there.
+        let in_approved = [path.canonicalize(), std::path::absolute(path)]
+            .into_iter()
+            .flatten()
+            .find_map(|abs| vault.locate(&abs))
+            .is_some_and(|(state, _)| state == crate::vault::State::Approved);
+        let rules = Rules::for_config(&config, in_approved);
+        let facts = match &journal {
+            Some(j) => {
+                let note_id = crate::note::frontmatter_property(&text, "tool_note");
+                let questions = if config.approval_via == crate::config::ApprovalVia::Cli {
+                    Facts::questions(&parsed)
+                } else {
+                    Vec::new()
+                };
+                crate::guard::dry_run::journal_facts(j, note_id, &questions)?
+            }
+            None => Facts::default(),
+        };
+        let plan = plan::plan(&parsed, &registry, &rules, &facts);
+        let shown = crate::guard::dry_run::Shown {
+            registry: &registry,
+            redactor: &redactor,
+            note: &note,
+            circuits: &circuits,
+            max_calls: config.max_calls_per_note,
+        };
         // Every pending call, even one a dry run already previewed in the note.
-        let previews =
-            crate::guard::dry_run::previews(&registry, &redactor, &parsed, "", &note, &facts);
+        let previews = crate::guard::dry_run::previews(&shown, &parsed, &plan, &Default::default());
         any_denied |= previews.iter().any(|p| p["decision"]["action"] == "deny");
         if as_json {
             let line = json!({ "path": note, "previews": previews });
@@ -943,6 +967,15 @@ fn preview(g: &GlobalArgs, notes: &[PathBuf], as_json: bool) -> Result<i32> {
         }
     }
     Ok(if any_denied { 1 } else { 0 })
+}
+
+/// The journal `check --preview` reads its facts from, opened only when the vault has one:
+/// previewing a note must not create a state dir.
+fn preview_journal(config: &Config) -> Result<Option<crate::journal::Journal>> {
+    if !config.state_dir.join(crate::state::JOURNAL_FILE).exists() {
+        return Ok(None);
+    }
+    Ok(Some(open_journal(config)?))
 }
 
 fn report_unreadable(

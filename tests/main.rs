@@ -18,6 +18,7 @@ mod limits;
 mod mcp;
 mod mcp_sandbox;
 mod pipeline;
+mod preview;
 mod recovery;
 mod reload;
 mod secrets;

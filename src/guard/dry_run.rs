@@ -1,158 +1,206 @@
 //! Dry run (docs/design.md §12.1): every pending call of a note in `Dry_Run/` gets, once, a folded
 //! `[!example]-` callout holding a `tool_preview` — call id, tool, validated parameters,
-//! effect, the policy's decision and what would happen — and nothing runs: no request, no
-//! rate limit, no journal record. `vaultd check --preview` prints the same previews.
+//! effect, the decision and what would happen — and nothing runs: no request, no rate limit,
+//! no journal record. `vaultd check --preview` prints the same previews.
+//!
+//! The decision is not made here: the caller plans the note with the daemon's own
+//! [`plan`](crate::pipeline::plan::plan), its rules and the journal's facts
+//! ([`journal_facts`]), and this module only says what each step would come to. So a preview
+//! never says "run" where the daemon would hold, deny, or write a result it recorded before.
 
+use crate::call::CallResult;
 use crate::guard::breaker::{CircuitStatus, circuit_key};
 use crate::guard::budget;
+use crate::journal::{Decision, Journal, JournalError};
 use crate::note::{CallBody, ParsedNote};
+use crate::pipeline::plan::{Facts, Plan, Step};
 use crate::secret::Redactor;
-use crate::tools::{Admission, Registry, ToolCall};
+use crate::tools::{RegisteredTool, Registry, ToolCall};
 use serde_json::{Map, Value, json};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// The title of a preview callout starts with this; the call id ends it.
 use crate::note::render::TITLE_PREFIX;
 
-/// What stops calls now beyond their policy: the note's budget and open circuits. The
-/// daemon knows both; `vaultd check --preview` knows what the state dir records.
-#[derive(Debug, Clone, Default)]
-pub struct Facts {
-    /// How many more calls the note may start (`note_budget`); `None` when unknown.
-    pub budget_left: Option<u64>,
-    pub note_budget: u64,
-    /// The circuits that are not closed.
-    pub circuits: Vec<CircuitStatus>,
+/// What the journal records about a note, read for its preview as the daemon reads it for a
+/// run (docs/design.md §12.1): the newest record of each of its calls (§9.3), how many calls it
+/// started (the note budget, §12.2) and, for `questions` (`approval_via = "cli"`), the
+/// decisions `vaultd approve`/`reject` recorded. `note_id` is the note's `tool_note`; a note
+/// without one has never run and the journal knows nothing of it.
+pub fn journal_facts(
+    journal: &Journal,
+    note_id: Option<&str>,
+    questions: &[(String, String)],
+) -> Result<Facts, JournalError> {
+    let mut facts = Facts::default();
+    if let Some(id) = note_id {
+        // Oldest first: the newest record of a call id is the one kept.
+        facts.prior = journal
+            .note_calls(id)?
+            .into_iter()
+            .map(|c| (c.call_id.clone(), c))
+            .collect();
+        facts.calls_started = budget::calls_started(journal, id)?;
+    }
+    let mut decisions: HashMap<(String, String), Decision> = HashMap::new();
+    for (call_id, hash) in questions {
+        if let Some(d) = journal.approval(call_id, hash)? {
+            decisions.insert((call_id.clone(), hash.clone()), d);
+        }
+    }
+    facts.decisions = decisions;
+    Ok(facts)
 }
 
-/// The `tool_preview` objects of the pending calls of `parsed` that have none in the note
-/// yet, in call order. `note` is the note's vault-relative path (tools may show it).
+/// What previews show beside the plan.
+pub struct Shown<'a> {
+    pub registry: &'a Registry,
+    pub redactor: &'a Redactor,
+    /// The note's vault-relative path (tools may show it).
+    pub note: &'a str,
+    /// The circuits that are not closed: a call that would run fails at once (§12.3).
+    pub circuits: &'a [CircuitStatus],
+    /// `max_calls_per_note`, named when a call is left for a later round.
+    pub max_calls: usize,
+}
+
+/// The `tool_preview` objects of the pending calls of `parsed` whose call id is not in
+/// `already` (the previews a note shows; see [`previewed_ids`]), in call order. `plan` is the
+/// daemon's plan of this very note.
 pub fn previews(
-    registry: &Registry,
-    redactor: &Redactor,
+    shown: &Shown<'_>,
     parsed: &ParsedNote,
-    text: &str,
-    note: &str,
-    facts: &Facts,
+    plan: &Plan,
+    already: &HashSet<String>,
 ) -> Vec<Value> {
-    let shown = previewed_ids(text);
-    let mut budget_left = facts.budget_left;
+    let steps: HashMap<&str, &Step> = plan.steps.iter().map(|(id, s)| (id.as_str(), s)).collect();
     parsed
         .pending_calls()
-        .filter(|c| !shown.contains(&c.call_id))
+        .filter(|c| !already.contains(&c.call_id))
         .map(|c| {
-            let preview = match &c.body {
-                CallBody::Broken(e) => json!({
-                    "call_id": c.call_id,
-                    "name": c.name.clone().unwrap_or_else(|| "tool_call".to_string()),
-                    "decision": { "action": "deny", "code": e.code.as_str(), "reason": e.message },
-                    "would": { "description": "nothing: the call block is not a valid tool call" },
-                }),
-                CallBody::Call { name, parameters } => {
-                    let mut p = preview_call(registry, &c.call_id, name, parameters, note);
-                    apply_facts(&mut p, registry, name, facts, &mut budget_left);
-                    p
+            let name = c.name.clone().unwrap_or_else(|| "tool_call".to_string());
+            let mut preview = json!({ "call_id": c.call_id, "name": name });
+            if let CallBody::Call { parameters, .. } = &c.body {
+                if let Some(tool) = shown.registry.get(&name) {
+                    preview["effect"] = json!(tool.spec().effect.as_str());
                 }
+                preview["parameters"] = Value::Object(parameters.clone());
+            }
+            let (decision, mut would) = match steps.get(c.call_id.as_str()) {
+                Some(step) => decide(shown, &c.call_id, step),
+                // Past twice max_calls_per_note: no result this round (§9.8).
+                None => (
+                    json!({
+                        "action": "later",
+                        "reason": format!(
+                            "only the first {max} pending calls of a note run per round and the next {max} get QUOTA_EXCEEDED (max_calls_per_note): this call stays pending for a later round",
+                            max = shown.max_calls
+                        ),
+                    }),
+                    json!({ "description": "nothing this round" }),
+                ),
             };
-            redact(redactor, preview)
+            if matches!(c.body, CallBody::Broken(_)) {
+                would = json!({ "description": "nothing: the call block is not a valid tool call" });
+            }
+            preview["decision"] = decision;
+            preview["would"] = would;
+            redact(shown.redactor, preview)
         })
         .collect()
 }
 
-/// One call's `tool_preview`.
-fn preview_call(
-    registry: &Registry,
+/// The decision and the `would` of one planned step.
+fn decide(shown: &Shown<'_>, call_id: &str, step: &Step) -> (Value, Value) {
+    match step {
+        Step::Run(call) => {
+            let would = tool_preview(&call.tool, call_id, &call.parameters, shown.note);
+            let decision =
+                open_circuit(shown, &call.tool).unwrap_or_else(|| json!({ "action": "run" }));
+            (decision, would)
+        }
+        Step::Ask(held) | Step::Waiting(held) => {
+            let decision = json!({
+                "action": "hold",
+                "reason": format!("{}; it would wait in Pending_Approval/ for a person", held.reason),
+            });
+            // What the call would do once approved.
+            let would = match shown.registry.get(&held.name) {
+                Some(tool) => tool_preview(tool, call_id, &held.parameters, shown.note),
+                None => json!({ "description": "nothing until a person approves it" }),
+            };
+            (decision, would)
+        }
+        Step::Denied(r) | Step::Fail(r) => {
+            let (code, reason) = match &r.outcome {
+                Err(e) => (e.code.as_str(), e.message.clone()),
+                Ok(_) => ("", String::new()),
+            };
+            (
+                json!({ "action": "deny", "code": code, "reason": reason }),
+                json!({ "description": format!("nothing: the call would get {code}") }),
+            )
+        }
+        Step::Recorded(r) => (
+            recorded(r),
+            json!({ "description": "nothing runs: the recorded result is written into the note again" }),
+        ),
+    }
+}
+
+/// A call the journal holds a result for: the daemon writes that result, never runs it again
+/// (§9.3).
+fn recorded(r: &CallResult) -> Value {
+    let ended = crate::call::rfc3339_seconds(r.ended_at);
+    let mut d = json!({
+        "action": "recorded",
+        "reason": format!("this call already ran (result recorded at {ended}); it is not run again"),
+        "ok": r.outcome.is_ok(),
+    });
+    if let Err(e) = &r.outcome {
+        d["code"] = json!(e.code.as_str());
+    }
+    d
+}
+
+/// The tool's own `would` (docs/design.md §12.1): the email, the webhook's JSON, the argv and
+/// sandbox, the unified diff.
+fn tool_preview(
+    tool: &RegisteredTool,
     call_id: &str,
-    name: &str,
     parameters: &Map<String, Value>,
     note: &str,
 ) -> Value {
-    let tool = match registry.resolve(name, parameters) {
-        Ok(tool) => tool,
-        Err(e) => {
-            return json!({
-                "call_id": call_id,
-                "name": name,
-                "parameters": parameters,
-                "decision": { "action": "deny", "code": e.code.as_str(), "reason": e.message },
-                "would": { "description": format!("nothing: the call would get {}", e.code) },
-            });
-        }
-    };
-    let decision = match tool.admit(parameters) {
-        Admission::Run => json!({ "action": "run" }),
-        Admission::Hold { reason } => json!({
-            "action": "hold",
-            "reason": format!("{reason}; it would wait in Pending_Approval/ for a person"),
-        }),
-        Admission::Deny(e) => {
-            json!({ "action": "deny", "code": e.code.as_str(), "reason": e.message })
-        }
-    };
-    let would = tool.tool.preview(ToolCall {
+    tool.tool.preview(ToolCall {
         call_id,
         note,
         // A dry run has no note identity yet (nothing is claimed).
         note_id: "",
         parameters,
         deadline: Instant::now() + tool.policy.timeout.max(Duration::from_millis(1)),
-    });
-    json!({
-        "call_id": call_id,
-        "name": name,
-        "effect": tool.spec().effect.as_str(),
-        "parameters": parameters,
-        "decision": decision,
-        "would": would,
     })
 }
 
-/// Turns a `run` or `hold` decision into the denial the budget or an open circuit would give,
-/// in call order, as the daemon would.
-fn apply_facts(
-    preview: &mut Value,
-    registry: &Registry,
-    name: &str,
-    facts: &Facts,
-    budget_left: &mut Option<u64>,
-) {
-    let action = preview["decision"]["action"].as_str().unwrap_or("");
-    if action != "run" && action != "hold" {
-        return;
-    }
-    if *budget_left == Some(0) {
-        let e = budget::spent(facts.note_budget);
-        preview["decision"] =
-            json!({ "action": "deny", "code": e.code.as_str(), "reason": e.message });
-        return;
-    }
-    if action == "hold" {
-        return;
-    }
-    if let Some(left) = budget_left.as_mut() {
-        *left -= 1;
-    }
-    let Some(key) = registry.get(name).map(|t| circuit_key(t.spec())) else {
-        return;
-    };
+/// The denial an open circuit gives a call that would run (the daemon's runner fails it at
+/// once, §12.3).
+fn open_circuit(shown: &Shown<'_>, tool: &RegisteredTool) -> Option<Value> {
+    let key = circuit_key(tool.spec());
     let now = crate::call::rfc3339_seconds(std::time::SystemTime::now());
     // RFC 3339 UTC strings of one format compare like the times they name.
-    if let Some(c) = facts
+    let c = shown
         .circuits
         .iter()
-        .find(|c| c.key == key && c.until.as_deref().is_none_or(|u| u > now.as_str()))
-    {
-        let until = c.until.as_deref().unwrap_or("a trial call decides");
-        preview["decision"] = json!({
-            "action": "deny",
-            "code": "EXECUTION_ERROR",
-            "reason": format!(
-                "circuit {key} is {} (until {until}) after {} failures in a row; the call would fail at once (retryable)",
-                c.state, c.failures
-            ),
-        });
-    }
+        .find(|c| c.key == key && c.until.as_deref().is_none_or(|u| u > now.as_str()))?;
+    let until = c.until.as_deref().unwrap_or("a trial call decides");
+    Some(json!({
+        "action": "deny",
+        "code": "EXECUTION_ERROR",
+        "reason": format!(
+            "circuit {key} is {} (until {until}) after {} failures in a row; the call would fail at once (retryable)",
+            c.state, c.failures
+        ),
+    }))
 }
 
 fn redact(redactor: &Redactor, v: Value) -> Value {
@@ -180,111 +228,272 @@ pub fn previewed_ids(text: &str) -> HashSet<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::note::parse_note;
+    use crate::call::{CallError, ErrorCode, ToolOutput};
+    use crate::config::RateLimit;
+    use crate::journal::{CallProgress, JournalCall};
     use crate::note::render::preview_callout;
+    use crate::note::{Block, append_blocks, parse_note};
+    use crate::pipeline::plan::{Approval, Rules, plan};
+    use crate::tools::{ApprovalRule, Effect, Policy, Source, Tool, ToolFuture, ToolSpec};
+    use std::time::SystemTime;
 
-    fn registry() -> Registry {
-        Registry::from_config(
-            &crate::config::ToolsConfig::defaults(),
-            reqwest::Client::new(),
-            None,
-        )
-        .unwrap()
+    /// A tool planning never runs.
+    struct Idle(ToolSpec);
+
+    impl Tool for Idle {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        fn run<'a>(&'a self, _call: ToolCall<'a>) -> ToolFuture<'a> {
+            Box::pin(async { Err(CallError::new(ErrorCode::ExecutionError, "not run")) })
+        }
     }
 
-    fn three_searches() -> String {
-        (0..3)
-            .map(|i| {
+    /// `look` (read_only) and `send` (external, always held).
+    fn registry() -> Registry {
+        let mut r = Registry::empty();
+        for (name, effect, approval) in [
+            ("look", Effect::ReadOnly, ApprovalRule::Never),
+            ("send", Effect::ExternalSideEffect, ApprovalRule::Always),
+        ] {
+            let spec = ToolSpec {
+                name: name.into(),
+                description: String::new(),
+                source: Source::Builtin,
+                effect,
+                schema: json!({
+                    "type": "object",
+                    "properties": { "q": { "type": "string" } },
+                    "additionalProperties": false
+                }),
+            };
+            let policy = Policy {
+                enabled: true,
+                timeout: Duration::from_secs(1),
+                rate_limit: RateLimit::default(),
+                approval: Some(approval),
+            };
+            r.add(Box::new(Idle(spec)), policy).unwrap();
+        }
+        r
+    }
+
+    fn calls(calls: &[(&str, &str)]) -> String {
+        calls
+            .iter()
+            .map(|(name, q)| {
                 format!(
-                    "```json\n{{\"tool_call\": {{\"name\": \"search_web\", \"parameters\": {{\"query\": \"q{i}\"}}}}}}\n```\n"
+                    "```json\n{}\n```\n",
+                    json!({ "tool_call": { "name": name, "parameters": { "q": q } } })
                 )
             })
             .collect()
     }
 
-    fn actions(previews: &[Value]) -> Vec<(String, String)> {
+    fn rules(note_budget: u64, approval: Approval) -> Rules {
+        Rules {
+            max_calls: 10,
+            note_budget: Some(note_budget),
+            approval,
+        }
+    }
+
+    const FOLDER: Approval = Approval::Folder { in_approved: false };
+
+    /// The previews of `text` as the daemon would plan it with `rules` and `facts`.
+    fn preview_all(
+        text: &str,
+        rules: &Rules,
+        facts: &Facts,
+        circuits: &[CircuitStatus],
+    ) -> Vec<Value> {
+        let registry = registry();
+        let redactor = Redactor::new(Vec::new(), &[]);
+        let parsed = parse_note(text);
+        let plan = plan(&parsed, &registry, rules, facts);
+        let shown = Shown {
+            registry: &registry,
+            redactor: &redactor,
+            note: "n.md",
+            circuits,
+            max_calls: rules.max_calls,
+        };
+        previews(&shown, &parsed, &plan, &previewed_ids(text))
+    }
+
+    fn actions(previews: &[Value]) -> Vec<String> {
         previews
             .iter()
             .map(|p| {
-                (
-                    p["decision"]["action"].as_str().unwrap().to_string(),
-                    p["decision"]["code"].as_str().unwrap_or("").to_string(),
-                )
+                let d = &p["decision"];
+                match d["code"].as_str() {
+                    Some(code) => format!("{} {code}", d["action"].as_str().unwrap()),
+                    None => d["action"].as_str().unwrap().to_string(),
+                }
             })
             .collect()
     }
 
     #[test]
-    fn the_budget_and_open_circuits_show_in_the_decision() {
-        let registry = registry();
-        let redactor = Redactor::new(Vec::new(), &[]);
-        let text = three_searches();
-        let parsed = parse_note(&text);
-        let run =
-            |facts: &Facts| actions(&previews(&registry, &redactor, &parsed, "", "n.md", facts));
-        let free = run(&Facts::default());
-        assert!(free.iter().all(|(a, _)| a == "run"), "{free:?}");
-        let one_left = run(&Facts {
-            budget_left: Some(1),
-            note_budget: 5,
-            circuits: Vec::new(),
-        });
-        assert_eq!(one_left[0].0, "run");
+    fn a_spent_note_budget_denies_what_would_run_or_be_asked() {
+        let text = calls(&[("look", "a"), ("look", "b"), ("send", "c")]);
+        let facts = Facts {
+            calls_started: 4,
+            ..Facts::default()
+        };
+        let p = preview_all(&text, &rules(5, FOLDER), &facts, &[]);
         assert_eq!(
-            one_left[1],
-            ("deny".to_string(), "QUOTA_EXCEEDED".to_string())
+            actions(&p),
+            ["run", "deny QUOTA_EXCEEDED", "deny QUOTA_EXCEEDED"]
         );
-        assert_eq!(
-            one_left[2],
-            ("deny".to_string(), "QUOTA_EXCEEDED".to_string())
+        assert!(
+            p[1]["decision"]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("note budget spent")
         );
+    }
+
+    #[test]
+    fn an_open_circuit_denies_a_call_that_would_run_and_a_closed_one_lets_it() {
+        let text = calls(&[("look", "a")]);
         let open = |until: &str| CircuitStatus {
-            key: "search_web".into(),
+            key: "look".into(),
             state: "open".into(),
             until: Some(until.into()),
             failures: 5,
             last_error: "EXECUTION_ERROR: 503".into(),
         };
-        let broken = run(&Facts {
-            circuits: vec![open("2999-01-01T00:00:00Z")],
-            ..Facts::default()
-        });
-        assert!(
-            broken
-                .iter()
-                .all(|d| d == &("deny".to_string(), "EXECUTION_ERROR".to_string()))
+        let r = rules(100, FOLDER);
+        let broken = preview_all(
+            &text,
+            &r,
+            &Facts::default(),
+            &[open("2999-01-01T00:00:00Z")],
         );
+        assert_eq!(actions(&broken), ["deny EXECUTION_ERROR"]);
         // A cool-down that is over lets the trial run.
-        let over = run(&Facts {
-            circuits: vec![open("2000-01-01T00:00:00Z")],
-            ..Facts::default()
-        });
-        assert!(over.iter().all(|(a, _)| a == "run"), "{over:?}");
+        let over = preview_all(
+            &text,
+            &r,
+            &Facts::default(),
+            &[open("2000-01-01T00:00:00Z")],
+        );
+        assert_eq!(actions(&over), ["run"]);
+    }
+
+    /// The note with the question of its held call written, as the daemon writes it.
+    fn asked(text: &str) -> String {
+        let parsed = parse_note(text);
+        let p = plan(&parsed, &registry(), &rules(100, FOLDER), &Facts::default());
+        let held: Vec<_> = p
+            .steps
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Step::Ask(h) => Some(h.clone()),
+                _ => None,
+            })
+            .collect();
+        let blocks: Vec<Block<'_>> = held.iter().map(Block::Held).collect();
+        append_blocks(text, &blocks, "pending_approval", SystemTime::now())
+    }
+
+    #[test]
+    fn a_held_call_previews_as_held_and_a_recorded_cli_decision_decides_it() {
+        let text = calls(&[("send", "a")]);
+        let fresh = preview_all(&text, &rules(100, Approval::Cli), &Facts::default(), &[]);
+        assert_eq!(actions(&fresh), ["hold"]);
+        assert!(
+            fresh[0]["decision"]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("needs approval for every call"),
+            "{}",
+            fresh[0]
+        );
+        let shown = asked(&text);
+        let question = Facts::questions(&parse_note(&shown)).remove(0);
+        for (decision, expected) in [
+            (Decision::Approved, "run"),
+            (Decision::Rejected, "deny REJECTED"),
+        ] {
+            let facts = Facts {
+                decisions: HashMap::from([(question.clone(), decision)]),
+                ..Facts::default()
+            };
+            let p = preview_all(&shown, &rules(100, Approval::Cli), &facts, &[]);
+            assert_eq!(actions(&p), [expected]);
+        }
+        // With approval_via = "folder", only the move to Approved/ decides.
+        let p = preview_all(
+            &shown,
+            &rules(100, Approval::Folder { in_approved: true }),
+            &Facts::default(),
+            &[],
+        );
+        assert_eq!(actions(&p), ["run"]);
+    }
+
+    #[test]
+    fn a_call_the_journal_recorded_previews_as_its_recorded_result() {
+        let text = calls(&[("look", "a"), ("send", "b")]);
+        let ids: Vec<String> = parse_note(&text)
+            .pending_calls()
+            .map(|c| c.call_id.clone())
+            .collect();
+        let record = |id: &str, effect, progress| JournalCall {
+            call_id: id.to_string(),
+            tool: "x".into(),
+            effect,
+            progress,
+            recorded: None,
+            started_at: Some(SystemTime::UNIX_EPOCH),
+            note: "Done/n.md".into(),
+        };
+        let finished = CallResult {
+            call_id: ids[0].clone(),
+            name: "look".into(),
+            outcome: Ok(ToolOutput {
+                data: json!({}),
+                summary: String::new(),
+                undo: None,
+            }),
+            started_at: SystemTime::UNIX_EPOCH,
+            ended_at: SystemTime::UNIX_EPOCH,
+        };
+        let mut facts = Facts::default();
+        facts.prior.insert(
+            ids[0].clone(),
+            record(&ids[0], Effect::ReadOnly, CallProgress::Finished(finished)),
+        );
+        // Started and never finished: its side effect is not repeated (§9.3).
+        facts.prior.insert(
+            ids[1].clone(),
+            record(&ids[1], Effect::ExternalSideEffect, CallProgress::Started),
+        );
+        let p = preview_all(&text, &rules(100, FOLDER), &facts, &[]);
+        assert_eq!(actions(&p), ["recorded", "deny UNKNOWN_OUTCOME"]);
+        assert_eq!(p[0]["decision"]["ok"], true);
+    }
+
+    #[test]
+    fn calls_past_twice_the_cap_wait_for_a_later_round() {
+        let text = calls(&[("look", "a"), ("look", "b"), ("look", "c")]);
+        let r = Rules {
+            max_calls: 1,
+            ..rules(100, FOLDER)
+        };
+        let p = preview_all(&text, &r, &Facts::default(), &[]);
+        assert_eq!(actions(&p), ["run", "deny QUOTA_EXCEEDED", "later"]);
     }
 
     #[test]
     fn a_call_previewed_once_is_not_previewed_again() {
-        let registry = registry();
-        let redactor = Redactor::new(Vec::new(), &[]);
-        let text = three_searches();
-        let parsed = parse_note(&text);
-        let first = previews(
-            &registry,
-            &redactor,
-            &parsed,
-            &text,
-            "n.md",
-            &Facts::default(),
-        );
+        let text = calls(&[("look", "a"), ("look", "b"), ("look", "c")]);
+        let r = rules(100, FOLDER);
+        let first = preview_all(&text, &r, &Facts::default(), &[]);
         let written = format!("{text}\n{}\n", preview_callout(&first[0]).join("\n"));
-        let again = previews(
-            &registry,
-            &redactor,
-            &parse_note(&written),
-            &written,
-            "n.md",
-            &Facts::default(),
-        );
+        let again = preview_all(&written, &r, &Facts::default(), &[]);
         assert_eq!(again.len(), 2);
         assert_ne!(again[0]["call_id"], first[0]["call_id"]);
     }

@@ -430,8 +430,13 @@ pub const TITLE_PREFIX: &str = "> [!example]- preview · ";
 pub fn preview_callout(preview: &Value) -> Vec<String> {
     let name = preview["name"].as_str().unwrap_or("tool_call");
     let call_id = preview["call_id"].as_str().unwrap_or("");
-    let action = preview["decision"]["action"].as_str().unwrap_or("?");
-    let title = format!("{name} · would {action} · {call_id}").replace(['\r', '\n'], " ");
+    let said = match preview["decision"]["action"].as_str().unwrap_or("?") {
+        // The journal holds its result: written again, not run (docs/design.md §12.1).
+        "recorded" => "already ran".to_string(),
+        "later" => "would wait for a later round".to_string(),
+        action => format!("would {action}"),
+    };
+    let title = format!("{name} · {said} · {call_id}").replace(['\r', '\n'], " ");
     let mut lines = vec![format!("{TITLE_PREFIX}{}", escape_untrusted(&title))];
     push_json_fence(&mut lines, &serde_json::json!({ "tool_preview": preview }));
     lines

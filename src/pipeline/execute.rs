@@ -4,7 +4,7 @@
 //! handed to the write back.
 
 use crate::call::{CallResult, HeldCall};
-use crate::config::{ApprovalVia, Config};
+use crate::config::Config;
 use crate::daemon::claim::{Claimed, Stamp};
 use crate::daemon::intake::stamp;
 use crate::daemon::reload::Live;
@@ -14,7 +14,7 @@ use crate::guard::hold_alert::HeldSummary;
 use crate::journal::RunId;
 use crate::note::{self, ParsedNote, parse_note};
 use crate::pipeline::next_state::{Ending, Finished, next_state, outcome_reason, place_as_written};
-use crate::pipeline::plan::{self, Approval, Facts, Plan, Rules, Step};
+use crate::pipeline::plan::{self, Facts, Plan, Rules, Step};
 use crate::tools::Effect;
 use crate::vault::State;
 use std::collections::{HashMap, HashSet};
@@ -430,15 +430,5 @@ impl Daemon {
 
 /// The limits and the approval mode a note run plans with, from the config it took.
 fn rules(config: &Config, pass: Pass) -> Rules {
-    Rules {
-        max_calls: config.max_calls_per_note,
-        note_budget: Some(config.guard.note_budget),
-        approval: if config.approval_via == ApprovalVia::Cli {
-            Approval::Cli
-        } else {
-            Approval::Folder {
-                in_approved: pass == Pass::Approved,
-            }
-        },
-    }
+    Rules::for_config(config, pass == Pass::Approved)
 }

@@ -33,6 +33,21 @@ pub struct Rules {
 }
 
 impl Rules {
+    /// The limits and the approval mode the daemon plans a note with, from its config;
+    /// `in_approved`: the note was claimed from Approved/ (`approval_via = "folder"`). A
+    /// dry run plans with the same rules, so its decision is the daemon's (§12.1).
+    pub fn for_config(config: &crate::config::Config, in_approved: bool) -> Rules {
+        Rules {
+            max_calls: config.max_calls_per_note,
+            note_budget: Some(config.guard.note_budget),
+            approval: if config.approval_via == crate::config::ApprovalVia::Cli {
+                Approval::Cli
+            } else {
+                Approval::Folder { in_approved }
+            },
+        }
+    }
+
     /// What `vaultd check` asks: every pending call judged on its own, nothing spent.
     pub fn check() -> Rules {
         Rules {

@@ -3,8 +3,9 @@
 use crate::daemon::Daemon;
 use crate::daemon::DaemonError;
 use crate::daemon::intake::stamp;
-use crate::guard::{budget, dry_run};
+use crate::guard::dry_run;
 use crate::note::{self, Block, parse_note};
+use crate::pipeline::plan::{self, Facts, Rules};
 use crate::vault::State;
 use std::path::Path;
 use std::time::SystemTime;
@@ -16,26 +17,28 @@ impl Daemon {
         let Some(text) = self.read_note(path) else {
             return Ok(());
         };
-        let registry = self.live().runner.registry.clone();
-        let redactor = self.live().runner.redactor.clone();
+        let live = self.live();
+        let registry = live.runner.registry.clone();
+        let redactor = live.runner.redactor.clone();
         let note = self.vault.relative(path);
-        // A note that ran before carries its id; a new one has spent nothing yet.
-        let started = match note::frontmatter_property(&text, "tool_note") {
-            Some(id) => {
-                let key = id.to_string();
-                self.blocking(move |j| budget::calls_started(j, &key))
-                    .await?
-            }
-            None => 0,
+        // What the daemon would read to plan this note (docs/design.md §12.1): its calls'
+        // records and started calls by its `tool_note` (a note without one never ran), the
+        // decisions recorded on the questions it shows.
+        let parsed = parse_note(&text);
+        let note_id = note::frontmatter_property(&text, "tool_note").map(|id| id.to_string());
+        let questions = if self.approval_via_cli() {
+            Facts::questions(&parsed)
+        } else {
+            Vec::new()
         };
-        let facts = dry_run::Facts {
-            budget_left: Some(budget::remaining(
-                self.live().config.guard.note_budget,
-                started,
-            )),
-            note_budget: self.live().config.guard.note_budget,
-            circuits: self.live().runner.breakers.snapshot(),
-        };
+        let mut facts = self
+            .blocking(move |j| dry_run::journal_facts(j, note_id.as_deref(), &questions))
+            .await?;
+        facts.journal_lost = self.journal_lost(&text, &facts)?;
+        // A note in Dry_Run/ is not in Approved/: the rules of a fresh claim.
+        let rules = Rules::for_config(&live.config, false);
+        let circuits = live.runner.breakers.snapshot();
+        let max_calls = live.config.max_calls_per_note;
         let path_buf = path.to_path_buf();
         let now = SystemTime::now();
         let runner = self.runners.me.clone();
@@ -43,8 +46,16 @@ impl Daemon {
         let written = tokio::task::spawn_blocking(move || {
             note::update_note_beneath(&root, &path_buf, |current| {
                 let parsed = parse_note(current);
-                let previews =
-                    dry_run::previews(&registry, &redactor, &parsed, current, &note, &facts);
+                let plan = plan::plan(&parsed, &registry, &rules, &facts);
+                let shown = dry_run::Shown {
+                    registry: &registry,
+                    redactor: &redactor,
+                    note: &note,
+                    circuits: &circuits,
+                    max_calls,
+                };
+                let already = dry_run::previewed_ids(current);
+                let previews = dry_run::previews(&shown, &parsed, &plan, &already);
                 if previews.is_empty() {
                     return current.to_string();
                 }

@@ -29,7 +29,7 @@ use std::io::Write;
 use std::path::Path;
 
 /// The journal's file name inside a state dir.
-const JOURNAL_FILE: &str = "journal.sqlite";
+pub const JOURNAL_FILE: &str = "journal.sqlite";
 
 /// Opens the journal of `config`'s vault: adopts the old shared journal first when the state
 /// dir is the default one and has none yet, then refuses a journal recorded for another

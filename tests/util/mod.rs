@@ -979,3 +979,49 @@ impl TestVault {
         (status.code().unwrap_or(-1), text)
     }
 }
+
+/// Every `tool_preview` a dry run wrote into a note, in order (docs/design.md §12.1).
+pub fn previews_in(text: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match (line.strip_prefix("> "), current.as_mut()) {
+            (Some(b), None) if b.starts_with("```json") => current = Some(String::new()),
+            (Some(b), Some(_)) if b.starts_with("```") => {
+                let json = current.take().unwrap();
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&json)
+                    && let Some(p) = v.get("tool_preview")
+                {
+                    out.push(p.clone());
+                }
+            }
+            (Some(b), Some(buf)) => {
+                buf.push_str(b);
+                buf.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+impl TestVault {
+    /// `vaultd check --preview --json NOTE`: its exit code and the previews it printed.
+    pub fn check_preview(&self, note: &Path) -> (i32, Vec<serde_json::Value>) {
+        let out = self
+            .cmd()
+            .args(["check", "--preview", "--json"])
+            .arg(note)
+            .output()
+            .unwrap();
+        let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "check --preview printed no JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let previews = line["previews"].as_array().cloned().unwrap_or_default();
+        (out.status.code().unwrap_or(-1), previews)
+    }
+}

@@ -3,6 +3,7 @@
 //! killed on timeout. [`config`] reads and checks the tables; [`register`] adds the tools.
 
 pub mod config;
+mod preview;
 pub mod sandbox;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
@@ -111,6 +112,11 @@ impl Tool for CommandTool {
 
     fn run<'a>(&'a self, call: ToolCall<'a>) -> ToolFuture<'a> {
         Box::pin(self.run_call(call))
+    }
+
+    /// The argv and the sandbox ([`preview`]).
+    fn preview(&self, call: ToolCall<'_>) -> Value {
+        self.would(call)
     }
 }
 

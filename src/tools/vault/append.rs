@@ -3,8 +3,8 @@
 
 use super::paths::Access;
 use super::{
-    ToolDef, VaultCall, VaultContext, changed, check_if_sha256, edit_note, opt_param, param,
-    path_and_hash,
+    Planned, ToolDef, VaultCall, VaultContext, changed, check_if_sha256, edit_note, opt_param,
+    param, path_and_hash, read_text,
 };
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::tools::Effect;
@@ -43,6 +43,15 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
         format!("appended to {}", note.rel),
         vec![change],
     ))
+}
+
+/// The edit `run` would make, for a preview (docs/design.md §12.1); nothing is written.
+pub fn planned(context: &VaultContext, call: &VaultCall) -> Result<Vec<Planned>, CallError> {
+    let note = context.paths.note(param(call, "path"), Access::Write)?;
+    let current = read_text(&note)?;
+    check_if_sha256(call, &note.rel, &current)?;
+    let after = append(&current, param(call, "text"), opt_param(call, "heading"))?;
+    Ok(vec![Planned::edited(&note.rel, current, after)])
 }
 
 /// Pure: `text` with `addition` appended (at the end, or at the end of `heading`'s section).

@@ -3,7 +3,10 @@
 
 use super::paths::Access;
 use super::tasks::parse_task;
-use super::{ToolDef, VaultCall, VaultContext, changed, conflict, edit_note, param, path_and_hash};
+use super::{
+    Planned, ToolDef, VaultCall, VaultContext, changed, conflict, edit_note, param, path_and_hash,
+    read_text,
+};
 use crate::call::{CallError, ToolOutput};
 use crate::tools::Effect;
 use serde_json::{Value, json};
@@ -28,8 +31,8 @@ pub fn tool() -> ToolDef {
     )
 }
 
-pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {
-    let note = context.paths.note(param(call, "path"), Access::Write)?;
+/// The `line`, `text` and `done` parameters.
+fn task_params(call: &VaultCall) -> (usize, String, bool) {
     let line = call
         .parameters
         .get("line")
@@ -41,6 +44,21 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
         .get("done")
         .and_then(Value::as_bool)
         .unwrap_or(true);
+    (line, want_text, done)
+}
+
+/// The edit `run` would make, for a preview (docs/design.md §12.1); nothing is written.
+pub fn planned(context: &VaultContext, call: &VaultCall) -> Result<Vec<Planned>, CallError> {
+    let note = context.paths.note(param(call, "path"), Access::Write)?;
+    let (line, want_text, done) = task_params(call);
+    let current = read_text(&note)?;
+    let after = set_task(&current, line, &want_text, done)?;
+    Ok(vec![Planned::edited(&note.rel, current, after)])
+}
+
+pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {
+    let note = context.paths.note(param(call, "path"), Access::Write)?;
+    let (line, want_text, done) = task_params(call);
     let (change, written) = edit_note(context, call, "vault_complete_task", &note, |current| {
         set_task(current, line, &want_text, done)
     })?;

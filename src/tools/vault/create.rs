@@ -5,7 +5,7 @@ use super::paths::Access;
 use super::properties::set_properties;
 use super::set_properties::check_keys;
 use super::{
-    ToolDef, VaultCall, VaultContext, changed, conflict, create_file, execution, param,
+    Planned, ToolDef, VaultCall, VaultContext, changed, conflict, create_file, execution, param,
     path_and_hash, prepare, refuse_look_alike, sha256_hex,
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
@@ -37,15 +37,7 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
         return Err(conflict(format!("`{}` already exists", note.rel)));
     }
     refuse_look_alike(&note)?;
-    let mut text = param(call, "content").to_string();
-    if let Some(props) = call
-        .parameters
-        .get("properties")
-        .and_then(|p| p.as_object())
-    {
-        check_keys(props)?;
-        text = set_properties(&text, props);
-    }
+    let text = content(call)?;
     let change = VaultChange {
         path: note.rel.clone(),
         before: None,
@@ -64,4 +56,28 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
         format!("created {}", note.rel),
         vec![change],
     ))
+}
+
+/// The new note's text: `content` with `properties` in its frontmatter.
+fn content(call: &VaultCall) -> Result<String, CallError> {
+    let mut text = param(call, "content").to_string();
+    if let Some(props) = call
+        .parameters
+        .get("properties")
+        .and_then(|p| p.as_object())
+    {
+        check_keys(props)?;
+        text = set_properties(&text, props);
+    }
+    Ok(text)
+}
+
+/// The note `run` would create, for a preview (docs/design.md §12.1); nothing is written.
+pub fn planned(context: &VaultContext, call: &VaultCall) -> Result<Vec<Planned>, CallError> {
+    let note = context.paths.note(param(call, "path"), Access::Write)?;
+    if std::fs::symlink_metadata(&note.abs).is_ok() {
+        return Err(conflict(format!("`{}` already exists", note.rel)));
+    }
+    refuse_look_alike(&note)?;
+    Ok(vec![Planned::created(&note.rel, content(call)?)])
 }

@@ -3,8 +3,8 @@
 
 use super::paths::Access;
 use super::{
-    ToolDef, VaultCall, VaultContext, changed, current_bytes, execution, move_file, not_found,
-    param, prepare, sha256_hex, trash_slot,
+    Planned, ToolDef, VaultCall, VaultContext, changed, current_bytes, execution, move_file,
+    not_found, param, prepare, sha256_hex, trash_slot,
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
 use crate::tools::Effect;
@@ -25,6 +25,18 @@ pub fn tool() -> ToolDef {
         }),
         run,
     )
+}
+
+/// Where `run` would move the note, for a preview (docs/design.md §12.1); nothing is moved.
+pub fn planned(context: &VaultContext, call: &VaultCall) -> Result<Vec<Planned>, CallError> {
+    let note = context.paths.note(param(call, "path"), Access::Write)?;
+    let Some(bytes) = current_bytes(&note.abs)? else {
+        return Err(not_found(&note.rel));
+    };
+    // A move keeps the bytes as they are; the preview shows them as text.
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let trashed = trash_slot(context.paths.root(), &note.rel);
+    Ok(vec![Planned::moved(&note.rel, &trashed, text)])
 }
 
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {

@@ -11,6 +11,7 @@ pub mod delete;
 pub mod list;
 pub mod move_note;
 pub mod paths;
+mod preview;
 pub mod properties;
 pub mod read;
 pub mod search;
@@ -229,6 +230,49 @@ pub struct VaultCall {
 
 pub type RunFn = fn(&VaultContext, &VaultCall) -> Result<ToolOutput, CallError>;
 
+/// What a state change would do to the vault as it is now, computed with the same code its
+/// `run` uses and without writing anything: the `would` of a dry run (docs/design.md §12.1).
+pub type PlanFn = fn(&VaultContext, &VaultCall) -> Result<Vec<Planned>, CallError>;
+
+/// One file a state change would touch: its text before and after (`None`: absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub path: String,
+    /// Set for a move: the file's old name (its text stays the same).
+    pub moved_from: Option<String>,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+impl Planned {
+    pub fn created(path: &str, text: String) -> Planned {
+        Planned {
+            path: path.to_string(),
+            moved_from: None,
+            before: None,
+            after: Some(text),
+        }
+    }
+
+    pub fn edited(path: &str, before: String, after: String) -> Planned {
+        Planned {
+            path: path.to_string(),
+            moved_from: None,
+            before: Some(before),
+            after: Some(after),
+        }
+    }
+
+    pub fn moved(from: &str, to: &str, text: String) -> Planned {
+        Planned {
+            path: to.to_string(),
+            moved_from: Some(from.to_string()),
+            before: Some(text.clone()),
+            after: Some(text),
+        }
+    }
+}
+
 /// What each tool module describes itself with: name, description, effect, JSON Schema, run.
 pub type ToolDef = (&'static str, &'static str, Effect, Value, RunFn);
 
@@ -238,6 +282,8 @@ struct VaultTool {
     spec: ToolSpec,
     context: Arc<VaultContext>,
     run: RunFn,
+    /// The change a state change would make, for previews; `None` for the read-only tools.
+    plan: Option<PlanFn>,
 }
 
 impl Tool for VaultTool {
@@ -258,6 +304,47 @@ impl Tool for VaultTool {
                 .map_err(|e| execution(format!("the tool's task failed: {e}")))?
         })
     }
+
+    /// A state change shows the unified diff of every note it would touch (docs/design.md §12.1).
+    fn preview(&self, call: ToolCall<'_>) -> Value {
+        let Some(plan) = self.plan else {
+            return serde_json::json!({
+                "description": format!(
+                    "would call {} (vault tool, {}) with the parameters above",
+                    self.spec.name,
+                    self.spec.effect.as_str()
+                ),
+            });
+        };
+        let owned = VaultCall {
+            call_id: call.call_id.to_string(),
+            note: call.note.to_string(),
+            parameters: call.parameters.clone(),
+        };
+        match plan(&self.context, &owned) {
+            Ok(files) => preview::would(&self.context.paths, &files),
+            Err(e) => serde_json::json!({
+                "description": format!(
+                    "nothing changes: the call would fail with {}: {}",
+                    e.code, e.message
+                ),
+                "error": { "code": e.code.as_str(), "message": e.message },
+            }),
+        }
+    }
+}
+
+/// The previews of the state changes: which tool plans its change with which function.
+fn planner(name: &str) -> Option<PlanFn> {
+    Some(match name {
+        "vault_create" => create::planned,
+        "vault_append" => append::planned,
+        "vault_set_properties" => set_properties::planned,
+        "vault_complete_task" => complete_task::planned,
+        "vault_move" => move_note::planned,
+        "vault_delete" => delete::planned,
+        _ => return None,
+    })
 }
 
 /// Adds the eleven vault tools (unless `[tools.vault] enabled = false` — then they are listed
@@ -312,6 +399,7 @@ pub fn register(
                 },
                 context: context.clone(),
                 run,
+                plan: planner(name),
             }),
             policy,
         )?;

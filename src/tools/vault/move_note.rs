@@ -3,8 +3,8 @@
 
 use super::paths::Access;
 use super::{
-    ToolDef, VaultCall, VaultContext, changed, conflict, current_bytes, execution, move_file,
-    not_found, param, prepare, refuse_look_alike, sha256_hex,
+    Planned, ToolDef, VaultCall, VaultContext, changed, conflict, current_bytes, execution,
+    move_file, not_found, param, prepare, refuse_look_alike, sha256_hex,
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
 use crate::tools::Effect;
@@ -26,6 +26,22 @@ pub fn tool() -> ToolDef {
         }),
         run,
     )
+}
+
+/// The move `run` would make, for a preview (docs/design.md §12.1); nothing is moved.
+pub fn planned(context: &VaultContext, call: &VaultCall) -> Result<Vec<Planned>, CallError> {
+    let from = context.paths.note(param(call, "from"), Access::Write)?;
+    let to = context.paths.note(param(call, "to"), Access::Write)?;
+    let Some(bytes) = current_bytes(&from.abs)? else {
+        return Err(not_found(&from.rel));
+    };
+    // A move keeps the bytes as they are; the preview shows them as text.
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    if std::fs::symlink_metadata(&to.abs).is_ok() {
+        return Err(conflict(format!("`{}` already exists", to.rel)));
+    }
+    refuse_look_alike(&to)?;
+    Ok(vec![Planned::moved(&from.rel, &to.rel, text)])
 }
 
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {

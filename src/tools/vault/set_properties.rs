@@ -4,7 +4,8 @@
 use super::paths::Access;
 use super::properties::set_properties;
 use super::{
-    ToolDef, VaultCall, VaultContext, changed, check_if_sha256, edit_note, param, path_and_hash,
+    Planned, ToolDef, VaultCall, VaultContext, changed, check_if_sha256, edit_note, param,
+    path_and_hash, read_text,
 };
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::tools::Effect;
@@ -56,13 +57,7 @@ pub fn check_keys(props: &Map<String, Value>) -> Result<(), CallError> {
 
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {
     let note = context.paths.note(param(call, "path"), Access::Write)?;
-    let props = call
-        .parameters
-        .get("properties")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    check_keys(&props)?;
+    let props = properties(call)?;
     let (change, written) = edit_note(context, call, "vault_set_properties", &note, |current| {
         check_if_sha256(call, &note.rel, current)?;
         Ok(set_properties(current, &props))
@@ -72,4 +67,26 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
         format!("{} properties set", props.len()),
         vec![change],
     ))
+}
+
+/// The `properties` parameter, its keys checked.
+fn properties(call: &VaultCall) -> Result<Map<String, Value>, CallError> {
+    let props = call
+        .parameters
+        .get("properties")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    check_keys(&props)?;
+    Ok(props)
+}
+
+/// The edit `run` would make, for a preview (docs/design.md §12.1); nothing is written.
+pub fn planned(context: &VaultContext, call: &VaultCall) -> Result<Vec<Planned>, CallError> {
+    let note = context.paths.note(param(call, "path"), Access::Write)?;
+    let props = properties(call)?;
+    let current = read_text(&note)?;
+    check_if_sha256(call, &note.rel, &current)?;
+    let after = set_properties(&current, &props);
+    Ok(vec![Planned::edited(&note.rel, current, after)])
 }
