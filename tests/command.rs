@@ -707,8 +707,8 @@ fn writable_and_read_may_not_name_the_root_a_state_folder_a_hidden_path_or_secre
             "state folder `Needs_Action/`",
         ),
         ("writable = [\".obsidian\"]", "writable", "is a hidden path"),
-        ("read = [\"/\"]", "read", "never readable"),
-        ("read = [\"~\"]", "read", "never readable"),
+        ("read = [\"/\"]", "read", "never granted"),
+        ("read = [\"~\"]", "read", "never granted"),
     ];
     for (line, key, says) in cases {
         let vault = command_vault(&format!(

@@ -61,10 +61,11 @@ impl Protected<'_> {
         }
         out.extend(HOME_SECRETS.iter().map(|s| home.join(s)));
         out.extend(SYSTEM_SECRETS.iter().map(PathBuf::from));
+        // vaultd's own first: an error names the state dir or the config before a key file.
         let real: Vec<PathBuf> = out.iter().filter_map(|p| p.canonicalize().ok()).collect();
         out.extend(real);
-        out.sort();
-        out.dedup();
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|p| seen.insert(p.clone()));
         out
     }
 
