@@ -228,54 +228,25 @@ pub fn previewed_ids(text: &str) -> HashSet<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::call::{CallError, ErrorCode, ToolOutput};
-    use crate::config::RateLimit;
+    use crate::call::ToolOutput;
     use crate::journal::{CallProgress, JournalCall};
     use crate::note::render::preview_callout;
     use crate::note::{Block, append_blocks, parse_note};
     use crate::pipeline::plan::{Approval, Rules, plan};
-    use crate::tools::{ApprovalRule, Effect, Policy, Source, Tool, ToolFuture, ToolSpec};
+    use crate::tools::{ApprovalRule, Effect};
     use std::time::SystemTime;
-
-    /// A tool planning never runs.
-    struct Idle(ToolSpec);
-
-    impl Tool for Idle {
-        fn spec(&self) -> &ToolSpec {
-            &self.0
-        }
-        fn run<'a>(&'a self, _call: ToolCall<'a>) -> ToolFuture<'a> {
-            Box::pin(async { Err(CallError::new(ErrorCode::ExecutionError, "not run")) })
-        }
-    }
 
     /// `look` (read_only) and `send` (external, always held).
     fn registry() -> Registry {
-        let mut r = Registry::empty();
-        for (name, effect, approval) in [
-            ("look", Effect::ReadOnly, ApprovalRule::Never),
-            ("send", Effect::ExternalSideEffect, ApprovalRule::Always),
-        ] {
-            let spec = ToolSpec {
-                name: name.into(),
-                description: String::new(),
-                source: Source::Builtin,
-                effect,
-                schema: json!({
-                    "type": "object",
-                    "properties": { "q": { "type": "string" } },
-                    "additionalProperties": false
-                }),
-            };
-            let policy = Policy {
-                enabled: true,
-                timeout: Duration::from_secs(1),
-                rate_limit: RateLimit::default(),
-                approval: Some(approval),
-            };
-            r.add(Box::new(Idle(spec)), policy).unwrap();
-        }
-        r
+        crate::tools::idle::registry(&[
+            ("look", Effect::ReadOnly, Some(ApprovalRule::Never), true),
+            (
+                "send",
+                Effect::ExternalSideEffect,
+                Some(ApprovalRule::Always),
+                true,
+            ),
+        ])
     }
 
     fn calls(calls: &[(&str, &str)]) -> String {

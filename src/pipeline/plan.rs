@@ -419,65 +419,23 @@ pub(crate) fn unknown_outcome(call_id: &str, name: &str) -> CallResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::call::ToolOutput;
-    use crate::config::RateLimit;
     use crate::note::{Block, append_blocks, parse_note};
-    use crate::tools::{
-        ApprovalRule, Effect, Policy, Source, Tool, ToolCall, ToolFuture, ToolSpec,
-    };
+    use crate::tools::{ApprovalRule, Effect};
     use serde_json::json;
-    use std::time::{Duration, SystemTime};
-
-    /// A tool that does nothing: planning never runs it.
-    struct Idle(ToolSpec);
-
-    impl Tool for Idle {
-        fn spec(&self) -> &ToolSpec {
-            &self.0
-        }
-        fn run<'a>(&'a self, _call: ToolCall<'a>) -> ToolFuture<'a> {
-            Box::pin(async {
-                Ok(ToolOutput {
-                    data: json!({}),
-                    summary: String::new(),
-                    undo: None,
-                })
-            })
-        }
-    }
+    use std::time::SystemTime;
 
     /// `look` (read_only), `send` (external, always held), `off` (disabled).
     fn registry() -> Registry {
-        let mut r = Registry::empty();
-        let mut add = |name: &str, effect, approval, enabled| {
-            let spec = ToolSpec {
-                name: name.to_string(),
-                description: String::new(),
-                source: Source::Builtin,
-                effect,
-                schema: json!({
-                    "type": "object",
-                    "properties": { "q": { "type": "string" } },
-                    "additionalProperties": false
-                }),
-            };
-            let policy = Policy {
-                enabled,
-                timeout: Duration::from_secs(1),
-                rate_limit: RateLimit::default(),
-                approval,
-            };
-            r.add(Box::new(Idle(spec)), policy).unwrap();
-        };
-        add("look", Effect::ReadOnly, None, true);
-        add(
-            "send",
-            Effect::ExternalSideEffect,
-            Some(ApprovalRule::Always),
-            true,
-        );
-        add("off", Effect::ReadOnly, None, false);
-        r
+        crate::tools::idle::registry(&[
+            ("look", Effect::ReadOnly, None, true),
+            (
+                "send",
+                Effect::ExternalSideEffect,
+                Some(ApprovalRule::Always),
+                true,
+            ),
+            ("off", Effect::ReadOnly, None, false),
+        ])
     }
 
     fn call(name: &str, q: &str) -> String {

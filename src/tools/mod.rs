@@ -490,12 +490,13 @@ impl Registry {
     }
 }
 
+/// Tools for tests that validate and plan calls but never run them.
 #[cfg(test)]
-mod tests {
+pub(crate) mod idle {
     use super::*;
 
     /// A tool that is only validated against, never run.
-    struct Idle(ToolSpec);
+    pub struct Idle(pub ToolSpec);
 
     impl Tool for Idle {
         fn spec(&self) -> &ToolSpec {
@@ -505,6 +506,40 @@ mod tests {
             Box::pin(async { Err(CallError::new(ErrorCode::ExecutionError, "not run")) })
         }
     }
+
+    /// A registry of idle built-in tools, each taking one string `q`:
+    /// (name, effect, approval, enabled).
+    pub fn registry(tools: &[(&str, Effect, Option<ApprovalRule>, bool)]) -> Registry {
+        let mut r = Registry::empty();
+        for &(name, effect, approval, enabled) in tools {
+            let spec = ToolSpec {
+                name: name.to_string(),
+                description: String::new(),
+                source: Source::Builtin,
+                effect,
+                schema: json!({
+                    "type": "object",
+                    "properties": { "q": { "type": "string" } },
+                    "additionalProperties": false
+                }),
+            };
+            let policy = Policy {
+                enabled,
+                timeout: Duration::from_secs(1),
+                rate_limit: RateLimit::default(),
+                approval,
+            };
+            r.add(Box::new(Idle(spec)), policy)
+                .expect("an idle tool registers");
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::idle::Idle;
+    use super::*;
 
     /// `dependentRequired` means something in 2020-12 only: a schema from outside (a command
     /// tool's, an MCP server's) keeps it; vaultd's own are read as draft 7 (`Registry::add`).
