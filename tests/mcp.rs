@@ -575,17 +575,33 @@ impl HttpEverything {
             .local_addr()
             .unwrap()
             .port();
-        let child = std::process::Command::new(everything_server())
+        // Its output goes to a file that a failed wait prints: node's start-up is what is slow
+        // on a loaded machine (30 s was once not enough beside two builds), and when it never
+        // listens the reason is in what it said.
+        let said = tempfile::NamedTempFile::new().unwrap();
+        let mut child = std::process::Command::new(everything_server())
             .arg("streamableHttp")
             .env("PORT", port.to_string())
             .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(said.reopen().unwrap())
+            .stderr(said.reopen().unwrap())
             .spawn()
             .expect("start server-everything (scripts/test installs it)");
-        wait_until("server-everything listens", DEADLINE, || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        wait_until_or_say(
+            "server-everything listens",
+            DEADLINE * 4,
+            || {
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    || child.try_wait().is_ok_and(|exited| exited.is_some())
+            },
+            || std::fs::read_to_string(said.path()).unwrap_or_default(),
+        );
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "server-everything exited ({status}) before it listened on {port}: {}",
+                std::fs::read_to_string(said.path()).unwrap_or_default()
+            );
+        }
         HttpEverything { child, port }
     }
 }

@@ -175,6 +175,7 @@ impl Daemon {
         self.runners.wrote(&claimed);
         // Marked before the run is recorded, so a rescan never resumes it as stranded.
         self.mark_inflight(&claimed);
+        let _unwinding = super::intake::ForgetOnPanic::new(&self.inflight, &claimed);
         let from = self.vault.relative(path);
         let outcome = self
             .begin_and_execute(&claimed, &from, pass, ident, left.as_ref(), read)

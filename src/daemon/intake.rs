@@ -9,9 +9,10 @@ use crate::note::{self, CallBody, ParsedNote};
 use crate::synced::ForeignNote;
 use crate::vault::State;
 use crate::watch::Hint;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
@@ -359,6 +360,7 @@ impl Daemon {
     }
 
     pub(crate) async fn note_task(self: Arc<Self>, path: PathBuf, _slot: OwnedSemaphorePermit) {
+        let _unwinding = ForgetOnPanic::new(&self.inflight, &path);
         loop {
             if !self.stopping.load(Ordering::SeqCst)
                 && let Err(e) = self.look_at(&path).await
@@ -617,10 +619,69 @@ pub(crate) fn has_pending_call(path: &Path) -> Option<bool> {
     }
 }
 
+/// Takes a path's in-flight entry away when the task holding it panics. Without it a note
+/// whose look panicked stayed "already queued or being looked at" for good: every later event
+/// and rescan marked it to be looked at again and nothing ever did. A normal end leaves the
+/// entry to its task, which checks "look again" and removes it under one lock.
+pub(crate) struct ForgetOnPanic<'a> {
+    inflight: &'a Mutex<HashMap<PathBuf, bool>>,
+    path: &'a Path,
+}
+
+impl<'a> ForgetOnPanic<'a> {
+    pub(crate) fn new(inflight: &'a Mutex<HashMap<PathBuf, bool>>, path: &'a Path) -> Self {
+        ForgetOnPanic { inflight, path }
+    }
+}
+
+impl Drop for ForgetOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Never a second panic while unwinding (that aborts the daemon): a lock poisoned
+            // by the panic is still the map.
+            let mut inflight = self
+                .inflight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            inflight.remove(self.path);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::note::parse_note;
+
+    #[test]
+    fn a_panicking_task_leaves_no_inflight_entry_and_a_finished_one_keeps_its_own() {
+        let inflight = Mutex::new(HashMap::new());
+        let path = PathBuf::from("/v/In_Progress/a.md");
+        inflight.lock().unwrap().insert(path.clone(), false);
+        let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _guard = ForgetOnPanic::new(&inflight, &path);
+            // Poisons the lock too, as a panic inside the look could.
+            let _held = inflight.lock().unwrap();
+            panic!("a tool panicked");
+        }));
+        assert!(ended.is_err());
+        let map = inflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert!(
+            !map.contains_key(&path),
+            "the panicked task's entry is gone"
+        );
+        drop(map);
+
+        let inflight = Mutex::new(HashMap::from([(path.clone(), true)]));
+        drop(ForgetOnPanic::new(&inflight, &path));
+        assert_eq!(
+            inflight.lock().unwrap().get(&path),
+            Some(&true),
+            "left to its task"
+        );
+    }
 
     #[test]
     fn only_an_unfinished_last_block_counts_as_unfinished() {

@@ -35,6 +35,7 @@ impl Daemon {
             {
                 continue;
             }
+            let _unwinding = super::intake::ForgetOnPanic::new(&self.inflight, &path);
             let _slot = self.note_slots.acquire().await;
             // The list may be stale: the run's own task may have closed it meanwhile, and a
             // new file may sit at the same path. Take the journal's word now.
@@ -162,6 +163,7 @@ impl Daemon {
             let me = self.clone();
             tasks.spawn(async move {
                 let _slot = slot;
+                let _unwinding = super::intake::ForgetOnPanic::new(&me.inflight, &path);
                 if let Err(e) = me.recover_note(&path, known).await {
                     tracing::error!(note = %rel, "recovery failed: {e}");
                 }
