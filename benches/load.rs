@@ -1002,7 +1002,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 /// Which SearXNG fake answers the search notes of `throughput`, `latency` and `mixed`.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FakeKind {
     /// `tests/util/searx.rs`, in this process.
     Rust,
