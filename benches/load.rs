@@ -29,6 +29,37 @@
 //!   running `true` (spawn + sandbox + journal) and one search call (0 ms server), in one
 //!   daemon; and `true` spawned directly by the bench, unsandboxed: the program's own time.
 //!
+//! Scenarios for "Sends as fast as searches" (issue 31):
+//! - `send`: notes with one `send_notification` email each, written by the file transport as
+//!   an `.eml` into an outbox (the recipient is in `allowed_recipients`, so nothing waits for
+//!   approval and no server is in the way): `vaultd once` over them (notes/s), then drop-to-Done
+//!   p50/p99 in a running daemon as `latency` measures it.
+//! - `mixed`: one running daemon, notes of five kinds interleaved (the order rotated each
+//!   round so no kind always follows the same one): `search_web`, `send_notification` (outbox),
+//!   `vault_create` (a vault write), the MCP test server's `echo` and the command tool `true`;
+//!   p50/p99 of each and what each adds over a search at p50.
+//!
+//! The disk's floor (issue 31): a 4 KiB write + fsync, a rename, a folder fsync, a rename to a
+//! second folder and its fsync — the least a note's results write and its move to `Done/` can
+//! cost — timed in the bench's temp folder (the vault's file system) before the daemon starts
+//! and after it stops, in the same run. `latency`, `send` and `mixed` print it beside their
+//! figures, and drop-to-Done p50 and p99 as multiples of the floor's p50 (targets ≤ 2.5×,
+//! ≤ 10×). `latency` and `mixed` also time the search fake alone (`search fake round trip`, the
+//! bench's own keep-alive client): what of a search note's time is the fake's.
+//!
+//! The search fake. By default search notes go to the Rust fake in `tests/util/searx.rs`, in
+//! the bench's process, whose answer costs microseconds: a fast fake flatters. `--fake python`
+//! (or `VAULTD_BENCH_FAKE=python`) sends the search notes of `throughput`, `latency` and
+//! `mixed` to `scripts/fake-searxng.py` instead (standard-library Python, a thread per
+//! connection: a server not tuned by us), started as a child process on a free port; the other
+//! scenarios need the Rust fake's delays and counters and keep it. The table's title says which
+//! fake ran. `cargo test` checks the Python fake against `vaultd once` in `tests/fake_searxng.rs`.
+//!
+//! ```text
+//! VAULTD_BIN=target/release/vaultd target/release/deps/load-… --bench --only send,mixed --quick
+//! VAULTD_BIN=target/release/vaultd target/release/deps/load-… --bench --only throughput,latency,mixed --fake python
+//! ```
+//!
 //! Everything is bounded: every wait has a deadline, every daemon is killed on the way out.
 
 #[path = "../tests/util/searx.rs"]
@@ -42,7 +73,7 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// Sizes of one run; `--quick` shrinks them.
@@ -129,9 +160,21 @@ fn main() {
     let only: Option<Vec<String>> =
         arg_value(&args, "--only").map(|v| v.split(',').map(str::to_string).collect());
     let wanted = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
+    let fake = match arg_value(&args, "--fake").or_else(|| std::env::var("VAULTD_BENCH_FAKE").ok())
+    {
+        None => FakeKind::Rust,
+        Some(v) if v == "rust" => FakeKind::Rust,
+        Some(v) if v == "python" => FakeKind::Python,
+        Some(v) => panic!("--fake (or VAULTD_BENCH_FAKE) is `rust` or `python`, not {v:?}"),
+    };
+    FAKE.set(fake).expect("the fake is chosen once");
 
     let bin = vaultd_bin();
     eprintln!("vaultd binary: {}", bin.display());
+    eprintln!(
+        "search fake (throughput, latency, mixed): {}",
+        fake.describe()
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -139,7 +182,7 @@ fn main() {
         .expect("tokio runtime");
 
     type Scenario = fn(&Path, &tokio::runtime::Runtime, Sizes) -> Vec<Metric>;
-    let scenarios: [(&str, Scenario); 7] = [
+    let scenarios: [(&str, Scenario); 9] = [
         ("latency", latency),
         ("throughput", throughput),
         ("cap", cap_efficiency),
@@ -147,6 +190,8 @@ fn main() {
         ("queued", queued),
         ("mcp", mcp_latency),
         ("command", command_tool),
+        ("send", send),
+        ("mixed", mixed),
     ];
     // name -> (samples, unit, target), in first-seen order.
     let mut order: Vec<String> = Vec::new();
@@ -180,8 +225,10 @@ fn main() {
     }
     println!();
     println!(
-        "vaultd load ({}, {} round(s) per scenario; median [min..max])",
-        label, repeat
+        "vaultd load ({}, {} round(s) per scenario; median [min..max]; search fake: {})",
+        label,
+        repeat,
+        fake.describe()
     );
     println!(
         "| {:<44} | {:>26} | {:<8} | {:<14} | {:<4} |",
@@ -466,6 +513,16 @@ fn mcp_note_on(server: &str, tag: &str, i: usize) -> String {
     )
 }
 
+/// `[mcp.NAME]`: the in-tree MCP test server with its `echo` tool allowed (`read_only`, no rate
+/// limit in the way), working in `dir`, under `sandbox` (a TOML value).
+fn mcp_server_table(name: &str, sandbox: &str, dir: &Path) -> String {
+    format!(
+        "[mcp.{name}]\ncommand = [{:?}, \"--dir\", {dir:?}]\nallow = [\"echo\"]\nsandbox = {sandbox}\n[mcp.{name}.tools.echo]\neffect = \"read_only\"\nrate_limit = {{ per_hour = 100000000 }}\n",
+        mcp_test_server().display().to_string(),
+        dir = dir.display().to_string(),
+    )
+}
+
 fn mcp_latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
     let server = rt.block_on(searx::SearxServer::start(Duration::ZERO));
     let bench = Bench::new(&server.base_url());
@@ -473,17 +530,11 @@ fn mcp_latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Me
     std::fs::create_dir_all(&server_dir).expect("the MCP server's folder");
     // The same server twice: `bench` in the default sandbox, `open` unconfined (docs/design.md
     // §10.7), so the sandbox's cost per call is measured beside it.
-    let server_table = |name: &str, sandbox: &str| {
-        format!(
-            "[mcp.{name}]\ncommand = [{:?}, \"--dir\", {dir:?}]\nallow = [\"echo\"]\nsandbox = {sandbox}\n[mcp.{name}.tools.echo]\neffect = \"read_only\"\nrate_limit = {{ per_hour = 100000000 }}\n",
-            mcp_test_server().display().to_string(),
-            dir = server_dir.display().to_string(),
-        )
-    };
-    let extra = server_table(
+    let extra = mcp_server_table(
         "bench",
         &format!("{{ writable = [{:?}] }}", server_dir.display().to_string()),
-    ) + &server_table("open", "false");
+        &server_dir,
+    ) + &mcp_server_table("open", "false", &server_dir);
     let mut config = std::fs::read_to_string(&bench.config).expect("read config");
     config.push_str(&extra);
     std::fs::write(&bench.config, config).expect("write config");
@@ -546,7 +597,7 @@ fn mcp_latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Me
 }
 
 fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
-    let server = rt.block_on(searx::SearxServer::start(Duration::ZERO));
+    let server = SearchFake::start(rt);
     let bench = Bench::new(&server.base_url());
     let done = bench.folder("Done");
     let inbox = bench.folder("Needs_Action");
@@ -565,6 +616,8 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
         std::fs::remove_file(&target).expect("probe cleanup");
     }
     probe.sort_by(f64::total_cmp);
+    let mut floor = disk_floor(bench.dir.path(), floor_samples(sizes));
+    let round_trips = server.round_trips(floor_samples(sizes));
 
     let daemon = Daemon::start(&bench, bin);
     // Warm up: the daemon is ready when a first note comes through.
@@ -613,27 +666,35 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
         append_ms.push(at.duration_since(t0).as_secs_f64() * 1e3);
     }
     daemon.stop();
+    floor.extend(disk_floor(bench.dir.path(), floor_samples(sizes)));
+    floor.sort_by(f64::total_cmp);
     ms.sort_by(f64::total_cmp);
     append_ms.sort_by(f64::total_cmp);
-    let base = vec![
+    let mut out = vec![
         metric("latency p50 (0 ms server)", percentile(&ms, 0.5), "ms")
             .target("<= 2.5", |v| v <= 2.5),
         metric("latency p99 (0 ms server)", percentile(&ms, 0.99), "ms")
             .target("<= 10", |v| v <= 10.0),
         metric("latency max", ms[ms.len() - 1], "ms"),
         metric("latency probe overhead p50", percentile(&probe, 0.5), "ms"),
+        metric(
+            "latency: search fake round trip p50 (bench's client)",
+            percentile(&round_trips, 0.5),
+            "ms",
+        ),
     ];
+    out.extend(floor_metrics("latency", "latency", &floor, &ms));
+    // Issue 31's figure: drop-to-Done less the fake's own time, against the floor.
+    out.push(metric(
+        "latency p50 less the fake's round trip / floor",
+        (percentile(&ms, 0.5) - percentile(&round_trips, 0.5)) / percentile(&floor, 0.5),
+        "x",
+    ));
     if append_ms.is_empty() {
-        return base;
+        return out;
     }
     let append_delta = percentile(&append_ms, 0.5) - percentile(&ms, 0.5);
-    vec![
-        metric("latency p50 (0 ms server)", percentile(&ms, 0.5), "ms")
-            .target("<= 2.5", |v| v <= 2.5),
-        metric("latency p99 (0 ms server)", percentile(&ms, 0.99), "ms")
-            .target("<= 10", |v| v <= 10.0),
-        metric("latency max", ms[ms.len() - 1], "ms"),
-        metric("latency probe overhead p50", percentile(&probe, 0.5), "ms"),
+    out.extend([
         metric(
             "vault_append latency p50",
             percentile(&append_ms, 0.5),
@@ -646,8 +707,12 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
         ),
         metric("vault_append p50 minus search_web p50", append_delta, "ms")
             .target("<= 1", |v| v <= 1.0),
-    ]
+    ]);
+    out
 }
+
+/// The `noop` command tool: `true`, in the default sandbox.
+const NOOP_TOOL: &str = "[tools.command.noop]\ndescription = \"Do nothing\"\nargv = [\"true\"]\neffect = \"read_only\"\n";
 
 /// A note with one call of the `noop` command tool (`true`).
 fn command_note_text(i: usize) -> String {
@@ -657,18 +722,9 @@ fn command_note_text(i: usize) -> String {
 }
 
 fn command_tool(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
-    use std::io::Write;
     let server = rt.block_on(searx::SearxServer::start(Duration::ZERO));
     let bench = Bench::new(&server.base_url());
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(&bench.config)
-        .and_then(|mut f| {
-            f.write_all(
-                b"[tools.command.noop]\ndescription = \"Do nothing\"\nargv = [\"true\"]\neffect = \"read_only\"\n",
-            )
-        })
-        .expect("add the command tool");
+    bench.append_config(NOOP_TOOL);
     let done = bench.folder("Done");
     let inbox = bench.folder("Needs_Action");
     let watch = FolderWatch::new(&done);
@@ -768,7 +824,7 @@ fn run_once(bench: &Bench, bin: &Path, n: usize) -> Duration {
 }
 
 fn throughput(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
-    let server = rt.block_on(searx::SearxServer::start(Duration::ZERO));
+    let server = SearchFake::start(rt);
     let bench = Bench::new(&server.base_url());
     let n = sizes.throughput_notes;
     bench.queue_notes(n, "tp");
@@ -943,4 +999,507 @@ fn cpu_seconds(pid: u32) -> f64 {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     (ticks(11) + ticks(12)) as f64 / hz
+}
+
+/// Which SearXNG fake answers the search notes of `throughput`, `latency` and `mixed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FakeKind {
+    /// `tests/util/searx.rs`, in this process.
+    Rust,
+    /// `scripts/fake-searxng.py`, a child process.
+    Python,
+}
+
+impl FakeKind {
+    fn describe(self) -> &'static str {
+        match self {
+            FakeKind::Rust => "rust (tests/util/searx.rs, in process)",
+            FakeKind::Python => "python (scripts/fake-searxng.py)",
+        }
+    }
+}
+
+/// Set once by `main` from `--fake` / `VAULTD_BENCH_FAKE`. A global rather than one more
+/// parameter of every scenario: only three scenarios read it, and the others keep their
+/// signatures (and their diffs) as they are.
+static FAKE: OnceLock<FakeKind> = OnceLock::new();
+
+/// The search server of one scenario, 0 ms answers, as `--fake` chose it.
+enum SearchFake {
+    Rust(searx::SearxServer),
+    /// Killed when dropped; its stdout is kept open (it printed its address there).
+    Python {
+        child: Child,
+        url: String,
+        _stdout: std::process::ChildStdout,
+    },
+}
+
+impl SearchFake {
+    fn start(rt: &tokio::runtime::Runtime) -> SearchFake {
+        match FAKE.get().copied().unwrap_or(FakeKind::Rust) {
+            FakeKind::Rust => {
+                SearchFake::Rust(rt.block_on(searx::SearxServer::start(Duration::ZERO)))
+            }
+            FakeKind::Python => SearchFake::start_python(),
+        }
+    }
+
+    /// `python3 scripts/fake-searxng.py` on a free port: its first line names the address.
+    fn start_python() -> SearchFake {
+        use std::io::BufRead;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fake-searxng.py");
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "--fake python: cannot run python3 {}: {e}",
+                    script.display()
+                )
+            });
+        let stdout = child.stdout.take().expect("stdout was piped");
+        // Read the line on a thread, so a fake that never speaks fails at the deadline.
+        let (tx, rx) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut out = std::io::BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = out.read_line(&mut line);
+            let _ = tx.send(line);
+            out.into_inner()
+        });
+        let line = match rx.recv_timeout(DEADLINE) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "--fake python: {} said nothing in {DEADLINE:?}",
+                    script.display()
+                );
+            }
+        };
+        let stdout = reader.join().expect("the reader thread does not panic");
+        let Some(url) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "--fake python: {} said {line:?}, not `listening on URL`",
+                script.display()
+            );
+        };
+        SearchFake::Python {
+            url: url.to_string(),
+            child,
+            _stdout: stdout,
+        }
+    }
+
+    fn base_url(&self) -> String {
+        match self {
+            SearchFake::Rust(s) => s.base_url(),
+            SearchFake::Python { url, .. } => url.clone(),
+        }
+    }
+
+    /// `n` requests as vaultd makes them, on one keep-alive connection from this process,
+    /// each timed from the request's write to the body's last byte (ms, sorted): the fake's
+    /// own share of a search note.
+    fn round_trips(&self, n: usize) -> Vec<f64> {
+        use std::io::{BufRead, Read, Write};
+        let url = self.base_url();
+        let addr = url
+            .strip_prefix("http://")
+            .expect("the fake's URL is http://");
+        let stream = std::net::TcpStream::connect(addr).expect("connect to the search fake");
+        stream.set_nodelay(true).expect("TCP_NODELAY");
+        stream
+            .set_read_timeout(Some(DEADLINE))
+            .expect("read timeout");
+        let mut writer = stream.try_clone().expect("clone the socket");
+        let mut reader = std::io::BufReader::new(stream);
+        let mut ms = Vec::with_capacity(n);
+        for i in 0..n {
+            let request = format!(
+                "GET /search?q=probe+{i}&format=json&pageno=1 HTTP/1.1\r\nHost: {addr}\r\naccept: application/json\r\n\r\n"
+            );
+            let t0 = Instant::now();
+            writer
+                .write_all(request.as_bytes())
+                .expect("send to the fake");
+            let mut length = None;
+            loop {
+                let mut line = String::new();
+                let read = reader.read_line(&mut line).expect("the fake's answer");
+                assert!(read > 0, "the fake closed the connection mid-answer");
+                let l = line.trim_end();
+                if l.is_empty() {
+                    break;
+                }
+                if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse::<usize>().ok();
+                }
+            }
+            let mut body = vec![0u8; length.expect("the fake sends content-length")];
+            reader.read_exact(&mut body).expect("the fake's body");
+            ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.sort_by(f64::total_cmp);
+        ms
+    }
+}
+
+impl Drop for SearchFake {
+    fn drop(&mut self) {
+        if let SearchFake::Python { child, .. } = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The disk's floor for one note (issue 31): write 4 KiB to a temp file and fsync it, rename
+/// it into place and fsync that folder (an atomic note write), rename it into a second folder
+/// and fsync that one (the move to `Done/`). `n` samples in ms, sorted, taken in `dir` (give
+/// it a folder on the vault's file system; the daemon does not watch it).
+fn disk_floor(dir: &Path, n: usize) -> Vec<f64> {
+    use std::io::Write;
+    let (a, b) = (dir.join("floor-a"), dir.join("floor-b"));
+    for d in [&a, &b] {
+        std::fs::create_dir_all(d).expect("the floor's folders");
+    }
+    // The folders' descriptors are opened once, as a daemon that keeps them would.
+    let (da, db) = (
+        std::fs::File::open(&a).expect("open floor-a"),
+        std::fs::File::open(&b).expect("open floor-b"),
+    );
+    let block = [b'x'; 4096];
+    let mut ms = Vec::with_capacity(n);
+    for i in 0..n {
+        let (temp, note, moved) = (
+            a.join(format!(".n{i}.tmp")),
+            a.join(format!("n{i}.md")),
+            b.join(format!("n{i}.md")),
+        );
+        let t0 = Instant::now();
+        let mut f = std::fs::File::create(&temp).expect("floor temp file");
+        f.write_all(&block).expect("floor write");
+        f.sync_all().expect("floor fsync");
+        drop(f);
+        std::fs::rename(&temp, &note).expect("floor rename");
+        da.sync_all().expect("floor folder fsync");
+        std::fs::rename(&note, &moved).expect("floor move");
+        db.sync_all().expect("floor second folder fsync");
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        std::fs::remove_file(&moved).expect("floor cleanup");
+    }
+    ms.sort_by(f64::total_cmp);
+    ms
+}
+
+/// Samples of the floor per measurement: half before the daemon starts, half after it stops.
+fn floor_samples(sizes: Sizes) -> usize {
+    sizes.latency_notes.clamp(10, 100)
+}
+
+/// The floor's figures and drop-to-Done as multiples of it (`what` names the notes).
+/// The floor's names carry the scenario's (`scenario`): `--only send,mixed` must not pool two
+/// runs' floors into one row.
+fn floor_metrics(scenario: &str, what: &str, floor: &[f64], sorted_ms: &[f64]) -> Vec<Metric> {
+    let f50 = percentile(floor, 0.5);
+    vec![
+        metric(format!("{scenario}: disk floor p50"), f50, "ms"),
+        metric(
+            format!("{scenario}: disk floor p99"),
+            percentile(floor, 0.99),
+            "ms",
+        ),
+        metric(
+            format!("{what} p50 / disk floor p50"),
+            percentile(sorted_ms, 0.5) / f50,
+            "x",
+        )
+        .target("<= 2.5", |v| v <= 2.5),
+        metric(
+            format!("{what} p99 / disk floor p50"),
+            percentile(sorted_ms, 0.99) / f50,
+            "x",
+        )
+        .target("<= 10", |v| v <= 10.0),
+    ]
+}
+
+/// Drops one note by rename into `Needs_Action/` and returns the ms until its name appears in
+/// `Done/`; on a timeout, says where the note is.
+fn drop_timed(bench: &Bench, watch: &FolderWatch, name: &str, text: &str) -> f64 {
+    let staged = bench.staging.join(name);
+    std::fs::write(&staged, text).expect("stage note");
+    let target = bench.folder("Done").join(name);
+    let t0 = Instant::now();
+    std::fs::rename(&staged, bench.folder("Needs_Action").join(name)).expect("drop");
+    let Some(at) = watch.wait_for(&target) else {
+        let seen: Vec<String> = std::fs::read_dir(&bench.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|f| f.path().join(name).exists())
+            .map(|f| f.file_name().to_string_lossy().into_owned())
+            .collect();
+        panic!(
+            "{name} did not reach Done/ in {DEADLINE:?}; it is in {seen:?} (daemon log: {})",
+            bench.dir.path().join("run.log").display()
+        );
+    };
+    at.duration_since(t0).as_secs_f64() * 1e3
+}
+
+impl Bench {
+    /// Adds TOML tables at the end of the config.
+    fn append_config(&self, tables: &str) {
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.config)
+            .and_then(|mut f| f.write_all(tables.as_bytes()))
+            .expect("append to the config");
+    }
+
+    /// `send_notification` by email into `outbox/` beside the vault, to an allowed recipient
+    /// (no approval), rate limits out of the way.
+    fn enable_send(&self) {
+        self.append_config(&format!(
+            "[tools.send_notification]\nallowed_recipients = [{SEND_TO:?}]\n\
+             rate_limit = {{ per_hour = 100000000, per_day = 100000000 }}\n\
+             [tools.send_notification.email]\ntransport = \"file\"\noutbox = {:?}\n",
+            self.outbox().display().to_string()
+        ));
+    }
+
+    fn outbox(&self) -> PathBuf {
+        self.dir.path().join("outbox")
+    }
+
+    /// `.eml` files in the outbox.
+    fn emails(&self) -> usize {
+        std::fs::read_dir(self.outbox())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".eml"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Writes `n` notes of `text` straight into Needs_Action (for `once`).
+    fn queue_with(&self, n: usize, tag: &str, text: fn(&str, usize) -> String) {
+        let inbox = self.folder("Needs_Action");
+        for i in 0..n {
+            std::fs::write(inbox.join(note_name(tag, i)), text(tag, i)).expect("write note");
+        }
+    }
+}
+
+/// The recipient of the send notes, in `allowed_recipients`.
+const SEND_TO: &str = "bench@example.org";
+
+/// One `send_notification` email (the default method) to the allowed recipient.
+fn send_note_text(tag: &str, i: usize) -> String {
+    format!(
+        "# Note {i}\n\nSome text the agent wrote.\n\n```json\n{{\"tool_call\": {{\"name\": \"send_notification\", \"parameters\": {{\"recipient\": \"{SEND_TO}\", \"subject\": \"{tag} {i}\", \"body\": \"Note {i} of the load bench says hello.\"}}}}}}\n```\n"
+    )
+}
+
+/// One `vault_create` of a new note under `Agent/` (allowed by `[tools.vault] write`).
+fn vault_note_text(tag: &str, i: usize) -> String {
+    format!(
+        "# Note {i}\n\n```json\n{{\"tool_call\": {{\"name\": \"vault_create\", \"parameters\": {{\"path\": \"Agent/{tag}-{i}.md\", \"content\": \"# Found\\n\\nentry {i}\\n\"}}}}}}\n```\n"
+    )
+}
+
+fn send(bin: &Path, _rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
+    // No search call is made: the search URL is a closed port.
+    let no_search = "http://127.0.0.1:9";
+
+    // `vaultd once` over queued send notes.
+    let bench = Bench::new(no_search);
+    bench.enable_send();
+    let n = sizes.throughput_notes;
+    bench.queue_with(n, "stp", send_note_text);
+    let took = run_once(&bench, bin, n);
+    assert_eq!(bench.emails(), n, "one .eml per send note");
+
+    // Drop-to-Done in a running daemon, a fresh vault, the floor measured around it.
+    let bench = Bench::new(no_search);
+    bench.enable_send();
+    let watch = FolderWatch::new(&bench.folder("Done"));
+    let mut floor = disk_floor(bench.dir.path(), floor_samples(sizes));
+    let daemon = Daemon::start(&bench, bin);
+    for i in 0..5 {
+        drop_timed(
+            &bench,
+            &watch,
+            &note_name("warm", i),
+            &send_note_text("warm", i),
+        );
+    }
+    let mut ms: Vec<f64> = (0..sizes.latency_notes)
+        .map(|i| {
+            drop_timed(
+                &bench,
+                &watch,
+                &note_name("snd", i),
+                &send_note_text("snd", i),
+            )
+        })
+        .collect();
+    daemon.stop();
+    floor.extend(disk_floor(bench.dir.path(), floor_samples(sizes)));
+    floor.sort_by(f64::total_cmp);
+    ms.sort_by(f64::total_cmp);
+    assert_eq!(
+        bench.emails(),
+        sizes.latency_notes + 5,
+        "one .eml per send note"
+    );
+    let mut out = vec![
+        metric(
+            format!("send once throughput ({n} notes, .eml outbox)"),
+            n as f64 / took.as_secs_f64(),
+            "notes/s",
+        )
+        .target(">= 1500", |v| v >= 1500.0),
+        metric("send latency p50 (.eml outbox)", percentile(&ms, 0.5), "ms"),
+        metric(
+            "send latency p99 (.eml outbox)",
+            percentile(&ms, 0.99),
+            "ms",
+        ),
+        metric("send latency max", ms[ms.len() - 1], "ms"),
+    ];
+    out.extend(floor_metrics("send", "send latency", &floor, &ms));
+    out
+}
+
+/// The kinds of note in `mixed`, in the order of the first round.
+const MIXED_KINDS: [&str; 5] = ["search", "send", "vault", "mcp", "command"];
+
+fn mixed(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
+    let fake = SearchFake::start(rt);
+    let bench = Bench::new(&fake.base_url());
+    let vault_tools = std::env::var_os("VAULTD_BENCH_NO_VAULT_TOOLS").is_none();
+    bench.enable_send();
+    let server_dir = bench.dir.path().join("mcp-server");
+    std::fs::create_dir_all(&server_dir).expect("the MCP server's folder");
+    bench.append_config(&mcp_server_table(
+        "bench",
+        &format!("{{ writable = [{:?}] }}", server_dir.display().to_string()),
+        &server_dir,
+    ));
+    bench.append_config(NOOP_TOOL);
+    if vault_tools {
+        std::fs::create_dir_all(bench.root.join("Agent")).expect("Agent folder");
+    }
+    let text = |kind: &str, i: usize| -> String {
+        match kind {
+            "search" => note_text("mix-search", i),
+            "send" => send_note_text("mix-send", i),
+            "vault" => vault_note_text("mix-vault", i),
+            "mcp" => mcp_note_text("mix-mcp", i),
+            "command" => command_note_text(i),
+            _ => unreachable!("one of MIXED_KINDS"),
+        }
+    };
+    let kinds: Vec<&str> = MIXED_KINDS
+        .into_iter()
+        .filter(|k| vault_tools || *k != "vault") // an older build without vault tools
+        .collect();
+
+    let watch = FolderWatch::new(&bench.folder("Done"));
+    let mut floor = disk_floor(bench.dir.path(), floor_samples(sizes));
+    let round_trips = fake.round_trips(floor_samples(sizes));
+    let daemon = Daemon::start(&bench, bin);
+    let mut ms: BTreeMap<&str, Vec<f64>> = kinds.iter().map(|k| (*k, Vec::new())).collect();
+    // Five warm-up rounds (each kind's first call: the MCP server's start, the outbox's
+    // creation), then rounds whose order is rotated by one each time.
+    for round in 0..sizes.latency_notes + 5 {
+        let mut order = kinds.clone();
+        order.rotate_left(round % kinds.len());
+        for kind in order {
+            let t = drop_timed(
+                &bench,
+                &watch,
+                &note_name(&format!("mix-{kind}"), round),
+                &text(kind, round),
+            );
+            if round >= 5 {
+                ms.get_mut(kind).expect("every kind has samples").push(t);
+            }
+        }
+    }
+    daemon.stop();
+    floor.extend(disk_floor(bench.dir.path(), floor_samples(sizes)));
+    floor.sort_by(f64::total_cmp);
+    assert_eq!(
+        bench.emails(),
+        sizes.latency_notes + 5,
+        "one .eml per send note"
+    );
+    for v in ms.values_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    let p50 = |k: &str| percentile(&ms[k], 0.5);
+    let mut out = Vec::new();
+    for kind in &kinds {
+        out.push(metric(format!("mixed: {kind} p50"), p50(kind), "ms"));
+        out.push(metric(
+            format!("mixed: {kind} p99"),
+            percentile(&ms[kind], 0.99),
+            "ms",
+        ));
+    }
+    out.push(metric(
+        "mixed: search fake round trip p50 (bench's client)",
+        percentile(&round_trips, 0.5),
+        "ms",
+    ));
+    out.push(
+        metric(
+            "mixed: mcp minus search at p50",
+            p50("mcp") - p50("search"),
+            "ms",
+        )
+        .target("<= 1", |v| v <= 1.0),
+    );
+    out.push(
+        metric(
+            "mixed: command minus search at p50",
+            p50("command") - p50("search"),
+            "ms",
+        )
+        .target("<= 3", |v| v <= 3.0),
+    );
+    out.push(metric(
+        "mixed: send minus search at p50",
+        p50("send") - p50("search"),
+        "ms",
+    ));
+    if vault_tools {
+        out.push(metric(
+            "mixed: vault write minus search at p50",
+            p50("vault") - p50("search"),
+            "ms",
+        ));
+    }
+    out.extend(floor_metrics("mixed", "mixed: send", &floor, &ms["send"]));
+    let f50 = percentile(&floor, 0.5);
+    out.push(
+        metric(
+            "mixed: search p50 / disk floor p50",
+            p50("search") / f50,
+            "x",
+        )
+        .target("<= 2.5", |v| v <= 2.5),
+    );
+    out
 }

@@ -9,6 +9,7 @@ mod cmark;
 mod command;
 mod copies;
 mod docs;
+mod fake_searxng;
 mod first_hour;
 mod guard;
 mod hostile;
