@@ -286,7 +286,7 @@ fn import_from_claude_desktop_moves_credentials_out_and_the_server_runs() {
     // The person allows a tool and sets the variable; the daemon runs it.
     let config = config.replace("[mcp.memory]\n", "[mcp.memory]\n# allowed by the person\n");
     let config = format!("{config}\n[mcp.memory.tools.show_env]\neffect = \"read_only\"\n")
-        .replacen("allow = []", "allow = [\"show_env\"]", 1);
+        .replacen("allow = []\n", "allow = [\"show_env\"]\n", 1);
     std::fs::write(&vault.config, &config).unwrap();
     // weather-server needs npx and a key: switched off for this run.
     let config = config.replace(
