@@ -16,6 +16,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod mcp;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "vaultd",
@@ -73,6 +75,7 @@ Examples, in the order of the loop:
   vaultd log --since 1h                  the journal of the last hour
   vaultd config                          the effective config, secrets redacted
   vaultd completions bash                shell completions (bash, zsh, fish, ...)
+  vaultd mcp import .mcp.json            move MCP servers over from Claude Desktop, Claude Code, Cursor, goose
 
 Without --vault, vaultd finds the vault by walking up from the current folder to the first
 folder holding .vaultd.toml or Needs_Action/.";
@@ -128,6 +131,10 @@ pub enum Command {
         /// Print a ready-to-use tool list for an LLM API.
         #[arg(long, value_enum)]
         format: Option<ToolFormat>,
+        /// Also list the MCP tools that may not run, and why: not in `allow`, or a server
+        /// that never listed its tools.
+        #[arg(long, conflicts_with = "format")]
+        all: bool,
         #[command(subcommand)]
         action: Option<ToolsAction>,
     },
@@ -204,6 +211,15 @@ pub enum Command {
         /// Restore even files edited since the call changed them (their edits are lost).
         #[arg(long)]
         force: bool,
+    },
+    /// Add MCP servers to the config, or import those of Claude Desktop, Claude Code, Cursor
+    /// or goose.
+    #[command(
+        after_help = "Examples:\n  vaultd mcp add memory -- mcp-server-memory\n  vaultd mcp import ~/.config/Claude/claude_desktop_config.json"
+    )]
+    Mcp {
+        #[command(subcommand)]
+        action: mcp::McpAction,
     },
 }
 
@@ -311,7 +327,9 @@ fn dispatch(cli: Cli) -> Result<i32> {
             action: Some(ToolsAction::Accept { name }),
             ..
         } => accept_tool(&g, &name),
-        Command::Tools { json, format, .. } => tools(&g, json, format),
+        Command::Tools {
+            json, format, all, ..
+        } => tools(&g, json, format, all),
         Command::Status { json } => status(&g, json),
         Command::Approve { note } => decide(&g, &note, Decision::Approved),
         Command::Reject { note } => decide(&g, &note, Decision::Rejected),
@@ -330,6 +348,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
             dry_run,
             force,
         } => undo(&g, call_id, note, dry_run, force),
+        Command::Mcp { action } => mcp::run(&g, action),
     }
 }
 
@@ -997,9 +1016,14 @@ fn report_unreadable(
     Ok(())
 }
 
-fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i32> {
+fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>, all: bool) -> Result<i32> {
     let (config, _) = load_lenient(g)?;
     let (registry, mcp, journal) = mcp_registry_for(&config)?;
+    let not_usable = if all {
+        mcp::not_usable(&config, journal.as_deref())?
+    } else {
+        Vec::new()
+    };
     let mut described = registry.describe();
     if let Some(list) = described.as_array_mut() {
         for t in list.iter_mut() {
@@ -1024,7 +1048,11 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
                 .map(|t| json!({ "name": t["name"], "description": t["description"], "input_schema": t["parameters"] }))
                 .collect(),
         ),
-        None if as_json => described.clone(),
+        None if as_json => {
+            let mut all = described.as_array().cloned().unwrap_or_default();
+            all.extend(not_usable);
+            Value::Array(all)
+        }
         None => {
             let mut out = std::io::stdout().lock();
             for t in &list {
@@ -1066,6 +1094,9 @@ fn tools(g: &GlobalArgs, as_json: bool, format: Option<ToolFormat>) -> Result<i3
                 if let Some(why) = t["details"]["unusable"].as_str() {
                     writeln!(out, "  UNUSABLE: {why}\n")?;
                 }
+            }
+            if all {
+                mcp::print_not_usable(&mut out, &not_usable)?;
             }
             return Ok(0);
         }
@@ -1233,6 +1264,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         })
         .collect();
     let circuits = crate::guard::breaker::read_state_file(&config.state_dir, daemon_pid);
+    let mcp_servers = mcp::server_states(&config, &journal, &circuits)?;
     let runner = crate::synced::RunnerId::load(&config.state_dir);
     let pause = journal.pause()?;
     let storage_pause = crate::state::storage_pause(&config.state_dir, daemon_pid);
@@ -1266,6 +1298,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             "problems": problems,
             "rate_limits": rates,
             "open_circuits": circuits,
+            "mcp_servers": mcp_servers,
             "runner": runner.as_ref().map(|r| r.to_string()),
             "state_dir": config.state_dir.display().to_string(),
             "storage_paused": storage_pause,
@@ -1401,6 +1434,7 @@ fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
             );
         }
     }
+    mcp::print_server_states(&mcp_servers, &redactor)?;
     println!("\nrate limits");
     // Aligned to the longest name: command and MCP tools (mcp__SERVER__TOOL) run long.
     let width = rates

@@ -18,6 +18,7 @@ mod in_process;
 mod limits;
 mod mcp;
 mod mcp_sandbox;
+mod mcp_setup;
 mod pipeline;
 mod preview;
 mod recovery;

@@ -27,6 +27,11 @@ pub(super) const TABLES: &str = "
         accepted_ms INTEGER NOT NULL,
         PRIMARY KEY (server, tool)
     );
+    CREATE TABLE IF NOT EXISTS mcp_not_allowed (
+        server TEXT PRIMARY KEY,
+        listed_ms INTEGER NOT NULL,
+        tools_json TEXT NOT NULL
+    );
 ";
 
 /// One tool as a server listed it: its definition (canonical JSON) and that text's hash.
@@ -91,6 +96,14 @@ impl Journal {
                 params![server, now],
             )?;
             tx.execute("DELETE FROM mcp_catalog WHERE server = ?1", params![server])?;
+            // What `allow` leaves out, for `vaultd tools --all`: names and descriptions only.
+            let not_allowed: Vec<serde_json::Value> = others.iter().map(offered).collect();
+            tx.execute(
+                "INSERT INTO mcp_not_allowed (server, listed_ms, tools_json) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(server) DO UPDATE SET listed_ms = excluded.listed_ms,
+                     tools_json = excluded.tools_json",
+                params![server, now, serde_json::Value::Array(not_allowed).to_string()],
+            )?;
             if first {
                 for t in others {
                     pin(tx, server, t, now)?;
@@ -184,6 +197,118 @@ impl Journal {
     }
 }
 
+/// A tool `allow` leaves out, as `vaultd tools --all` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfferedTool {
+    pub tool: String,
+    /// The server's description (untrusted text: shown escaped, never given to a model).
+    pub description: String,
+}
+
+/// What the journal knows of one server, for `vaultd status` (the running daemon's live
+/// state, up or restarting, is in its log, not here).
+#[derive(Debug, Clone, Default)]
+pub struct ServerRecord {
+    /// RFC 3339 times of its first and latest complete tool listing (each start and each
+    /// `notifications/tools/list_changed` lists again).
+    pub first_listed_at: Option<String>,
+    pub listed_at: Option<String>,
+    /// Its allowed tools at the latest listing, with their pin states.
+    pub tools: Vec<CatalogEntry>,
+    /// The tools `allow` left out at the latest listing; None when the listing was recorded
+    /// by a vaultd that did not keep them.
+    pub not_allowed: Option<Vec<OfferedTool>>,
+    /// The latest call of one of its tools that did not end ok.
+    pub last_failure: Option<super::LogEntry>,
+    /// When one of its tools last ended a call, whatever the outcome.
+    pub last_call_at: Option<String>,
+}
+
+impl Journal {
+    /// The tools of `server` that `allow` left out at its latest listing (None: never listed,
+    /// or listed by a vaultd that did not keep them).
+    pub fn mcp_not_allowed(&self, server: &str) -> Result<Option<Vec<OfferedTool>>, JournalError> {
+        self.read(|tx| not_allowed(tx, server))
+    }
+
+    /// Everything the journal records about `server` (docs/design.md §10.4, `vaultd status`).
+    pub fn mcp_server_record(&self, server: &str) -> Result<ServerRecord, JournalError> {
+        let catalog = self.mcp_catalog(server)?;
+        self.read(|tx| {
+            let first: Option<i64> = tx
+                .query_row(
+                    "SELECT first_listed_ms FROM mcp_servers WHERE server = ?1",
+                    params![server],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            // `mcp__SERVER__…` compared as a prefix (LIKE would read `_` as a wildcard).
+            let prefix = format!("mcp__{server}__");
+            let last_failure = tx
+                .query_row(
+                    "SELECT e.at_ms, e.event, e.note, e.call_id, e.tool, e.outcome, e.duration_ms,
+                            e.detail
+                     FROM events e
+                     WHERE e.event = 'call_end' AND e.outcome IS NOT 'ok'
+                       AND substr(e.tool, 1, length(?1)) = ?1
+                     ORDER BY e.id DESC LIMIT 1",
+                    params![prefix],
+                    super::events::log_entry,
+                )
+                .optional()?;
+            let last_call: Option<i64> = tx
+                .query_row(
+                    "SELECT max(at_ms) FROM events
+                     WHERE event = 'call_end' AND substr(tool, 1, length(?1)) = ?1",
+                    params![prefix],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .flatten();
+            Ok(ServerRecord {
+                first_listed_at: first.map(rfc3339),
+                listed_at: catalog.as_ref().map(|c| c.listed_at.clone()),
+                tools: catalog.map(|c| c.tools).unwrap_or_default(),
+                not_allowed: not_allowed(tx, server)?,
+                last_failure,
+                last_call_at: last_call.map(rfc3339),
+            })
+        })
+    }
+}
+
+fn offered(t: &ListedTool) -> serde_json::Value {
+    let description = serde_json::from_str::<serde_json::Value>(&t.definition)
+        .ok()
+        .and_then(|d| {
+            d.get("description")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    serde_json::json!({ "tool": t.tool, "description": description })
+}
+
+fn not_allowed(tx: &Tx<'_>, server: &str) -> Result<Option<Vec<OfferedTool>>, Failure> {
+    let row: Option<String> = tx
+        .query_row(
+            "SELECT tools_json FROM mcp_not_allowed WHERE server = ?1",
+            params![server],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(row.map(|json| {
+        serde_json::from_str::<Vec<serde_json::Value>>(&json)
+            .unwrap_or_default()
+            .iter()
+            .map(|v| OfferedTool {
+                tool: v["tool"].as_str().unwrap_or("").to_string(),
+                description: v["description"].as_str().unwrap_or("").to_string(),
+            })
+            .collect()
+    }))
+}
+
 fn pin(tx: &Tx<'_>, server: &str, t: &ListedTool, now: i64) -> Result<(), Failure> {
     tx.execute(
         "INSERT INTO mcp_pins (server, tool, definition, hash, accepted_ms) VALUES (?1, ?2, ?3, ?4, ?5)
@@ -232,6 +357,15 @@ mod tests {
             .record_mcp_listing("s", &[listed("a", "{1}")], &[listed("c", "{1}")])
             .unwrap();
         assert_eq!(states, vec![PinState::Accepted]);
+        // What `allow` left out is kept for `vaultd tools --all`, replaced at each listing.
+        assert_eq!(j.mcp_not_allowed("never").unwrap(), None);
+        let left_out = j.mcp_not_allowed("s").unwrap().unwrap();
+        assert_eq!(left_out.len(), 1);
+        assert_eq!(left_out[0].tool, "c");
+        let record = j.mcp_server_record("s").unwrap();
+        assert_eq!(record.tools.len(), 1);
+        assert!(record.listed_at.is_some() && record.first_listed_at.is_some());
+        assert!(record.last_failure.is_none() && record.last_call_at.is_none());
 
         // Changed definition, and a name that was not there at the first listing.
         let states = j

@@ -4,6 +4,8 @@
 //! schema, and calls denied while a definition differs from the pinned one.
 
 pub mod config;
+pub mod edit;
+pub mod import;
 pub mod pin;
 pub mod server;
 
