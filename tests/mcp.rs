@@ -526,7 +526,7 @@ fn the_reference_server_everything_works_as_a_tool_source() {
     vault.write_config(
         NO_SEARCH,
         &format!(
-            "[mcp.everything]\ncommand = [{:?}, \"stdio\"]\nallow = [\"echo\", \"get-sum\"]\n[mcp.everything.tools.echo]\neffect = \"read_only\"\n[mcp.everything.tools.get-sum]\neffect = \"read_only\"\n",
+            "[mcp.everything]\ncommand = [{:?}, \"stdio\"]\nallow = [\"echo\", \"get-sum\"]\nstart_timeout = \"60s\"\n[mcp.everything.tools.echo]\neffect = \"read_only\"\n[mcp.everything.tools.get-sum]\neffect = \"read_only\"\n",
             bin.display().to_string()
         ),
     );
@@ -620,7 +620,7 @@ fn a_url_server_is_reached_over_streamable_http_with_secret_headers() {
     vault.write_config(
         NO_SEARCH,
         &format!(
-            "[mcp.web]\nurl = \"http://127.0.0.1:{}/mcp\"\nheaders = {{ Authorization = \"env:VAULTD_TEST_MCP_AUTH\" }}\nallow = [\"echo\"]\n[mcp.web.tools.echo]\neffect = \"read_only\"\n",
+            "[mcp.web]\nurl = \"http://127.0.0.1:{}/mcp\"\nheaders = {{ Authorization = \"env:VAULTD_TEST_MCP_AUTH\" }}\nallow = [\"echo\"]\nstart_timeout = \"60s\"\n[mcp.web.tools.echo]\neffect = \"read_only\"\n",
             server.port
         ),
     );
