@@ -525,18 +525,24 @@ mod tests {
     fn a_half_written_note_is_left_to_its_writer_until_quiet() {
         let dir = tempfile::tempdir().unwrap();
         let path = note(&dir, "a.md", b"first half");
+        let (opened_tx, opened_rx) = std::sync::mpsc::channel();
         let writer = {
             let path = path.clone();
             std::thread::spawn(move || {
                 // An in-place writer still busy: appends every 10 ms for 200 ms.
                 let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-                for _ in 0..20 {
+                for i in 0..20 {
                     f.write_all(b" more").unwrap();
+                    if i == 0 {
+                        opened_tx.send(()).unwrap();
+                    }
                     std::thread::sleep(Duration::from_millis(10));
                 }
             })
         };
-        std::thread::sleep(Duration::from_millis(5));
+        // Not a fixed sleep: on a loaded machine the writer had not opened the file 5 ms
+        // later, and the update rightly found a quiet note (the test failed once in CI).
+        opened_rx.recv().unwrap();
         let written = update_note(&path, |t| format!("{t}\nresult\n")).unwrap();
         writer.join().unwrap();
         assert_eq!(
