@@ -269,34 +269,50 @@ impl Vault {
     /// behind; `Err(None)`-like fallbacks are the caller's: a file system without hard links
     /// gives [`LinkError::Unsupported`].
     pub fn link_to(&self, path: &Path, to: State) -> Result<(PathBuf, LeftBehind), LinkError> {
-        use std::os::unix::fs::MetadataExt;
-        let placed = self
-            .place(path, to, |from, to| {
-                crate::beneath::hard_link(&self.root, from, to)
-            })
-            .map_err(|e| match &e {
-                VaultError::Move { source, .. } if link_unsupported(source) => {
-                    LinkError::Unsupported
-                }
-                _ => LinkError::Vault(e),
-            })?;
-        // Read through the new name: the inode is the one claimed, whatever the old name
-        // holds by now.
-        let meta = placed.symlink_metadata().map_err(|source| {
+        self.link_with(path, to, |from, to| {
+            crate::beneath::hard_link(&self.root, from, to)
+        })
+    }
+
+    /// [`link_to`](Self::link_to) with the link itself given (a test interleaves a person's
+    /// move with it).
+    fn link_with(
+        &self,
+        path: &Path,
+        to: State,
+        link: impl Fn(&Path, &Path) -> io::Result<()>,
+    ) -> Result<(PathBuf, LeftBehind), LinkError> {
+        let gone = |placed: &Path, source| {
             LinkError::Vault(VaultError::Move {
                 from: path.to_path_buf(),
-                to: placed.clone(),
+                to: placed.to_path_buf(),
                 source,
             })
+        };
+        // The first name's file before the link: what the claim links, unless the name is
+        // replaced in the microseconds between (then the key below is the linked one).
+        let before = path
+            .symlink_metadata()
+            .map_err(|source| gone(path, source))?;
+        let placed = self.place(path, to, link).map_err(|e| match &e {
+            VaultError::Move { source, .. } if link_unsupported(source) => LinkError::Unsupported,
+            _ => LinkError::Vault(e),
         })?;
+        // Read through the new name: the inode is the one claimed, whatever the old name
+        // holds by now. The new name can be gone already: a person moved the note out of
+        // In_Progress while the link's folder fsync waited on a busy disk. The first name is
+        // then still the claimed file, and is left behind like any other (its run is
+        // abandoned as gone, and the name dropped when the grace ends); taken for "gone before
+        // its claim", it stayed in Needs_Action, a second name of the moved note, to be run
+        // again at the next rescan (`hostile::a_note_deleted_or_moved_away…`, once under load).
+        let file = match placed.symlink_metadata() {
+            Ok(meta) => FileKey::of(&meta),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => FileKey::of(&before),
+            Err(source) => return Err(gone(&placed, source)),
+        };
         let left = LeftBehind {
             path: path.to_path_buf(),
-            file: FileKey {
-                dev: meta.dev(),
-                ino: meta.ino(),
-                size: meta.size(),
-                mtime_ns: mtime_ns(&meta),
-            },
+            file,
         };
         Ok((placed, left))
     }
@@ -699,6 +715,35 @@ mod tests {
             );
             assert_eq!(note.exists(), link, "a link keeps the first name");
         }
+    }
+
+    /// A person moves a just-linked note out of In_Progress before the claim reads it back
+    /// (the link's folder fsync waited on a busy disk): the claim still reports the first name
+    /// as left behind, with the claimed file's key, so the grace's end drops it. Reported as
+    /// "gone before its claim" instead, the first name stayed: a second name of the moved
+    /// note, run again later. The interleaving is forced: the link is the real one, and the
+    /// new name is moved away right after it.
+    #[test]
+    fn a_link_claim_whose_new_name_is_moved_away_at_once_still_leaves_the_first_name() {
+        let (_d, v) = vault();
+        let note = v.folder(State::NeedsAction).join("moved.md");
+        std::fs::write(&note, "calls").unwrap();
+        let elsewhere = v.root().join("Archive/moved.md");
+        std::fs::create_dir_all(elsewhere.parent().unwrap()).unwrap();
+        let (placed, left) = v
+            .link_with(&note, State::InProgress, |from, to| {
+                crate::beneath::hard_link(&v.root, from, to)?;
+                std::fs::rename(to, &elsewhere)
+            })
+            .unwrap();
+        assert_eq!(placed, v.folder(State::InProgress).join("moved.md"));
+        assert_eq!(left.path, note);
+        assert!(
+            v.drop_left_behind(&left).unwrap(),
+            "the first name is dropped"
+        );
+        assert!(!note.exists());
+        assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "calls");
     }
 
     /// The second try does not hide a note that is really gone: in a subfolder the target

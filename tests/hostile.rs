@@ -85,15 +85,16 @@ async fn a_note_deleted_or_moved_away_mid_run_is_recorded_and_not_recreated() {
         &note_with_calls("After", &[search_call("after")]),
     );
     vault.wait_until_in("Done", "after.md");
-    let log = daemon.log_text();
     // A graceful stop: the first name a claim keeps for `moved_in_grace` is gone too.
+    let log_file = daemon.log.clone();
     assert!(daemon.terminate().success());
+    let log = std::fs::read_to_string(log_file).unwrap();
     assert!(log.contains("deleted or moved out of In_Progress"), "{log}");
     let notes = vault.all_notes();
     assert_eq!(
         notes,
         vec!["Archive/moved.md", "Done/after.md"],
-        "nothing recreated"
+        "nothing recreated; the daemon's log:\n{log}"
     );
     // Untouched: a note of only read_only calls is stamped with its results, not at its
     // claim (`stamp_at_claim`); the stamped case is `a_note_with_a_send_moved_away_...`.
