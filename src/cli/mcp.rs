@@ -281,18 +281,10 @@ fn next_steps(out: &mut impl Write, names: &[&str], allowed: &[String]) -> Resul
     Ok(())
 }
 
-/// `NAME_HEADER` in upper case: the variable suggested for a header's value.
+/// `SERVER_HEADER` in upper case: the variable suggested for a header's value, named as
+/// `mcp import` names them (`import::env_name`).
 fn env_var_for(server: &str, header: &str) -> String {
-    format!("{server}_{header}")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    import::env_name(&format!("{server}_{header}"))
 }
 
 fn import_file(g: &GlobalArgs, args: ImportArgs) -> Result<i32> {

@@ -544,8 +544,9 @@ impl Names {
     }
 }
 
-/// An environment variable name made of `text`: upper case, `_` for anything else.
-fn env_name(text: &str) -> String {
+/// An environment variable name made of `text`: upper case, `_` for anything else, and never
+/// starting with a digit.
+pub fn env_name(text: &str) -> String {
     let mut out: String = text
         .chars()
         .map(|c| {
