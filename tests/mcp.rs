@@ -24,6 +24,11 @@ fn everything_server() -> PathBuf {
 /// A vault whose `[mcp.t]` runs the in-tree test server with its marker folder in the temp
 /// dir; `server` is the rest of the `[mcp.t]` table, `extra` more TOML after it.
 fn mcp_vault(server: &str, extra: &str) -> (TestVault, PathBuf) {
+    mcp_vault_with_args(&[], server, extra)
+}
+
+/// [`mcp_vault`] with more arguments for the test server.
+fn mcp_vault_with_args(args: &[&str], server: &str, extra: &str) -> (TestVault, PathBuf) {
     let vault = TestVault::new(NO_SEARCH, "");
     let dir = vault.dir.path().join("server");
     std::fs::create_dir_all(&dir).unwrap();
@@ -36,8 +41,9 @@ fn mcp_vault(server: &str, extra: &str) -> (TestVault, PathBuf) {
             dir.display().to_string()
         )
     };
+    let args: String = args.iter().map(|a| format!(", {a:?}")).collect();
     let config = format!(
-        "[mcp.t]\ncommand = [{bin:?}, \"--dir\", {dir:?}]\n{sandbox}{server}\n{extra}",
+        "[mcp.t]\ncommand = [{bin:?}, \"--dir\", {dir:?}{args}]\n{sandbox}{server}\n{extra}",
         bin = mcp_test_server().display().to_string(),
         dir = dir.display().to_string(),
     );
@@ -742,4 +748,104 @@ fn format_openai_and_anthropic_leave_out_definitions_changed_since_accepted() {
     assert!(names.contains(&"mcp__t__drifting".to_string()), "{names:?}");
     assert!(stdout.contains("id_rsa"), "{stdout}");
     assert!(!stderr.contains("mcp__t__drifting"), "{stderr}");
+}
+
+/// What the test server's `whoami` saw of the client, through a note and `vaultd once`.
+fn whoami(vault: &TestVault) -> (Value, String) {
+    vault.drop_note(
+        "w.md",
+        &note_with_calls("w", &[call("mcp__t__whoami", json!({}))]),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Done", "w.md");
+    (
+        results_in(&text)[0]["data"]["structuredContent"].clone(),
+        log,
+    )
+}
+
+// docs/design.md §10.4: the newest revision rmcp speaks, discovery first, and vaultd's name.
+#[test]
+fn the_client_speaks_2026_07_28_and_names_itself_vaultd() {
+    let (vault, _) = mcp_vault(
+        "allow = [\"whoami\"]\n[mcp.t.tools.whoami]\neffect = \"read_only\"\n",
+        "",
+    );
+    let (seen, log) = whoami(&vault);
+    assert_eq!(
+        seen,
+        json!({ "name": "vaultd", "version": env!("CARGO_PKG_VERSION"), "protocol": "2026-07-28" }),
+        "{log}"
+    );
+    assert!(log.contains("MCP protocol 2026-07-28"), "{log}");
+}
+
+// Some servers answer every method they do not know with `{}`, `server/discover` among them:
+// such a server is started again and spoken to with `initialize` (2025-11-25).
+#[test]
+fn a_server_that_answers_discovery_with_an_empty_result_is_started_again_with_initialize() {
+    let (vault, _) = mcp_vault_with_args(
+        &["--discover-answers-empty"],
+        "allow = [\"whoami\"]\n[mcp.t.tools.whoami]\neffect = \"read_only\"\n",
+        "",
+    );
+    let (seen, log) = whoami(&vault);
+    assert_eq!(
+        seen,
+        json!({ "name": "vaultd", "version": env!("CARGO_PKG_VERSION"), "protocol": "2025-11-25" }),
+        "{log}"
+    );
+    assert!(
+        log.contains("did not answer server/discover") && log.contains("connecting again"),
+        "{log}"
+    );
+    assert!(log.contains("MCP protocol 2025-11-25"), "{log}");
+}
+
+// SEP-2322 over stdio: a round that only carries state is sent again with the state
+// unchanged; sampling ends the call with an error that says why; a question for a person is
+// declined (vaultd asks no one yet) and the log says so, with the server's question.
+#[test]
+fn input_required_rounds_are_followed_sampling_refused_and_a_question_declined_aloud() {
+    let (vault, _) = mcp_vault(
+        "allow = [\"ask_state\", \"ask_sampling\", \"ask_question\"]\n\
+         [mcp.t.tools.ask_state]\neffect = \"read_only\"\n\
+         [mcp.t.tools.ask_sampling]\neffect = \"read_only\"\n\
+         [mcp.t.tools.ask_question]\neffect = \"read_only\"\n",
+        "",
+    );
+    vault.drop_note(
+        "r.md",
+        &note_with_calls(
+            "rounds",
+            &[
+                call("mcp__t__ask_state", json!({})),
+                call("mcp__t__ask_sampling", json!({})),
+                call("mcp__t__ask_question", json!({})),
+            ],
+        ),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Failed", "r.md");
+    let r = results_in(&text);
+    assert_eq!(r.len(), 3, "{text}");
+    assert_eq!(
+        r[0]["data"]["content"][0]["text"], "state came back unchanged",
+        "{text}"
+    );
+    assert_eq!(r[1]["error"]["code"], "EXECUTION_ERROR", "{text}");
+    let message = r[1]["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("sample a language model") && message.contains("vaultd has no model"),
+        "{message}"
+    );
+    assert_eq!(r[2]["ok"], true, "{text}");
+    let answer = r[2]["data"]["content"][0]["text"].as_str().unwrap();
+    assert!(answer.contains(r#""action":"decline""#), "{answer}");
+    assert!(
+        log.contains("vaultd declines it") && log.contains("Which branch should I deploy?"),
+        "{log}"
+    );
 }
