@@ -13,6 +13,7 @@
 //! (This assumes one daemon records a state dir's catalog, as one daemon runs per vault.)
 
 use super::config::{INHERITED_ENV, McpSandbox, McpServerConfig, ServerSandbox, Transport};
+use super::discover::{self, Era};
 use super::pin;
 use crate::call::{CallError, ErrorCode};
 use crate::journal::Journal;
@@ -49,10 +50,13 @@ const TERM_GRACE: Duration = Duration::from_secs(2);
 /// the values of rmcp's own driver.
 const STATE_ONLY_PAUSE: Duration = Duration::from_millis(50);
 
-/// How a session starts (docs/design.md §10.4): `server/discover` at the newest revision
-/// rmcp speaks (2026-07-28: per-request `_meta`, the SEP-2243 headers on HTTP), and a server
+/// How a session over HTTP starts (docs/design.md §10.4): `server/discover` at the newest
+/// revision rmcp speaks (2026-07-28: per-request `_meta`, the SEP-2243 headers), and a server
 /// that answers discovery with a JSON-RPC error (it predates it), or leaves it unanswered for
-/// 10 s (rmcp's wait), gets the `initialize` handshake at 2025-11-25 on the same connection.
+/// 10 s (rmcp's wait), gets the `initialize` handshake at 2025-11-25. Over HTTP each answer
+/// comes back on its own request, so a late answer to discovery cannot be taken for the
+/// answer to `initialize`. Over stdio it can, so there vaultd asks first and waits for the
+/// answer itself: see [`super::discover`].
 fn lifecycle() -> ClientLifecycleMode {
     ClientLifecycleMode::Auto {
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
@@ -60,11 +64,21 @@ fn lifecycle() -> ClientLifecycleMode {
     }
 }
 
-/// Why a handshake failed. `NotDiscovery`: the server answered `server/discover` with a
-/// result that is not a discovery result (some servers answer every method they do not know
-/// with `{}`); such a server is connected again, from scratch, with `initialize` only.
+/// How [`McpServer::open`] starts a session.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Discovery first, `initialize` for a server that predates it.
+    Discover,
+    /// `initialize` only, on a fresh connection (see [`HandshakeError::Again`]).
+    InitializeOnly,
+}
+
+/// Why a handshake failed. `Again`: the server is to be connected again, from scratch, with
+/// `initialize` only (it answered `server/discover` with a result that is not a discovery
+/// result, as servers that answer every unknown method with `{}` do, or, over stdio, did not
+/// answer it at all in time); the reason, for the log.
 enum HandshakeError {
-    NotDiscovery,
+    Again(String),
     Other(String),
 }
 
@@ -72,7 +86,9 @@ impl From<ClientInitializeError> for HandshakeError {
     fn from(e: ClientInitializeError) -> HandshakeError {
         match e {
             // Not the response's Debug dump: it can be anything the server sent.
-            ClientInitializeError::ExpectedInitResult(_) => HandshakeError::NotDiscovery,
+            ClientInitializeError::ExpectedInitResult(_) => HandshakeError::Again(
+                "it answered server/discover with a result that is not a discovery result (some servers answer every method they do not know with {})".into(),
+            ),
             other => HandshakeError::Other(format!("the MCP handshake failed: {other}")),
         }
     }
@@ -298,34 +314,29 @@ impl McpServer {
     }
 
     /// Starts the server, opens the session (discovery, else `initialize`: see
-    /// [`lifecycle`]) and lists its tools.
+    /// [`super::discover`] and [`lifecycle`]) and lists its tools.
     async fn connect(self: &Arc<Self>) -> Result<Connection, String> {
-        match self.open(lifecycle()).await {
+        match self.open(Start::Discover).await {
             Ok(conn) => Ok(conn),
-            Err(HandshakeError::NotDiscovery) => {
+            Err(HandshakeError::Again(why)) => {
                 tracing::info!(
                     server = self.name(),
-                    "MCP server did not answer server/discover with a discovery result (some answer every method they do not know with {{}}); connecting again with initialize only"
+                    "MCP server did not answer server/discover with a discovery result: {why}; connecting again with initialize only"
                 );
-                self.open(ClientLifecycleMode::Initialize)
-                    .await
-                    .map_err(|e| match e {
-                        HandshakeError::NotDiscovery => {
-                            "initialize failed: the server's answer is not an initialize result"
-                                .to_string()
-                        }
-                        HandshakeError::Other(e) => e,
-                    })
+                self.open(Start::InitializeOnly).await.map_err(|e| match e {
+                    HandshakeError::Again(_) => {
+                        "initialize failed: the server's answer is not an initialize result"
+                            .to_string()
+                    }
+                    HandshakeError::Other(e) => e,
+                })
             }
             Err(HandshakeError::Other(e)) => Err(e),
         }
     }
 
-    /// One connection attempt with the given lifecycle.
-    async fn open(
-        self: &Arc<Self>,
-        mode: ClientLifecycleMode,
-    ) -> Result<Connection, HandshakeError> {
+    /// One connection attempt.
+    async fn open(self: &Arc<Self>, start: Start) -> Result<Connection, HandshakeError> {
         let handler = VaultdClient {
             server: Arc::downgrade(self),
         };
@@ -349,7 +360,7 @@ impl McpServer {
                 .map_err(HandshakeError::Other)?;
                 let child = &mut spawned.child;
                 let stdout = child.stdout.take().expect("stdout is piped");
-                let stdin = child.stdin.take().expect("stdin is piped");
+                let mut stdin = child.stdin.take().expect("stdin is piped");
                 if let Some(stderr) = child.stderr.take() {
                     let name = self.name().to_string();
                     tokio::spawn(async move {
@@ -359,6 +370,43 @@ impl McpServer {
                         }
                     });
                 }
+                // What the probe reads past stays in the buffer for rmcp.
+                let mut stdout = tokio::io::BufReader::new(stdout);
+                let mode = match start {
+                    Start::InitializeOnly => ClientLifecycleMode::Initialize,
+                    Start::Discover => {
+                        let era = discover::probe(
+                            &mut stdout,
+                            &mut stdin,
+                            &handler.get_info(),
+                            ProtocolVersion::V_2026_07_28,
+                            discover::probe_wait(self.config.start_timeout),
+                        )
+                        .await;
+                        match era {
+                            Ok(Era::Discover) => ClientLifecycleMode::Discover {
+                                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                            },
+                            Ok(Era::Initialize(code, message)) => {
+                                tracing::info!(
+                                    server = self.name(),
+                                    "MCP server answered server/discover with JSON-RPC error {code} ({message}): it predates 2026-07-28; initialize at 2025-11-25"
+                                );
+                                ClientLifecycleMode::Initialize
+                            }
+                            Ok(Era::Fresh(why)) => {
+                                stop_child(self.name(), spawned).await;
+                                return Err(HandshakeError::Again(why));
+                            }
+                            Err(e) => {
+                                stop_child(self.name(), spawned).await;
+                                return Err(HandshakeError::Other(format!(
+                                    "the MCP handshake failed: {e}"
+                                )));
+                            }
+                        }
+                    }
+                };
                 let service = match handler.serve_with_lifecycle((stdout, stdin), mode).await {
                     Ok(s) => s,
                     Err(e) => {
@@ -388,6 +436,10 @@ impl McpServer {
                     self.http.clone(),
                     StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
                 );
+                let mode = match start {
+                    Start::Discover => lifecycle(),
+                    Start::InitializeOnly => ClientLifecycleMode::Initialize,
+                };
                 let service = handler.serve_with_lifecycle(transport, mode).await?;
                 (service, None)
             }

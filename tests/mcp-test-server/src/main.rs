@@ -273,7 +273,7 @@ impl ServerHandler for TestServer {
                 }
                 Some(answers) => CallToolResult::success(vec![ContentBlock::text(format!(
                     "answered: {}",
-                    Value::from(answers.get("q").cloned().unwrap_or_default())
+                    answers.get("q").cloned().unwrap_or_default()
                 ))]),
             },
             "show_env" => {
