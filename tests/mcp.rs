@@ -939,8 +939,9 @@ fn a_2026_server_slow_to_start_is_waited_for_and_never_sent_initialize() {
 
 // A server that drops methods it does not know before initialize answers nothing to
 // discovery: after half its start_timeout it is started again, fresh, with initialize only
-// (no late answer can then cross the handshake). This passed before the fix too (rmcp's 10 s
-// wait, then initialize on the same pipe); it covers the path that replaced that.
+// (no late answer can then cross the handshake). Before the fix such a server came up too
+// (rmcp's 10 s wait, then initialize on the same pipe); without it only the log line that
+// names the new path is missing. It covers the path that replaced that wait.
 #[test]
 fn a_server_that_drops_discovery_is_started_again_with_initialize() {
     let (vault, methods) = era_vault("2025-silent", 0, "16s");
