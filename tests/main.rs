@@ -7,6 +7,7 @@ mod approval;
 mod cli;
 mod cmark;
 mod command;
+mod conformance;
 mod copies;
 mod docs;
 mod fake_searxng;

@@ -24,6 +24,11 @@ fn everything_server() -> PathBuf {
 /// A vault whose `[mcp.t]` runs the in-tree test server with its marker folder in the temp
 /// dir; `server` is the rest of the `[mcp.t]` table, `extra` more TOML after it.
 fn mcp_vault(server: &str, extra: &str) -> (TestVault, PathBuf) {
+    mcp_vault_with_args(&[], server, extra)
+}
+
+/// [`mcp_vault`] with more arguments for the test server.
+fn mcp_vault_with_args(args: &[&str], server: &str, extra: &str) -> (TestVault, PathBuf) {
     let vault = TestVault::new(NO_SEARCH, "");
     let dir = vault.dir.path().join("server");
     std::fs::create_dir_all(&dir).unwrap();
@@ -36,8 +41,9 @@ fn mcp_vault(server: &str, extra: &str) -> (TestVault, PathBuf) {
             dir.display().to_string()
         )
     };
+    let args: String = args.iter().map(|a| format!(", {a:?}")).collect();
     let config = format!(
-        "[mcp.t]\ncommand = [{bin:?}, \"--dir\", {dir:?}]\n{sandbox}{server}\n{extra}",
+        "[mcp.t]\ncommand = [{bin:?}, \"--dir\", {dir:?}{args}]\n{sandbox}{server}\n{extra}",
         bin = mcp_test_server().display().to_string(),
         dir = dir.display().to_string(),
     );
@@ -742,4 +748,218 @@ fn format_openai_and_anthropic_leave_out_definitions_changed_since_accepted() {
     assert!(names.contains(&"mcp__t__drifting".to_string()), "{names:?}");
     assert!(stdout.contains("id_rsa"), "{stdout}");
     assert!(!stderr.contains("mcp__t__drifting"), "{stderr}");
+}
+
+/// What the test server's `whoami` saw of the client, through a note and `vaultd once`.
+fn whoami(vault: &TestVault) -> (Value, String) {
+    vault.drop_note(
+        "w.md",
+        &note_with_calls("w", &[call("mcp__t__whoami", json!({}))]),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Done", "w.md");
+    (
+        results_in(&text)[0]["data"]["structuredContent"].clone(),
+        log,
+    )
+}
+
+// docs/design.md §10.4: the newest revision rmcp speaks, discovery first, and vaultd's name.
+#[test]
+fn the_client_speaks_2026_07_28_and_names_itself_vaultd() {
+    let (vault, _) = mcp_vault(
+        "allow = [\"whoami\"]\n[mcp.t.tools.whoami]\neffect = \"read_only\"\n",
+        "",
+    );
+    let (seen, log) = whoami(&vault);
+    assert_eq!(
+        seen,
+        json!({ "name": "vaultd", "version": env!("CARGO_PKG_VERSION"), "protocol": "2026-07-28" }),
+        "{log}"
+    );
+    assert!(log.contains("MCP protocol 2026-07-28"), "{log}");
+}
+
+// Some servers answer every method they do not know with `{}`, `server/discover` among them:
+// such a server is started again and spoken to with `initialize` (2025-11-25).
+#[test]
+fn a_server_that_answers_discovery_with_an_empty_result_is_started_again_with_initialize() {
+    let (vault, _) = mcp_vault_with_args(
+        &["--discover-answers-empty"],
+        "allow = [\"whoami\"]\n[mcp.t.tools.whoami]\neffect = \"read_only\"\n",
+        "",
+    );
+    let (seen, log) = whoami(&vault);
+    assert_eq!(
+        seen,
+        json!({ "name": "vaultd", "version": env!("CARGO_PKG_VERSION"), "protocol": "2025-11-25" }),
+        "{log}"
+    );
+    assert!(
+        log.contains("did not answer server/discover") && log.contains("connecting again"),
+        "{log}"
+    );
+    assert!(log.contains("MCP protocol 2025-11-25"), "{log}");
+}
+
+// SEP-2322 over stdio: a round that only carries state is sent again with the state
+// unchanged; sampling ends the call with an error that says why; a question for a person is
+// declined (vaultd asks no one yet) and the log says so, with the server's question.
+#[test]
+fn input_required_rounds_are_followed_sampling_refused_and_a_question_declined_aloud() {
+    let (vault, _) = mcp_vault(
+        "allow = [\"ask_state\", \"ask_sampling\", \"ask_question\"]\n\
+         [mcp.t.tools.ask_state]\neffect = \"read_only\"\n\
+         [mcp.t.tools.ask_sampling]\neffect = \"read_only\"\n\
+         [mcp.t.tools.ask_question]\neffect = \"read_only\"\n",
+        "",
+    );
+    vault.drop_note(
+        "r.md",
+        &note_with_calls(
+            "rounds",
+            &[
+                call("mcp__t__ask_state", json!({})),
+                call("mcp__t__ask_sampling", json!({})),
+                call("mcp__t__ask_question", json!({})),
+            ],
+        ),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Failed", "r.md");
+    let r = results_in(&text);
+    assert_eq!(r.len(), 3, "{text}");
+    assert_eq!(
+        r[0]["data"]["content"][0]["text"], "state came back unchanged",
+        "{text}"
+    );
+    assert_eq!(r[1]["error"]["code"], "EXECUTION_ERROR", "{text}");
+    let message = r[1]["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("sample a language model") && message.contains("vaultd has no model"),
+        "{message}"
+    );
+    assert_eq!(r[2]["ok"], true, "{text}");
+    let answer = r[2]["data"]["content"][0]["text"].as_str().unwrap();
+    assert!(answer.contains(r#""action":"decline""#), "{answer}");
+    assert!(
+        log.contains("vaultd declines it") && log.contains("Which branch should I deploy?"),
+        "{log}"
+    );
+}
+
+/// A vault whose `[mcp.e]` runs tests/fixtures/era-mcp-server.py (a server of one protocol
+/// era, see its header) with its `hello` tool allowed; the methods it read are in the log
+/// file this returns, one a line.
+fn era_vault(era: &str, start_delay: u32, start_timeout: &str) -> (TestVault, PathBuf) {
+    let vault = TestVault::new(NO_SEARCH, "");
+    let dir = vault.dir.path().join("server");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("methods.log");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/era-mcp-server.py");
+    let config = format!(
+        "[mcp.e]\ncommand = [\"python3\", {script:?}, \"--era\", {era:?}, \"--start-delay\", \"{start_delay}\", \"--log\", {log:?}]\n\
+         allow = [\"hello\"]\nstart_timeout = {start_timeout:?}\nsandbox = {{ writable = [{dir:?}] }}\n\
+         [mcp.e.tools.hello]\neffect = \"read_only\"\n",
+        script = script.display().to_string(),
+        log = log.display().to_string(),
+        dir = dir.display().to_string(),
+    );
+    vault.write_config(NO_SEARCH, &config);
+    (vault, log)
+}
+
+/// Calls `hello` through a note and `vaultd once`: its answer, the methods the server read
+/// and vaultd's log.
+fn hello(vault: &TestVault, methods: &Path) -> (String, Vec<String>, String) {
+    vault.drop_note(
+        "h.md",
+        &note_with_calls("h", &[call("mcp__e__hello", json!({}))]),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let read = std::fs::read_to_string(methods).unwrap_or_default();
+    let methods: Vec<String> = read.lines().map(str::to_string).collect();
+    assert!(
+        vault.exists("Done", "h.md"),
+        "{:?}\nthe server read: {methods:?}\n{log}",
+        vault.all_notes()
+    );
+    let text = vault.read("Done", "h.md");
+    let said = results_in(&text)[0]["data"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (said, methods, log)
+}
+
+// docs/design.md §10.4: a 2025-era server slow to start (the TypeScript SDK servers beside
+// builds took over 10 s) refuses server/discover after rmcp's Auto lifecycle would have given
+// up on it (10 s) and sent initialize on the same pipe, where the late refusal was taken for
+// the answer to initialize ("uncorrelated error response: expected id 1, error response
+// carried 0"). vaultd waits for that answer, then sends initialize. The 12 s start delay is
+// the point of the test: an answer later than that 10 s window.
+#[test]
+fn a_2025_server_slow_to_start_gets_initialize_after_its_late_refusal_of_discovery() {
+    let (vault, methods) = era_vault("2025", 12, "60s");
+    let (said, methods, log) = hello(&vault, &methods);
+    assert_eq!(said, "hello at 2025-11-25", "{log}");
+    assert_eq!(
+        methods,
+        [
+            "server/discover",
+            "initialize",
+            "notifications/initialized",
+            "tools/list",
+            "tools/call"
+        ],
+        "{log}"
+    );
+    assert!(
+        log.contains("answered server/discover with JSON-RPC error -32601"),
+        "{log}"
+    );
+}
+
+// The same for a 2026-era server (the Python SDK's mcp-server-time and mcp-server-git): its
+// late discovery result was taken for a conflicting answer to initialize ("conflict
+// initialized response id: expected 1, got 0"). It is waited for, and the server, which
+// refuses initialize, is never sent one.
+#[test]
+fn a_2026_server_slow_to_start_is_waited_for_and_never_sent_initialize() {
+    let (vault, methods) = era_vault("2026", 12, "60s");
+    let (said, methods, log) = hello(&vault, &methods);
+    assert_eq!(said, "hello at 2026-07-28", "{log}");
+    assert!(!methods.contains(&"initialize".to_string()), "{methods:?}");
+    assert_eq!(methods.first().map(String::as_str), Some("server/discover"));
+    assert!(log.contains("MCP protocol 2026-07-28"), "{log}");
+}
+
+// A server that drops methods it does not know before initialize answers nothing to
+// discovery: after half its start_timeout it is started again, fresh, with initialize only
+// (no late answer can then cross the handshake). Before the fix such a server came up too
+// (rmcp's 10 s wait, then initialize on the same pipe); without it only the log line that
+// names the new path is missing. It covers the path that replaced that wait.
+#[test]
+fn a_server_that_drops_discovery_is_started_again_with_initialize() {
+    let (vault, methods) = era_vault("2025-silent", 0, "16s");
+    let (said, methods, log) = hello(&vault, &methods);
+    assert_eq!(said, "hello at 2025-11-25", "{log}");
+    assert_eq!(
+        methods,
+        [
+            "server/discover",
+            "initialize",
+            "notifications/initialized",
+            "tools/list",
+            "tools/call"
+        ],
+        "{log}"
+    );
+    assert!(
+        log.contains("no answer to server/discover within 8s") && log.contains("connecting again"),
+        "{log}"
+    );
 }

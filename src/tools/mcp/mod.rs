@@ -4,6 +4,7 @@
 //! schema, and calls denied while a definition differs from the pinned one.
 
 pub mod config;
+mod discover;
 pub mod edit;
 pub mod import;
 pub mod pin;

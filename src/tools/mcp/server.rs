@@ -13,6 +13,7 @@
 //! (This assumes one daemon records a state dir's catalog, as one daemon runs per vault.)
 
 use super::config::{INHERITED_ENV, McpSandbox, McpServerConfig, ServerSandbox, Transport};
+use super::discover::{self, Era};
 use super::pin;
 use crate::call::{CallError, ErrorCode};
 use crate::journal::Journal;
@@ -20,9 +21,15 @@ use crate::journal::catalog::{ListedTool, PinState};
 use crate::tools::command::config::SandboxMode;
 use crate::tools::command::sandbox::{self as command_sandbox, Limits, Support};
 use crate::tools::sandbox::{seccomp, supervise};
-use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult};
-use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService, ServiceError};
-use rmcp::{ClientHandler, ServiceExt};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    DEFAULT_MRTR_MAX_ROUNDS, ElicitResult, ElicitationAction, Implementation, InputRequest,
+    InputRequiredResult, InputResponses, ProtocolVersion,
+};
+use rmcp::service::{
+    ClientInitializeError, NotificationContext, Peer, RoleClient, RunningService, ServiceError,
+};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -39,6 +46,53 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 const EXIT_ON_EOF: Duration = Duration::from_secs(1);
 /// After SIGTERM, how long before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(2);
+/// The first pause before answering a state-only `input_required` round (then 100, 200 ms):
+/// the values of rmcp's own driver.
+const STATE_ONLY_PAUSE: Duration = Duration::from_millis(50);
+
+/// How a session over HTTP starts (docs/design.md §10.4): `server/discover` at the newest
+/// revision rmcp speaks (2026-07-28: per-request `_meta`, the SEP-2243 headers), and a server
+/// that answers discovery with a JSON-RPC error (it predates it), or leaves it unanswered for
+/// 10 s (rmcp's wait), gets the `initialize` handshake at 2025-11-25. Over HTTP each answer
+/// comes back on its own request, so a late answer to discovery cannot be taken for the
+/// answer to `initialize`. Over stdio it can, so there vaultd asks first and waits for the
+/// answer itself: see [`super::discover`].
+fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+    }
+}
+
+/// How [`McpServer::open`] starts a session.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Discovery first, `initialize` for a server that predates it.
+    Discover,
+    /// `initialize` only, on a fresh connection (see [`HandshakeError::Again`]).
+    InitializeOnly,
+}
+
+/// Why a handshake failed. `Again`: the server is to be connected again, from scratch, with
+/// `initialize` only (it answered `server/discover` with a result that is not a discovery
+/// result, as servers that answer every unknown method with `{}` do, or, over stdio, did not
+/// answer it at all in time); the reason, for the log.
+enum HandshakeError {
+    Again(String),
+    Other(String),
+}
+
+impl From<ClientInitializeError> for HandshakeError {
+    fn from(e: ClientInitializeError) -> HandshakeError {
+        match e {
+            // Not the response's Debug dump: it can be anything the server sent.
+            ClientInitializeError::ExpectedInitResult(_) => HandshakeError::Again(
+                "it answered server/discover with a result that is not a discovery result (some servers answer every method they do not know with {})".into(),
+            ),
+            other => HandshakeError::Other(format!("the MCP handshake failed: {other}")),
+        }
+    }
+}
 
 /// The connection as calls see it.
 #[derive(Clone, Default)]
@@ -259,8 +313,30 @@ impl McpServer {
         }
     }
 
-    /// Starts the server, initializes the session and lists its tools.
+    /// Starts the server, opens the session (discovery, else `initialize`: see
+    /// [`super::discover`] and [`lifecycle`]) and lists its tools.
     async fn connect(self: &Arc<Self>) -> Result<Connection, String> {
+        match self.open(Start::Discover).await {
+            Ok(conn) => Ok(conn),
+            Err(HandshakeError::Again(why)) => {
+                tracing::info!(
+                    server = self.name(),
+                    "MCP server did not answer server/discover with a discovery result: {why}; connecting again with initialize only"
+                );
+                self.open(Start::InitializeOnly).await.map_err(|e| match e {
+                    HandshakeError::Again(_) => {
+                        "initialize failed: the server's answer is not an initialize result"
+                            .to_string()
+                    }
+                    HandshakeError::Other(e) => e,
+                })
+            }
+            Err(HandshakeError::Other(e)) => Err(e),
+        }
+    }
+
+    /// One connection attempt.
+    async fn open(self: &Arc<Self>, start: Start) -> Result<Connection, HandshakeError> {
         let handler = VaultdClient {
             server: Arc::downgrade(self),
         };
@@ -280,10 +356,11 @@ impl McpServer {
                     cwd.as_deref().unwrap_or(&self.default_cwd),
                     &self.default_cwd,
                     sandbox,
-                )?;
+                )
+                .map_err(HandshakeError::Other)?;
                 let child = &mut spawned.child;
                 let stdout = child.stdout.take().expect("stdout is piped");
-                let stdin = child.stdin.take().expect("stdin is piped");
+                let mut stdin = child.stdin.take().expect("stdin is piped");
                 if let Some(stderr) = child.stderr.take() {
                     let name = self.name().to_string();
                     tokio::spawn(async move {
@@ -293,11 +370,48 @@ impl McpServer {
                         }
                     });
                 }
-                let service = match handler.serve((stdout, stdin)).await {
+                // What the probe reads past stays in the buffer for rmcp.
+                let mut stdout = tokio::io::BufReader::new(stdout);
+                let mode = match start {
+                    Start::InitializeOnly => ClientLifecycleMode::Initialize,
+                    Start::Discover => {
+                        let era = discover::probe(
+                            &mut stdout,
+                            &mut stdin,
+                            &handler.get_info(),
+                            ProtocolVersion::V_2026_07_28,
+                            discover::probe_wait(self.config.start_timeout),
+                        )
+                        .await;
+                        match era {
+                            Ok(Era::Discover) => ClientLifecycleMode::Discover {
+                                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                            },
+                            Ok(Era::Initialize(code, message)) => {
+                                tracing::info!(
+                                    server = self.name(),
+                                    "MCP server answered server/discover with JSON-RPC error {code} ({message}): it predates 2026-07-28; initialize at 2025-11-25"
+                                );
+                                ClientLifecycleMode::Initialize
+                            }
+                            Ok(Era::Fresh(why)) => {
+                                stop_child(self.name(), spawned).await;
+                                return Err(HandshakeError::Again(why));
+                            }
+                            Err(e) => {
+                                stop_child(self.name(), spawned).await;
+                                return Err(HandshakeError::Other(format!(
+                                    "the MCP handshake failed: {e}"
+                                )));
+                            }
+                        }
+                    }
+                };
+                let service = match handler.serve_with_lifecycle((stdout, stdin), mode).await {
                     Ok(s) => s,
                     Err(e) => {
                         stop_child(self.name(), spawned).await;
-                        return Err(format!("initialize failed: {e}"));
+                        return Err(e.into());
                     }
                 };
                 (service, Some(spawned))
@@ -308,10 +422,12 @@ impl McpServer {
                 let mut map = HashMap::new();
                 for (name, secret) in headers {
                     let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                        .map_err(|e| format!("header name `{name}`: {e}"))?;
+                        .map_err(|e| HandshakeError::Other(format!("header name `{name}`: {e}")))?;
                     let mut value = reqwest::header::HeaderValue::from_str(secret.expose())
                         .map_err(|_| {
-                            format!("header `{name}`: the secret is not a valid header value")
+                            HandshakeError::Other(format!(
+                                "header `{name}`: the secret is not a valid header value"
+                            ))
                         })?;
                     value.set_sensitive(true);
                     map.insert(name, value);
@@ -320,17 +436,18 @@ impl McpServer {
                     self.http.clone(),
                     StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
                 );
-                let service = handler
-                    .serve(transport)
-                    .await
-                    .map_err(|e| format!("initialize failed: {e}"))?;
+                let mode = match start {
+                    Start::Discover => lifecycle(),
+                    Start::InitializeOnly => ClientLifecycleMode::Initialize,
+                };
+                let service = handler.serve_with_lifecycle(transport, mode).await?;
                 (service, None)
             }
         };
         let conn = Connection { service, child };
         if let Err(e) = self.relist(conn.service.peer()).await {
             conn.stop(self.name()).await;
-            return Err(e);
+            return Err(HandshakeError::Other(e));
         }
         Ok(conn)
     }
@@ -470,69 +587,183 @@ impl McpServer {
         let mut wait_past = None;
         loop {
             let (peer, generation) = self.peer(deadline, wait_past).await?;
-            let params =
-                CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.clone());
-            // Dropped at the runner's timeout: rmcp then sends notifications/cancelled.
-            match peer.call_tool_once(params).await {
-                Ok(CallToolResponse::Complete(result)) => return Ok(result),
-                Ok(_) => {
-                    return Err(CallError::new(
-                        ErrorCode::ExecutionError,
-                        format!(
-                            "MCP server `{}` asked for input or started a task; vaultd supports neither",
-                            self.name()
-                        ),
-                    ));
-                }
-                Err(ServiceError::McpError(e)) => {
-                    return Err(CallError::new(
-                        ErrorCode::ExecutionError,
-                        format!(
-                            "MCP server `{}` refused the call: {} (JSON-RPC error {})",
-                            self.name(),
-                            e.message,
-                            e.code.0
-                        ),
-                    ));
-                }
-                Err(ServiceError::TransportClosed | ServiceError::TransportSend(_))
-                    if wait_past.is_none() && safe_to_repeat =>
-                {
-                    tracing::warn!(
-                        server = self.name(),
-                        tool,
-                        "MCP server went away during a read_only call; calling again once it is back"
-                    );
-                    wait_past = Some(generation);
-                }
-                Err(e @ (ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
-                    if safe_to_repeat {
+            match self.call_rounds(&peer, tool, &arguments).await {
+                Ok(result) => return Ok(result),
+                Err(Round::Refused(e)) => return Err(e),
+                Err(Round::Service(e)) => match e {
+                    ServiceError::McpError(e) => {
                         return Err(CallError::new(
                             ErrorCode::ExecutionError,
                             format!(
-                                "MCP server `{}` went away during the call: {e}",
+                                "MCP server `{}` refused the call: {} (JSON-RPC error {})",
+                                self.name(),
+                                e.message,
+                                e.code.0
+                            ),
+                        ));
+                    }
+                    ServiceError::TransportClosed | ServiceError::TransportSend(_)
+                        if wait_past.is_none() && safe_to_repeat =>
+                    {
+                        tracing::warn!(
+                            server = self.name(),
+                            tool,
+                            "MCP server went away during a read_only call; calling again once it is back"
+                        );
+                        wait_past = Some(generation);
+                    }
+                    e @ (ServiceError::TransportClosed | ServiceError::TransportSend(_)) => {
+                        if safe_to_repeat {
+                            return Err(CallError::new(
+                                ErrorCode::ExecutionError,
+                                format!(
+                                    "MCP server `{}` went away during the call: {e}",
+                                    self.name()
+                                ),
+                            )
+                            .retryable(true));
+                        }
+                        return Err(CallError::new(
+                            ErrorCode::UnknownOutcome,
+                            format!(
+                                "MCP server `{}` went away while this call ran; it may or may not have acted, so it is not called again. Check, then write the call again to run it once more",
                                 self.name()
                             ),
-                        )
-                        .retryable(true));
+                        ));
                     }
-                    return Err(CallError::new(
-                        ErrorCode::UnknownOutcome,
-                        format!(
-                            "MCP server `{}` went away while this call ran; it may or may not have acted, so it is not called again. Check, then write the call again to run it once more",
-                            self.name()
-                        ),
-                    ));
-                }
-                Err(e) => {
-                    return Err(CallError::new(
-                        ErrorCode::ExecutionError,
-                        format!("MCP call to `{}` failed: {e}", self.name()),
-                    ));
-                }
+                    e => {
+                        return Err(CallError::new(
+                            ErrorCode::ExecutionError,
+                            format!("MCP call to `{}` failed: {e}", self.name()),
+                        ));
+                    }
+                },
             }
         }
     }
+
+    /// One `tools/call` to its end (SEP-2322): an `input_required` result is answered and
+    /// the call sent again as a new request (a new id), the server's `requestState` echoed
+    /// unchanged, the answers keyed as the server keyed its questions, and nothing carried
+    /// over to any other call. A round that only carries state (the server asks to be asked
+    /// again) waits a little first, as rmcp's own driver does.
+    async fn call_rounds(
+        &self,
+        peer: &Peer<RoleClient>,
+        tool: &str,
+        arguments: &serde_json::Map<String, Value>,
+    ) -> Result<CallToolResult, Round> {
+        let mut params =
+            CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.clone());
+        let mut state_only_rounds = 0u32;
+        for _ in 0..DEFAULT_MRTR_MAX_ROUNDS {
+            // Dropped at the runner's timeout: rmcp then sends notifications/cancelled.
+            match peer
+                .call_tool_once(params.clone())
+                .await
+                .map_err(Round::Service)?
+            {
+                CallToolResponse::Complete(result) => return Ok(result),
+                CallToolResponse::InputRequired(asked) => {
+                    let InputRequiredResult {
+                        input_requests,
+                        request_state,
+                        ..
+                    } = asked;
+                    let requests = input_requests.unwrap_or_default();
+                    if requests.is_empty() {
+                        // rmcp only decodes an `input_required` result that carries one
+                        // or the other, so this is a state-only round.
+                        let pause = STATE_ONLY_PAUSE * 2u32.pow(state_only_rounds.min(2));
+                        tokio::time::sleep(pause).await;
+                        state_only_rounds += 1;
+                    } else {
+                        state_only_rounds = 0;
+                    }
+                    let responses = self.answer(requests)?;
+                    params.input_responses = (!responses.is_empty()).then_some(responses);
+                    params.request_state = request_state;
+                }
+                CallToolResponse::Task(_) => {
+                    return Err(Round::Refused(CallError::new(
+                        ErrorCode::ExecutionError,
+                        format!(
+                            "MCP server `{}` answered with a task (the tasks extension); vaultd does not follow MCP tasks",
+                            self.name()
+                        ),
+                    )));
+                }
+                _ => return Err(Round::Service(ServiceError::UnexpectedResponse)),
+            }
+        }
+        Err(Round::Refused(CallError::new(
+            ErrorCode::ExecutionError,
+            format!(
+                "MCP server `{}` still asked for input after {DEFAULT_MRTR_MAX_ROUNDS} rounds; vaultd gave the call up",
+                self.name()
+            ),
+        )))
+    }
+
+    /// The answers to one round's input requests, as a session's requests of the same kind
+    /// are answered (see [`VaultdClient`]): sampling ends the call with a clear error (vaultd
+    /// has no model), a request for the roots gets none, a question for a person is declined
+    /// and the log says so.
+    fn answer(&self, requests: rmcp::model::InputRequests) -> Result<InputResponses, Round> {
+        let mut out = InputResponses::new();
+        for (key, request) in requests {
+            let value = match request {
+                InputRequest::CreateMessage(_) => {
+                    return Err(Round::Refused(sampling_refused(self.name())));
+                }
+                // Roots are deprecated by the 2026 revision (SEP-2577): none.
+                InputRequest::ListRoots(_) => serde_json::json!({ "roots": [] }),
+                InputRequest::Elicitation(asked) => {
+                    serde_json::to_value(decline_question(self.name(), &asked.params))
+                        .expect("an elicitation result serializes")
+                }
+                _ => {
+                    return Err(Round::Refused(CallError::new(
+                        ErrorCode::ExecutionError,
+                        format!(
+                            "MCP server `{}` asked for an input vaultd does not know (input request `{key}`)",
+                            self.name()
+                        ),
+                    )));
+                }
+            };
+            out.insert(key, value);
+        }
+        Ok(out)
+    }
+}
+
+/// How a call's rounds ended short of a result.
+enum Round {
+    /// The session failed (handled by [`McpServer::call`]: restart, retry, unknown outcome).
+    Service(ServiceError),
+    /// vaultd will not go on with this call.
+    Refused(CallError),
+}
+
+fn sampling_refused(server: &str) -> CallError {
+    CallError::new(
+        ErrorCode::ExecutionError,
+        format!(
+            "MCP server `{server}` asked vaultd to sample a language model (sampling/createMessage); vaultd has no model and does not offer sampling"
+        ),
+    )
+}
+
+/// A server's question for a person (elicitation), in a session or in an `input_required`
+/// round: declined, and said in the log with the server's message, never silently.
+fn decline_question(server: &str, asked: &impl serde::Serialize) -> ElicitResult {
+    tracing::warn!(
+        server,
+        "MCP server asked a question; vaultd declines it (it does not ask a person yet): {}",
+        serde_json::to_string(asked).unwrap_or_default()
+    );
+    ElicitResult::new(ElicitationAction::Decline)
 }
 
 /// A live session and, for stdio, the process behind it.
@@ -738,6 +969,45 @@ struct VaultdClient {
 }
 
 impl ClientHandler for VaultdClient {
+    /// vaultd announces itself by name and version; `initialize` (the fallback) asks for
+    /// 2025-11-25, discovery for the versions of [`lifecycle`].
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("vaultd", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    // Sampling is deprecated by the 2026 revision (SEP-2577); older servers may still ask.
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        _params: rmcp::model::CreateMessageRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        let server = self.server.upgrade();
+        let name = server.as_ref().map_or("?", |s| s.name());
+        Err(rmcp::ErrorData::invalid_request(
+            sampling_refused(name).message,
+            None,
+        ))
+    }
+
+    /// Not declared (no elicitation capability), but a server may ask anyway: declined,
+    /// and the log says so.
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        let server = self.server.upgrade();
+        Ok(decline_question(
+            server.as_ref().map_or("?", |s| s.name()),
+            &request,
+        ))
+    }
+
     async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
         let Some(server) = self.server.upgrade() else {
             return;

@@ -1,9 +1,12 @@
 //! An MCP server (rmcp's server side, stdio) for vaultd's tests, benchmark and example vault:
 //! echo, a slow tool that notices cancellation, a failing tool, an `isError` tool, a 1 MB
 //! result, an image, a tool whose definition changes when a file appears, tools that crash the
-//! server, and one that prints its environment to stderr.
+//! server, one that prints its environment to stderr, one that says which client called at
+//! which protocol revision, and tools that answer with `input_required` (SEP-2322).
 //!
-//! Usage: `vaultd-mcp-test-server [--dir DIR]`. DIR (default: the current directory) holds the
+//! Usage: `vaultd-mcp-test-server [--dir DIR] [--discover-answers-empty]`. With
+//! `--discover-answers-empty` it answers `server/discover` with `{}`, as some servers answer
+//! every method they do not know. DIR (default: the current directory) holds the
 //! trigger and marker files: `drift` (present: `drifting`'s definition is the changed one, and
 //! the server sends `notifications/tools/list_changed` when it appears), `cancelled` (one line
 //! per `notifications/cancelled` received), `max_in_flight` (most `slow` calls at once),
@@ -92,6 +95,26 @@ impl TestServer {
                 no_params(),
             ),
             tool("secret_tool", "Never allowed in the tests", no_params()),
+            tool(
+                "whoami",
+                "Returns the client's name and version and the MCP protocol revision of the call",
+                no_params(),
+            ),
+            tool(
+                "ask_state",
+                "Answers input_required with a requestState, then says whether it came back unchanged",
+                no_params(),
+            ),
+            tool(
+                "ask_sampling",
+                "Answers input_required asking the client to sample a language model",
+                no_params(),
+            ),
+            tool(
+                "ask_question",
+                "Answers input_required asking a person a question, then reports the answer",
+                no_params(),
+            ),
         ];
         if self.drifted() {
             tools.push(tool(
@@ -193,6 +216,66 @@ impl ServerHandler for TestServer {
                 }
                 CallToolResult::success(vec![ContentBlock::text("fine this time")])
             }
+            "whoami" => {
+                // A 2026-07-28 request carries the client in its `_meta`; a session opened
+                // with `initialize` said it once, in the handshake.
+                let (client, protocol) = match context.meta.client_info() {
+                    Some(client) => (Some(client), context.meta.protocol_version()),
+                    None => match context.peer.peer_info() {
+                        Some(info) => (
+                            Some(info.client_info.clone()),
+                            Some(info.protocol_version.clone()),
+                        ),
+                        None => (None, None),
+                    },
+                };
+                let about = json!({
+                    "name": client.as_ref().map(|c| c.name.clone()),
+                    "version": client.as_ref().map(|c| c.version.clone()),
+                    "protocol": protocol.map(|p| p.to_string()),
+                });
+                let mut r = CallToolResult::success(vec![ContentBlock::text(about.to_string())]);
+                r.structured_content = Some(about);
+                r
+            }
+            "ask_state" => {
+                const STATE: &str = "opaque: round 1 of ask_state";
+                match request.request_state.as_deref() {
+                    None => return Ok(InputRequiredResult::from_request_state(STATE).into()),
+                    Some(state) => CallToolResult::success(vec![ContentBlock::text(format!(
+                        "state came back {}",
+                        if state == STATE {
+                            "unchanged"
+                        } else {
+                            "changed"
+                        }
+                    ))]),
+                }
+            }
+            "ask_sampling" | "ask_question" => match &request.input_responses {
+                None => {
+                    let asked = if request.name == "ask_sampling" {
+                        json!({ "method": "sampling/createMessage", "params": {
+                            "messages": [{ "role": "user", "content": { "type": "text", "text": "Summarize the note" } }],
+                            "maxTokens": 100 } })
+                    } else {
+                        json!({ "method": "elicitation/create", "params": {
+                            "mode": "form",
+                            "message": "Which branch should I deploy?",
+                            "requestedSchema": { "type": "object", "properties": { "branch": { "type": "string" } } } } })
+                    };
+                    let asked: InputRequest =
+                        serde_json::from_value(asked).expect("a valid input request");
+                    return Ok(InputRequiredResult::from_input_requests(
+                        [("q".to_string(), asked)].into(),
+                    )
+                    .into());
+                }
+                Some(answers) => CallToolResult::success(vec![ContentBlock::text(format!(
+                    "answered: {}",
+                    answers.get("q").cloned().unwrap_or_default()
+                ))]),
+            },
             "show_env" => {
                 let mut names: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
                 names.sort();
@@ -228,9 +311,11 @@ impl ServerHandler for TestServer {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mut dir = std::env::current_dir()?;
+    let mut discover_answers_empty = false;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--dir" => dir = PathBuf::from(args.next().ok_or("--dir needs a value")?),
+            "--discover-answers-empty" => discover_answers_empty = true,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -241,7 +326,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         in_flight: Arc::new(AtomicUsize::new(0)),
         max_in_flight: Arc::new(AtomicUsize::new(0)),
     };
-    let running = server.serve(rmcp::transport::stdio()).await?;
+    let running = if discover_answers_empty {
+        server.serve(discover_answered_empty()).await?
+    } else {
+        server.serve(rmcp::transport::stdio()).await?
+    };
     // The drift trigger: when `drift` appears, tell the client the tools changed.
     let peer = running.peer().clone();
     let drift = dir.join("drift");
@@ -258,4 +347,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     running.waiting().await?;
     Ok(())
+}
+
+/// Stdio with `server/discover` answered `{}` before rmcp sees it: the line-delimited
+/// messages of stdin go through to rmcp but for discovery, and rmcp's output and those
+/// answers go to stdout one whole line at a time.
+fn discover_answered_empty() -> (tokio::io::DuplexStream, tokio::io::DuplexStream) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let (mut to_rmcp, rmcp_reads) = tokio::io::duplex(1 << 20);
+    let (rmcp_writes, from_rmcp) = tokio::io::duplex(1 << 20);
+    let stdout = Arc::new(tokio::sync::Mutex::new(tokio::io::stdout()));
+    let out = stdout.clone();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let message: Value = serde_json::from_str(&line).unwrap_or_default();
+            if message["method"] == "server/discover" {
+                let answer = json!({ "jsonrpc": "2.0", "id": message["id"], "result": {} });
+                let mut out = out.lock().await;
+                let _ = out.write_all(format!("{answer}\n").as_bytes()).await;
+                let _ = out.flush().await;
+            } else if to_rmcp
+                .write_all(format!("{line}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(from_rmcp).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut out = stdout.lock().await;
+            let _ = out.write_all(format!("{line}\n").as_bytes()).await;
+            let _ = out.flush().await;
+        }
+    });
+    (rmcp_reads, rmcp_writes)
 }
