@@ -561,8 +561,12 @@ impl ScratchDir {
             })
             .take(64)
             .collect();
-        let path = root.join(format!("{safe}-{}", std::process::id()));
-        // Left over from a crash: start empty.
+        // Two notes with the same text have the same call ids and may run at once: a count
+        // makes each run's dir its own (one run removing another's scratch dir failed it).
+        static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = root.join(format!("{safe}-{}-{run}", std::process::id()));
+        // Left over from a crash of a process with the same pid: start empty.
         if path.exists() {
             std::fs::remove_dir_all(&path)?;
         }
@@ -585,6 +589,21 @@ mod tests {
 
     fn params(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn two_runs_of_one_call_id_at_once_get_their_own_scratch_dirs() {
+        let root = tempfile::tempdir().unwrap();
+        let a = ScratchDir::create(root.path(), "c-4384e3ceb61b").unwrap();
+        std::fs::write(a.path.join("work"), "a").unwrap();
+        let b = ScratchDir::create(root.path(), "c-4384e3ceb61b").unwrap();
+        assert_ne!(a.path, b.path);
+        assert!(
+            a.path.join("work").exists(),
+            "the second run emptied the first's dir"
+        );
+        drop(b);
+        assert!(a.path.is_dir());
     }
 
     #[test]
