@@ -783,13 +783,14 @@ fn command_tool(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<M
         ),
         metric("search note latency p50 (0 ms, same daemon)", s50, "ms"),
         metric("`true` spawned directly p50 (own run time)", a50, "ms"),
+        // Issues 27 and 31: a command call in the full sandbox within 3 ms of a search call.
         metric(
             "command call overhead p50 (vs search note)",
             c50 - s50,
             "ms",
-        ),
-        metric("whole command note over `true` alone p50", c50 - a50, "ms")
-            .target("<= 3", |v| v <= 3.0),
+        )
+        .target("<= 3", |v| v <= 3.0),
+        metric("whole command note over `true` alone p50", c50 - a50, "ms"),
         metric(
             "whole command note over `true` alone p99",
             percentile(&command_ms, 0.99) - a50,

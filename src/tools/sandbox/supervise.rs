@@ -177,12 +177,11 @@ unsafe fn kill_every_child() {
     unsafe {
         let me = libc::getpid();
         let mut idle_rounds = 0;
+        let mut status = 0;
         loop {
-            let killed = for_each_child(me, |pid| {
-                libc::kill(pid, libc::SIGKILL);
-            });
-            let mut status = 0;
-            // Reap what died; no child left means no descendant left.
+            // Reap what died; no child left means no descendant left. Asked before /proc is
+            // read: a program that left nothing behind (the common case) costs no scan of
+            // every process on the machine (~1 ms of a command call, BENCHMARKS.md).
             loop {
                 let r = libc::waitpid(-1, &mut status, libc::WNOHANG);
                 if r > 0 {
@@ -193,6 +192,9 @@ unsafe fn kill_every_child() {
                 }
                 break;
             }
+            let killed = for_each_child(me, |pid| {
+                libc::kill(pid, libc::SIGKILL);
+            });
             if killed == 0 {
                 // Children exist that /proc does not show (yet): wait a little, a bounded
                 // number of times, rather than spin or hang.
