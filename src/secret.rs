@@ -10,6 +10,10 @@ pub enum SecretError {
         "`{0}` is not a secret reference: write env:NAME, file:PATH or credential:NAME (a literal secret in the config is refused)"
     )]
     NotAReference(String),
+    #[error(
+        "this plain value looks like a credential, and a credential is never written into the config: set it in vaultd's environment and write env:{0} (or file:PATH, credential:NAME) instead"
+    )]
+    LiteralCredential(String),
     #[error("environment variable {0} is not set or empty")]
     EnvMissing(String),
     #[error("cannot read secret file {path}")]
@@ -359,9 +363,143 @@ fn url_form_encode(v: &str) -> String {
     out
 }
 
+/// Whether an `env` value is a credential: by the variable's name (`…TOKEN`, `…API_KEY`,
+/// `…SECRET`, `…PASSWORD`, …), by a known token shape (`ghp_…`, `sk-…`, `xoxb-…`, a JWT, a
+/// PEM key, a URL with a password), or by being a long opaque string. A path is never one
+/// (`GOOGLE_APPLICATION_CREDENTIALS=/home/me/key.json` names a file; the sandbox guards
+/// files). Errs on the side of a reference: a wrong guess costs one variable to set.
+pub fn looks_like_credential(key: &str, value: &str) -> bool {
+    let v = value.trim();
+    if v.starts_with('/') || v.starts_with("~/") || v.starts_with("./") || v.starts_with("../") {
+        return false;
+    }
+    let k = key.to_ascii_uppercase();
+    let secret_name = [
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "PASSPHRASE",
+        "API_KEY",
+        "APIKEY",
+        "ACCESS_KEY",
+        "PRIVATE_KEY",
+        "AUTH",
+        "CREDENTIAL",
+        "COOKIE",
+        "SESSION",
+        "BEARER",
+        "DSN",
+        "CONNECTION_STRING",
+        "DATABASE_URL",
+    ]
+    .iter()
+    .any(|w| k.contains(w))
+        || k == "KEY"
+        || k.ends_with("_KEY")
+        || k.ends_with("_PAT")
+        || k == "PAT";
+    if secret_name {
+        return true;
+    }
+    let known_shape = [
+        "ghp_",
+        "gho_",
+        "ghs_",
+        "ghu_",
+        "ghr_",
+        "github_pat_",
+        "glpat-",
+        "sk-",
+        "sk_live_",
+        "rk_live_",
+        "xoxb-",
+        "xoxp-",
+        "xoxa-",
+        "xapp-",
+        "AKIA",
+        "ASIA",
+        "AIza",
+        "ntn_",
+        "secret_",
+        "lin_api_",
+        "Bearer ",
+        "Basic ",
+        "eyJ",
+        "-----BEGIN",
+    ]
+    .iter()
+    .any(|p| v.starts_with(p));
+    if known_shape {
+        return true;
+    }
+    if let Ok(url) = reqwest::Url::parse(v)
+        && url.password().is_some()
+    {
+        return true;
+    }
+    // A long opaque token: no spaces, letters and digits mixed, mostly alphanumeric.
+    v.len() >= 24
+        && !v.contains(char::is_whitespace)
+        && v.chars().any(|c| c.is_ascii_digit())
+        && v.chars().any(|c| c.is_ascii_alphabetic())
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_+/=.".contains(c))
+        && !v.contains("://")
+}
+
+/// A plain value the config loader refuses (docs/design.md §10.4: only literal values that
+/// look like credentials are refused): what [`looks_like_credential`] says, less the few
+/// words that only switch something (`AUTH_MODE = "none"`, `USE_TOKEN = "true"`).
+pub fn literal_credential(key: &str, value: &str) -> bool {
+    let switch = matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "" | "true" | "false" | "yes" | "no" | "on" | "off" | "none" | "0" | "1"
+    );
+    !switch && looks_like_credential(key, value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_by_name_shape_or_look_paths_never() {
+        for (k, v) in [
+            ("GITHUB_TOKEN", "abc"),
+            ("OPENAI_API_KEY", "x"),
+            ("DB_PASSWORD", "hunter2"),
+            ("ANYTHING", "ghp_0123456789abcdef"),
+            ("ANYTHING", "sk-proj-abc"),
+            ("ANYTHING", "postgres://u:pw@db/x"),
+            ("ANYTHING", "eyJhbGciOiJIUzI1NiJ9.e30.x"),
+            ("ANYTHING", "a8f5f167f44f4964e6c998dee827110c"),
+        ] {
+            assert!(looks_like_credential(k, v), "{k}={v}");
+        }
+        for (k, v) in [
+            ("MEMORY_FILE_PATH", "/w/memory.jsonl"),
+            ("GOOGLE_APPLICATION_CREDENTIALS", "/home/me/key.json"),
+            ("LOG_LEVEL", "debug"),
+            ("BASE_URL", "https://api.example.com/v1"),
+            ("ALLOWED_DIRS", "notes"),
+        ] {
+            assert!(!looks_like_credential(k, v), "{k}={v}");
+        }
+    }
+
+    #[test]
+    fn the_loader_lets_switches_through() {
+        assert!(literal_credential("DB_PASSWORD", "hunter2"));
+        assert!(literal_credential("X", "ghp_0123456789abcdef"));
+        for (k, v) in [
+            ("AUTH_MODE", "none"),
+            ("USE_TOKEN", "true"),
+            ("LOG_LEVEL", "debug"),
+        ] {
+            assert!(!literal_credential(k, v), "{k}={v}");
+        }
+    }
 
     #[test]
     fn a_redactor_learns_new_secrets_and_keeps_hiding_the_old_ones() {

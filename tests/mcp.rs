@@ -298,6 +298,22 @@ fn a_server_that_dies_mid_call_is_restarted_read_only_calls_run_again_others_are
     );
     let text = vault.wait_until_in("Done", "e.md");
     assert_eq!(results_in(&text)[0]["ok"], true);
+
+    // `vaultd status` shows it up again, how often it came back and why it went.
+    let status = vault.status_json();
+    let live = &status["mcp_servers"][0]["live"];
+    assert_eq!(live["state"], "up", "{live}");
+    assert!(live["restarts"].as_i64().unwrap() >= 2, "{live}");
+    assert_eq!(live["last_error"], "the server exited", "{live}");
+    let out = vault.cmd().arg("status").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("    up since ")
+            && stdout.contains(" times\n    last error ")
+            && stdout.contains(": the server exited"),
+        "{stdout}"
+    );
+    drop(daemon);
 }
 
 #[test]

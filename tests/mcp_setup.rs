@@ -497,14 +497,19 @@ fn tools_all_and_status_show_not_allowed_tools_and_a_server_that_never_ran() {
     assert!(kept["tools_not_allowed"].as_u64().unwrap() > 5, "{kept}");
     assert_eq!(kept["last_failure"]["tool"], "mcp__kept__fail", "{kept}");
     assert_eq!(kept["last_failure"]["outcome"], "EXECUTION_ERROR");
+    // `vaultd once` started it and stopped it on its way out.
+    assert_eq!(kept["live"]["state"], "stopped", "{kept}");
+    assert_eq!(kept["live"]["restarts"], 0, "{kept}");
     assert!(
-        kept["live_state"]
+        kept["live"]["about"]
             .as_str()
             .unwrap()
-            .contains("daemon's log")
+            .contains("MCP protocol"),
+        "{kept}"
     );
     let fresh = servers.iter().find(|s| s["name"] == "fresh").unwrap();
     assert_eq!(fresh["listed"], false, "{fresh}");
+    assert!(fresh["live"].is_null(), "never started: {fresh}");
     assert_eq!(fresh["transport"]["stdio"], "vaultd-mcp-test-server");
 
     let out = vault.cmd().arg("status").output().unwrap();
@@ -512,6 +517,7 @@ fn tools_all_and_status_show_not_allowed_tools_and_a_server_that_never_ran() {
     assert!(
         stdout.contains("MCP servers")
             && stdout.contains("  fresh  stdio vaultd-mcp-test-server\n    never listed yet")
+            && stdout.contains("    stopped at ")
             && stdout.contains("last failed call:")
             && stdout.contains("mcp__kept__fail EXECUTION_ERROR"),
         "{stdout}"

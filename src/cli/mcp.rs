@@ -205,7 +205,7 @@ fn add(g: &GlobalArgs, args: AddArgs) -> Result<i32> {
             let mut env = BTreeMap::new();
             for e in &args.env {
                 let (k, v) = split_pair(e, "--env")?;
-                if !is_reference(&v) && import::looks_like_credential(&k, &v) {
+                if !is_reference(&v) && crate::secret::looks_like_credential(&k, &v) {
                     bail!(
                         "--env {k}: this looks like a credential; a credential is never written into the config: set it in vaultd's environment and give --env {k}=env:{k} (or file:PATH)"
                     );
@@ -498,6 +498,7 @@ pub(super) fn server_states(
     config: &Config,
     journal: &Journal,
     circuits: &[crate::guard::breaker::CircuitStatus],
+    daemon_running: bool,
 ) -> Result<Vec<Value>> {
     let mut out = Vec::new();
     for s in &config.mcp {
@@ -523,7 +524,13 @@ pub(super) fn server_states(
                 "at": e.time, "tool": e.tool, "outcome": e.outcome, "detail": e.detail,
             })),
             "circuit": circuit,
-            "live_state": "not recorded in the journal: whether the server is up now, since when and its restarts are in the daemon's log",
+            "live": record.live.map(|mut live| {
+                // A daemon killed by a signal said nothing on its way out.
+                if !daemon_running && live.state != "stopped" {
+                    live.state = "not running".into();
+                }
+                live
+            }),
         }));
     }
     Ok(out)
@@ -545,10 +552,7 @@ pub(super) fn print_server_states(
         return Ok(());
     }
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "\nMCP servers (as the journal records them; whether each is up now is in the daemon's log)"
-    )?;
+    writeln!(out, "\nMCP servers")?;
     for s in servers {
         let how = match (&s["transport"]["stdio"], &s["transport"]["url"]) {
             (Value::String(p), _) => format!("stdio {p}"),
@@ -561,6 +565,32 @@ pub(super) fn print_server_states(
             s["name"].as_str().unwrap_or(""),
             escape_controls(&how)
         )?;
+        if let Some(live) = s["live"].as_object() {
+            let text = |k: &str| live[k].as_str().unwrap_or("");
+            let mut line = match text("state") {
+                "up" => format!("    up since {}", text("since")),
+                "down" => format!("    down since {}, restarting with backoff", text("since")),
+                "stopped" => format!("    stopped at {} (with vaultd)", text("since")),
+                other => format!("    {other}: vaultd is not running"),
+            };
+            if let Some(about) = live["about"].as_str().filter(|a| !a.is_empty()) {
+                line.push_str(&format!(" ({})", escape_controls(about)));
+            }
+            match live["restarts"].as_i64().unwrap_or(0) {
+                0 => {}
+                1 => line.push_str(", restarted once"),
+                n => line.push_str(&format!(", restarted {n} times")),
+            }
+            writeln!(out, "{line}")?;
+            if let Some(e) = live["last_error"].as_str() {
+                writeln!(
+                    out,
+                    "    last error {}: {}",
+                    text("last_error_at"),
+                    escape_controls(&redactor.redact(e))
+                )?;
+            }
+        }
         if s["listed"] != json!(true) {
             writeln!(
                 out,

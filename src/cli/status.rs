@@ -39,7 +39,8 @@ pub(super) fn status(g: &GlobalArgs, as_json: bool) -> Result<i32> {
         })
         .collect();
     let circuits = crate::guard::breaker::read_state_file(&config.state_dir, daemon_pid);
-    let mcp_servers = super::mcp::server_states(&config, &journal, &circuits)?;
+    let mcp_servers =
+        super::mcp::server_states(&config, &journal, &circuits, daemon_pid.is_some())?;
     let runner = crate::synced::RunnerId::load(&config.state_dir);
     let pause = journal.pause()?;
     let storage_pause = crate::state::storage_pause(&config.state_dir, daemon_pid);

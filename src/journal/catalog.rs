@@ -32,7 +32,43 @@ pub(super) const TABLES: &str = "
         listed_ms INTEGER NOT NULL,
         tools_json TEXT NOT NULL
     );
+    CREATE TABLE IF NOT EXISTS mcp_live (
+        server TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        since_ms INTEGER NOT NULL,
+        daemon_started_ms INTEGER NOT NULL,
+        starts INTEGER NOT NULL,
+        about TEXT,
+        last_error TEXT,
+        last_error_ms INTEGER
+    );
 ";
+
+/// What a server's supervisor says as it goes (docs/design.md §10.4: `vaultd status` shows
+/// each server's state, up since, restarts, last error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveEvent {
+    /// The session is open; `about` names the server and the protocol it speaks.
+    Up { about: String },
+    /// The server exited or did not start; the supervisor tries again.
+    Down { error: String },
+    /// vaultd stopped it (shutdown or a reload that removed it).
+    Stopped,
+}
+
+/// A server's state as its daemon last recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LiveState {
+    /// `up`, `down` (restarting with backoff) or `stopped`.
+    pub state: String,
+    /// When it entered that state (RFC 3339).
+    pub since: String,
+    /// Sessions opened since the daemon started, less one: how often it came back.
+    pub restarts: i64,
+    pub about: Option<String>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<String>,
+}
 
 /// One tool as a server listed it: its definition (canonical JSON) and that text's hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,8 +241,7 @@ pub struct OfferedTool {
     pub description: String,
 }
 
-/// What the journal knows of one server, for `vaultd status` (the running daemon's live
-/// state, up or restarting, is in its log, not here).
+/// What the journal knows of one server, for `vaultd status`.
 #[derive(Debug, Clone, Default)]
 pub struct ServerRecord {
     /// RFC 3339 times of its first and latest complete tool listing (each start and each
@@ -222,6 +257,8 @@ pub struct ServerRecord {
     pub last_failure: Option<super::LogEntry>,
     /// When one of its tools last ended a call, whatever the outcome.
     pub last_call_at: Option<String>,
+    /// Up, down or stopped, as the daemon that ran it last recorded (None: never started).
+    pub live: Option<LiveState>,
 }
 
 impl Journal {
@@ -229,6 +266,46 @@ impl Journal {
     /// or listed by a vaultd that did not keep them).
     pub fn mcp_not_allowed(&self, server: &str) -> Result<Option<Vec<OfferedTool>>, JournalError> {
         self.read(|tx| not_allowed(tx, server))
+    }
+
+    /// Records a supervisor's step for `vaultd status`: queued, never waited for (a server
+    /// coming up must not wait for a disk), and counted per daemon run: `daemon_started_ms`
+    /// tells a restart of this daemon's server from the first start of the next daemon.
+    pub fn record_mcp_live(
+        &self,
+        server: &str,
+        daemon_started_ms: i64,
+        event: LiveEvent,
+    ) -> Result<(), JournalError> {
+        let server = server.to_owned();
+        self.write_queued("recording an MCP server's state", move |tx| {
+            let now = now_ms();
+            let (state, about, error) = match &event {
+                LiveEvent::Up { about } => ("up", Some(about.as_str()), None),
+                LiveEvent::Down { error } => ("down", None, Some(error.as_str())),
+                LiveEvent::Stopped => ("stopped", None, None),
+            };
+            let up = i64::from(state == "up");
+            tx.execute(
+                "INSERT INTO mcp_live (server, state, since_ms, daemon_started_ms, starts, about,
+                                       last_error, last_error_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, CASE WHEN ?7 IS NULL THEN NULL ELSE ?3 END)
+                 ON CONFLICT(server) DO UPDATE SET
+                     state = excluded.state,
+                     since_ms = CASE WHEN mcp_live.state = excluded.state
+                                     AND mcp_live.daemon_started_ms = excluded.daemon_started_ms
+                                THEN mcp_live.since_ms ELSE excluded.since_ms END,
+                     starts = CASE WHEN mcp_live.daemon_started_ms = excluded.daemon_started_ms
+                                   THEN mcp_live.starts + excluded.starts
+                                   ELSE excluded.starts END,
+                     daemon_started_ms = excluded.daemon_started_ms,
+                     about = coalesce(excluded.about, mcp_live.about),
+                     last_error = coalesce(excluded.last_error, mcp_live.last_error),
+                     last_error_ms = coalesce(excluded.last_error_ms, mcp_live.last_error_ms)",
+                params![server, state, now, daemon_started_ms, up, about, error],
+            )?;
+            Ok(())
+        })
     }
 
     /// Everything the journal records about `server` (docs/design.md §10.4, `vaultd status`).
@@ -265,7 +342,25 @@ impl Journal {
                 )
                 .optional()?
                 .flatten();
+            let live = tx
+                .query_row(
+                    "SELECT state, since_ms, starts, about, last_error, last_error_ms
+                     FROM mcp_live WHERE server = ?1",
+                    params![server],
+                    |r| {
+                        Ok(LiveState {
+                            state: r.get(0)?,
+                            since: rfc3339(r.get(1)?),
+                            restarts: (r.get::<_, i64>(2)? - 1).max(0),
+                            about: r.get(3)?,
+                            last_error: r.get(4)?,
+                            last_error_at: r.get::<_, Option<i64>>(5)?.map(rfc3339),
+                        })
+                    },
+                )
+                .optional()?;
             Ok(ServerRecord {
+                live,
                 first_listed_at: first.map(rfc3339),
                 listed_at: catalog.as_ref().map(|c| c.listed_at.clone()),
                 tools: catalog.map(|c| c.tools).unwrap_or_default(),
@@ -346,6 +441,52 @@ mod tests {
             definition: def.into(),
             hash: format!("h({def})"),
         }
+    }
+
+    #[test]
+    fn live_state_counts_restarts_per_daemon_and_keeps_the_last_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path()).unwrap();
+        let live = |j: &Journal| j.mcp_server_record("s").unwrap().live;
+        assert_eq!(live(&j), None);
+        let up = || LiveEvent::Up {
+            about: "srv 1.0, MCP protocol 2025-11-25".into(),
+        };
+        let down = |e: &str| LiveEvent::Down { error: e.into() };
+        j.record_mcp_live("s", 100, down("it did not start: no such file"))
+            .unwrap();
+        j.record_mcp_live("s", 100, up()).unwrap();
+        // Queued writes are read once a later durable write returned.
+        j.record_mcp_listing("s", &[], &[]).unwrap();
+        let first = live(&j).unwrap();
+        assert_eq!((first.state.as_str(), first.restarts), ("up", 0));
+        assert_eq!(
+            first.about.as_deref(),
+            Some("srv 1.0, MCP protocol 2025-11-25")
+        );
+        assert_eq!(
+            first.last_error.as_deref(),
+            Some("it did not start: no such file")
+        );
+
+        j.record_mcp_live("s", 100, down("the server exited"))
+            .unwrap();
+        j.record_mcp_live("s", 100, up()).unwrap();
+        j.record_mcp_live("s", 100, up()).unwrap();
+        j.record_mcp_listing("s", &[], &[]).unwrap();
+        let again = live(&j).unwrap();
+        assert_eq!((again.state.as_str(), again.restarts), ("up", 2));
+        assert_eq!(again.last_error.as_deref(), Some("the server exited"));
+
+        j.record_mcp_live("s", 100, LiveEvent::Stopped).unwrap();
+        j.record_mcp_listing("s", &[], &[]).unwrap();
+        assert_eq!(live(&j).unwrap().state, "stopped");
+        // The next daemon counts from its own start.
+        j.record_mcp_live("s", 200, up()).unwrap();
+        j.record_mcp_listing("s", &[], &[]).unwrap();
+        let next = live(&j).unwrap();
+        assert_eq!((next.state.as_str(), next.restarts), ("up", 0));
+        assert_eq!(next.last_error.as_deref(), Some("the server exited"));
     }
 
     #[test]

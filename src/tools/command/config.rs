@@ -104,17 +104,25 @@ pub enum EnvValue {
 }
 
 impl EnvValue {
-    /// A value as written: a secret reference (`env:`, `file:`, `credential:`) is loaded (and
-    /// redacted wherever it appears), anything else is plain text, shown as written.
-    pub fn load(value: &str, skip_secrets: bool) -> Result<EnvValue, crate::secret::SecretError> {
+    /// The value of variable `var` as written: a secret reference (`env:`, `file:`,
+    /// `credential:`) is loaded (and redacted wherever it appears), anything else is plain
+    /// text, shown as written, unless it looks like a credential (refused: docs/design.md
+    /// §10.4).
+    pub fn load(
+        var: &str,
+        value: &str,
+        skip_secrets: bool,
+    ) -> Result<EnvValue, crate::secret::SecretError> {
         let is_reference = ["env:", "file:", "credential:"]
             .iter()
             .any(|p| value.starts_with(p));
-        Ok(if is_reference {
-            EnvValue::Secret(Secret::load(value, skip_secrets)?)
+        if is_reference {
+            Ok(EnvValue::Secret(Secret::load(value, skip_secrets)?))
+        } else if crate::secret::literal_credential(var, value) {
+            Err(crate::secret::SecretError::LiteralCredential(var.into()))
         } else {
-            EnvValue::Plain(value.to_string())
-        })
+            Ok(EnvValue::Plain(value.to_string()))
+        }
     }
 
     /// How `vaultd config` shows it: a secret as its reference only.
@@ -384,10 +392,12 @@ fn validate_one(
                     format!("`{key}` is set by vaultd and cannot be overridden"),
                 ));
             }
-            let v = EnvValue::load(&value, skip_secrets).map_err(|source| ConfigError::Secret {
-                path: at.path.to_path_buf(),
-                key: format!("tools.command.{name}.env.{key}"),
-                source,
+            let v = EnvValue::load(&key, &value, skip_secrets).map_err(|source| {
+                ConfigError::Secret {
+                    path: at.path.to_path_buf(),
+                    key: format!("tools.command.{name}.env.{key}"),
+                    source,
+                }
             })?;
             env.insert(key, v);
         }

@@ -275,7 +275,7 @@ pub fn from_raw(
                 };
                 let mut env = Vec::new();
                 for (var, value) in &server.env {
-                    let v = EnvValue::load(value, cx.skip_secrets).map_err(|source| {
+                    let v = EnvValue::load(var, value, cx.skip_secrets).map_err(|source| {
                         ConfigError::Secret {
                             path: cx.path.to_path_buf(),
                             key: key(&format!("env.{var}")),
@@ -676,6 +676,19 @@ mod tests {
         assert!(crate::secret::SecretHolder::secrets(s).is_empty());
         let shown = describe(std::slice::from_ref(s)).to_string();
         assert!(shown.contains("/w/memory.jsonl"), "{shown}");
+        // A plain value that looks like a credential is refused, with where and what to do.
+        let err =
+            parse("[x]\ncommand = [\"srv\"]\nenv = { GITHUB_TOKEN = \"ghp_0123456789abcdef\" }\n")
+                .unwrap_err();
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(
+            chain.contains("mcp.x.env.GITHUB_TOKEN")
+                && chain.contains("looks like a credential")
+                && chain.contains("env:GITHUB_TOKEN")
+                && !chain.contains("ghp_0123"),
+            "{chain}"
+        );
+        assert!(parse("[x]\ncommand = [\"srv\"]\nenv = { AUTH_MODE = \"none\" }\n").is_ok());
         let raw: Result<BTreeMap<String, RawServer>, _> =
             toml::from_str("[x]\ncomand = [\"srv\"]\n");
         assert!(raw.unwrap_err().to_string().contains("comand"));

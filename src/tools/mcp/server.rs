@@ -17,7 +17,7 @@ use super::discover::{self, Era};
 use super::pin;
 use crate::call::{CallError, ErrorCode};
 use crate::journal::Journal;
-use crate::journal::catalog::{ListedTool, PinState};
+use crate::journal::catalog::{ListedTool, LiveEvent, PinState};
 use crate::tools::command::config::SandboxMode;
 use crate::tools::command::sandbox::{self as command_sandbox, Limits, Support};
 use crate::tools::sandbox::{seccomp, supervise};
@@ -258,6 +258,9 @@ impl McpServer {
                         })
                         .unwrap_or_default();
                     tracing::info!(server = self.name(), "MCP server is up{about}");
+                    self.record_live(LiveEvent::Up {
+                        about: about.trim_start_matches(": ").to_string(),
+                    });
                     let ct = service.cancellation_token();
                     let session = service.waiting();
                     tokio::pin!(session);
@@ -289,6 +292,9 @@ impl McpServer {
                         "MCP server exited; restarting in {}",
                         humantime::format_duration(backoff)
                     );
+                    self.record_live(LiveEvent::Down {
+                        error: "the server exited".into(),
+                    });
                     if started.elapsed() >= HEALTHY_AFTER {
                         backoff = BACKOFF_MIN;
                     }
@@ -299,6 +305,9 @@ impl McpServer {
                         "MCP server did not start: {e}; retrying in {}",
                         humantime::format_duration(backoff)
                     );
+                    self.record_live(LiveEvent::Down {
+                        error: format!("it did not start: {e}"),
+                    });
                     self.link.send_modify(|l| {
                         l.attempts += 1;
                         l.error = Some(format!("it did not start: {e}"));
@@ -310,6 +319,24 @@ impl McpServer {
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+        self.record_live(LiveEvent::Stopped);
+    }
+
+    /// Tells the journal, for `vaultd status`; a journal that cannot take it is logged by
+    /// its writer and the server goes on.
+    fn record_live(&self, event: LiveEvent) {
+        static DAEMON_STARTED_MS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+        let started = *DAEMON_STARTED_MS.get_or_init(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64)
+        });
+        if let Err(e) = self.journal.record_mcp_live(self.name(), started, event) {
+            tracing::warn!(
+                server = self.name(),
+                "cannot record the server's state: {e}"
+            );
         }
     }
 
