@@ -131,6 +131,7 @@ fn main() {
                     note: "In_Progress/bench.md",
                     parameters: &params,
                     deadline: Instant::now() + Duration::from_secs(60),
+                    answer: None,
                 }))
                 .expect("search runs");
             if round > 0 {

@@ -25,6 +25,10 @@ pub enum ErrorCode {
     Conflict,
     CannotUndo,
     NothingToUndo,
+    /// Not an end: an MCP server asked a person something (elicitation) and the call waits
+    /// for the answer in a `[!question]` (docs/design.md §10.4). Never written as a result;
+    /// the journal records the question under it until the call is resumed.
+    NeedsAnswer,
 }
 
 impl ErrorCode {
@@ -46,6 +50,7 @@ impl ErrorCode {
             ErrorCode::Conflict => "CONFLICT",
             ErrorCode::CannotUndo => "CANNOT_UNDO",
             ErrorCode::NothingToUndo => "NOTHING_TO_UNDO",
+            ErrorCode::NeedsAnswer => "NEEDS_ANSWER",
         }
     }
 
@@ -178,6 +183,9 @@ pub struct HeldCall {
     pub parameters: serde_json::Map<String, Value>,
     /// Why approval is needed, shown to the person ("recipient bob@x.org is not in allowed_recipients").
     pub reason: String,
+    /// A server's question the approval answers (docs/design.md §10.4), as the tool returned
+    /// it in its NEEDS_ANSWER error's `details`; None for a policy hold.
+    pub question: Option<Value>,
 }
 
 /// RFC 3339 UTC with milliseconds, the one timestamp format vaultd writes.

@@ -136,6 +136,7 @@ impl Runner {
             note_id,
             parameters,
             deadline,
+            answer: call.answer.as_ref(),
         };
         let outcome = match tokio::time::timeout(timeout, tool.tool.run(call)).await {
             Ok(outcome) => outcome,

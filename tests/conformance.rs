@@ -9,8 +9,11 @@
 //! Client scenarios of 0.2.0-alpha.12 not run here, and why:
 //! - `auth/*` (23 scenarios, plus the `auth/*` extensions): OAuth, which vaultd does not do
 //!   yet (issue 28 item 3; a token goes in a header today).
-//! - `elicitation-sep1034-client-defaults`: elicitation, which vaultd declines for now
-//!   (issue 28 item 2: a question is to be put to a person in a note).
+//! - `elicitation-sep1034-client-defaults` (2025-11-25): a question asked within the session
+//!   (`elicitation/create`), which vaultd refuses by design: the call cannot wait there for a
+//!   person. Questions asked in `input_required` rounds (2026-07-28) are put to a person in the
+//!   note: `sep-2322-client-request-state` below answers them as a person does
+//!   (tests/conformance/client.mjs fills the answer block and runs `vaultd approve`).
 //! - `sep-2640-*` (extension): skills, a resources extension; vaultd reads no resources.
 //! - `initialize` and `sse-retry` at 2026-07-28: the suite has them up to 2025-11-25 only.
 //!

@@ -820,15 +820,13 @@ fn a_server_that_answers_discovery_with_an_empty_result_is_started_again_with_in
 }
 
 // SEP-2322 over stdio: a round that only carries state is sent again with the state
-// unchanged; sampling ends the call with an error that says why; a question for a person is
-// declined (vaultd asks no one yet) and the log says so, with the server's question.
+// unchanged; sampling ends the call with an error that says why.
 #[test]
-fn input_required_rounds_are_followed_sampling_refused_and_a_question_declined_aloud() {
+fn input_required_rounds_are_followed_and_sampling_refused() {
     let (vault, _) = mcp_vault(
-        "allow = [\"ask_state\", \"ask_sampling\", \"ask_question\"]\n\
+        "allow = [\"ask_state\", \"ask_sampling\"]\n\
          [mcp.t.tools.ask_state]\neffect = \"read_only\"\n\
-         [mcp.t.tools.ask_sampling]\neffect = \"read_only\"\n\
-         [mcp.t.tools.ask_question]\neffect = \"read_only\"\n",
+         [mcp.t.tools.ask_sampling]\neffect = \"read_only\"\n",
         "",
     );
     vault.drop_note(
@@ -838,7 +836,6 @@ fn input_required_rounds_are_followed_sampling_refused_and_a_question_declined_a
             &[
                 call("mcp__t__ask_state", json!({})),
                 call("mcp__t__ask_sampling", json!({})),
-                call("mcp__t__ask_question", json!({})),
             ],
         ),
     );
@@ -846,7 +843,7 @@ fn input_required_rounds_are_followed_sampling_refused_and_a_question_declined_a
     assert_eq!(code, 0, "{log}");
     let text = vault.read("Failed", "r.md");
     let r = results_in(&text);
-    assert_eq!(r.len(), 3, "{text}");
+    assert_eq!(r.len(), 2, "{text}");
     assert_eq!(
         r[0]["data"]["content"][0]["text"], "state came back unchanged",
         "{text}"
@@ -857,13 +854,132 @@ fn input_required_rounds_are_followed_sampling_refused_and_a_question_declined_a
         message.contains("sample a language model") && message.contains("vaultd has no model"),
         "{message}"
     );
-    assert_eq!(r[2]["ok"], true, "{text}");
-    let answer = r[2]["data"]["content"][0]["text"].as_str().unwrap();
-    assert!(answer.contains(r#""action":"decline""#), "{answer}");
-    assert!(
-        log.contains("vaultd declines it") && log.contains("Which branch should I deploy?"),
-        "{log}"
+}
+
+/// A vault whose `ask_question` tool (an `external_side_effect` run without approval) asks
+/// "Which branch should I deploy?" in an `input_required` round, and a note that calls it,
+/// run once: the note is in Pending_Approval with the question.
+fn asked_note(name: &str) -> (TestVault, PathBuf, String) {
+    let (vault, dir) = mcp_vault(
+        "allow = [\"ask_question\"]\n[mcp.t.tools.ask_question]\napproval = \"never\"\n",
+        "",
     );
+    vault.drop_note(
+        name,
+        &note_with_calls("deploy", &[call("mcp__t__ask_question", json!({}))]),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Pending_Approval", name);
+    (vault, dir, text)
+}
+
+fn rounds(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("rounds")).map_or(0, |s| s.lines().count())
+}
+
+// docs/design.md §10.4 "A server that asks a person": the question goes into the note with an
+// answer block, the call waits in Pending_Approval (no result, no restart needed), and
+// approving the note with the answer filled in runs the next round with it and the server's
+// state; a `vaultd once` in between (a restart) loses nothing.
+#[test]
+fn a_servers_question_waits_in_the_note_and_the_answer_resumes_the_call() {
+    let (vault, dir, text) = asked_note("q.md");
+    assert!(results_in(&text).is_empty(), "no result yet: {text}");
+    assert!(
+        text.contains("[!question] Answer needed · mcp__t__ask_question")
+            && text.contains("MCP server `t` asks:")
+            && text.contains("Which branch should I deploy?")
+            && text.contains("- `branch` (string)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "```json\n{\n  \"tool_answer\": {\n    \"answer\": {\n      \"branch\": null\n    },"
+        ),
+        "the answer block, outside the callout: {text}"
+    );
+    assert_eq!(rounds(&dir), 1);
+    // Nothing happens while nobody answers.
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(vault.read("Pending_Approval", "q.md"), text);
+    assert_eq!(rounds(&dir), 1);
+
+    // Approved with the template untouched: asked again, saying why; the server is not called.
+    vault.move_note("Pending_Approval", "Approved", "q.md");
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let again = vault.read("Pending_Approval", "q.md");
+    assert!(
+        again.contains("The answer was not sent: `branch` is not filled in (null)"),
+        "{again}"
+    );
+    assert_eq!(rounds(&dir), 1);
+
+    // The person answers in the last answer block and approves.
+    let at = again.rfind("\"branch\": null").unwrap();
+    let answered = format!(
+        "{}\"branch\": \"main\"{}",
+        &again[..at],
+        &again[at + "\"branch\": null".len()..]
+    );
+    vault.write_in_place("Pending_Approval", "q.md", &answered);
+    vault.move_note("Pending_Approval", "Approved", "q.md");
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let done = vault.read("Done", "q.md");
+    let r = results_in(&done);
+    assert_eq!(r.len(), 1, "{done}");
+    let said = r[0]["data"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        said.starts_with("deploying main (state unchanged)"),
+        "{said}"
+    );
+    assert_eq!(rounds(&dir), 2, "asked once, answered once");
+    // The journal says what happened: asked, then ok.
+    let out = vault.cmd().args(["log", "--json"]).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(log.contains("NEEDS_ANSWER"), "{log}");
+}
+
+// Rejecting the note ends the call REJECTED without calling the server again; "decline" as
+// the answer tells the server, which answers as it sees fit.
+#[test]
+fn a_rejected_question_ends_the_call_and_a_declined_one_tells_the_server() {
+    let (vault, dir, _) = asked_note("no.md");
+    vault.move_note("Pending_Approval", "Rejected", "no.md");
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Rejected", "no.md");
+    let r = results_in(&text);
+    assert_eq!(r[0]["error"]["code"], "REJECTED", "{text}");
+    assert_eq!(rounds(&dir), 1, "the server was not called again");
+
+    vault.drop_note(
+        "d.md",
+        &note_with_calls("deploy again", &[call("mcp__t__ask_question", json!({}))]),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Pending_Approval", "d.md");
+    let template = "\"answer\": {\n      \"branch\": null\n    }";
+    assert!(text.contains(template), "{text}");
+    vault.write_in_place(
+        "Pending_Approval",
+        "d.md",
+        &text.replace(template, "\"answer\": \"decline\""),
+    );
+    vault.move_note("Pending_Approval", "Approved", "d.md");
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let done = vault.read("Done", "d.md");
+    let said = results_in(&done)[0]["data"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(said.starts_with("not deployed: \"decline\""), "{said}");
+    assert_eq!(rounds(&dir), 3);
 }
 
 /// A vault whose `[mcp.e]` runs tests/fixtures/era-mcp-server.py (a server of one protocol

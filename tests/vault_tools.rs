@@ -211,6 +211,7 @@ fn a_vault_write_whose_outcome_was_lost_is_not_repeated_and_stays_undoable() {
         note,
         parameters: params.as_object().unwrap(),
         deadline: std::time::Instant::now() + Duration::from_secs(10),
+        answer: None,
     }))
     .unwrap();
     drop((registry, journal));

@@ -179,6 +179,7 @@ fn tool_preview(
         note_id: "",
         parameters,
         deadline: Instant::now() + tool.policy.timeout.max(Duration::from_millis(1)),
+        answer: None,
     })
 }
 

@@ -208,6 +208,7 @@ async fn send(
         note_id: "",
         parameters: &parameters,
         deadline: Instant::now() + timeout,
+        answer: None,
     };
     match tokio::time::timeout(timeout, tool.tool.run(call)).await {
         Ok(Ok(_)) => AlertOutcome::Sent,

@@ -12,7 +12,7 @@ mod proptests;
 
 pub use parse::{
     CallBlock, CallBody, HeldRef, LineEnding, NOTHING_PENDING, ParsedNote, frontmatter_property,
-    json_block_contents, params_hash, parse_note,
+    json_block_contents, params_hash, parse_note, question_hash,
 };
 pub use render::{Block, append_and_set, append_blocks, set_note_id, set_runner, stamp_claim};
 pub use write::{

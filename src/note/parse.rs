@@ -72,6 +72,9 @@ pub struct ParsedNote {
     pub results: Vec<ResultRef>,
     /// Every `[!question]` approval notice (`tool_approval` block) in the note.
     pub held: Vec<HeldRef>,
+    /// Every `tool_answer` block (outside blockquotes): a person's answer to a server's
+    /// question (docs/design.md §10.4), by call id, in document order.
+    pub answers: Vec<(String, Value)>,
 }
 
 /// A `[!question]` approval notice: which call it asks about, and with what parameters.
@@ -81,6 +84,10 @@ pub struct HeldRef {
     /// [`params_hash`] of the `name` and `parameters` the question shows, so an approval
     /// counts only for exactly what the person saw. None when the notice does not show them.
     pub params_hash: Option<String>,
+    /// For a server's question (docs/design.md §10.4): [`question_hash`] of the notice's
+    /// `reason` and `question`, so the same question is written once and a new one (the
+    /// next round's, or one asked again with why) is written beside it.
+    pub question_hash: Option<String>,
 }
 
 impl ParsedNote {
@@ -106,6 +113,15 @@ impl ParsedNote {
 
     pub fn is_held(&self, call_id: &str) -> bool {
         self.held.iter().any(|h| h.call_id == call_id)
+    }
+
+    /// The person's answer to the question of `call_id`: the last `tool_answer` block for it.
+    pub fn answer_for(&self, call_id: &str) -> Option<&Value> {
+        self.answers
+            .iter()
+            .rev()
+            .find(|(id, _)| id == call_id)
+            .map(|(_, a)| a)
     }
 
     /// True when a question in the note asks about `call_id` with exactly the parameters
@@ -185,10 +201,15 @@ pub(crate) fn analyze(text: &str) -> Analysis {
     let mut calls = Vec::new();
     let mut results = Vec::new();
     let mut held = Vec::new();
+    let mut answers = Vec::new();
     let mut found_calls = Vec::new();
     for fence in scan.fences.iter().filter(|f| f.is_json()) {
         if fence.in_quote {
             record_notice(fence, &mut results, &mut held);
+            continue;
+        }
+        if let Some(answer) = record_answer(fence) {
+            answers.push(answer);
             continue;
         }
         if let Some(found) = classify_call(fence, body_start, &lines, text) {
@@ -232,6 +253,7 @@ pub(crate) fn analyze(text: &str) -> Analysis {
             calls,
             results,
             held,
+            answers,
         },
         tail_closer: scan.tail_closer,
     }
@@ -459,6 +481,26 @@ fn html_terminator(block: &str) -> Option<String> {
     None
 }
 
+/// A `tool_answer` block: `{"tool_answer": {"call_id": "c-1", "answer": …}}`, closed and
+/// with nothing else in it (an open or mixed block is left to the call parser, which says
+/// what is wrong with it if it is a call).
+fn record_answer(f: &Fence) -> Option<(String, Value)> {
+    if !f.closed || !f.content.contains("\"tool_answer\"") {
+        return None;
+    }
+    let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(&f.content) else {
+        return None;
+    };
+    if map.len() != 1 {
+        return None;
+    }
+    let Some(Value::Object(mut a)) = map.remove("tool_answer") else {
+        return None;
+    };
+    let call_id = a.get("call_id")?.as_str()?.to_string();
+    Some((call_id, a.remove("answer").unwrap_or(Value::Null)))
+}
+
 /// A `tool_result` or `tool_approval` block inside a callout.
 fn record_notice(f: &Fence, results: &mut Vec<ResultRef>, held: &mut Vec<HeldRef>) {
     let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&f.content) else {
@@ -489,9 +531,14 @@ fn record_notice(f: &Fence, results: &mut Vec<ResultRef>, held: &mut Vec<HeldRef
             }
             _ => None,
         };
+        let question_hash = match (a.get("reason"), a.get("question")) {
+            (Some(Value::String(reason)), Some(question)) => Some(question_hash(reason, question)),
+            _ => None,
+        };
         held.push(HeldRef {
             call_id: call_id.to_string(),
             params_hash,
+            question_hash,
         });
     }
 }
@@ -808,6 +855,14 @@ pub fn params_hash(name: &str, parameters: &Map<String, Value>) -> String {
     call.insert("name".to_string(), Value::String(name.to_string()));
     call.insert("parameters".to_string(), Value::Object(parameters.clone()));
     let digest = Sha256::digest(canonical_json(&Value::Object(call)).as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Identifies one written question notice: its reason and the server's question.
+pub fn question_hash(reason: &str, question: &Value) -> String {
+    use sha2::{Digest, Sha256};
+    let doc = serde_json::json!({ "reason": reason, "question": question });
+    let digest = Sha256::digest(canonical_json(&doc).as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -1457,7 +1512,8 @@ mod tests {
             note.held,
             [HeldRef {
                 call_id: "c-3".into(),
-                params_hash: None
+                params_hash: None,
+                question_hash: None,
             }]
         );
         assert!(note.is_held("c-3") && !note.is_held("c-1"));

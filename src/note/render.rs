@@ -318,6 +318,8 @@ struct ApprovalBody<'a> {
     name: &'a str,
     parameters: &'a Map<String, Value>,
     reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    question: Option<&'a Value>,
 }
 
 /// The lines of a folded `[!success]-` / `[!failure]-` callout, without line breaks.
@@ -378,14 +380,23 @@ fn failure_title(result: &CallResult, error: &CallError, ms: u64) -> String {
 }
 
 /// The lines of an open `[!question]` callout: what will run and why it waits for a person.
+/// A server's question (docs/design.md §10.4) is followed, outside the callout, by the
+/// `tool_answer` block the person fills in.
 fn held_callout(held: &HeldCall) -> Vec<String> {
-    let title = format!(
-        "[!question] Approval needed · {} · {}",
-        held.name, held.call_id
-    );
+    let title = match &held.question {
+        None => format!(
+            "[!question] Approval needed · {} · {}",
+            held.name, held.call_id
+        ),
+        Some(_) => format!(
+            "[!question] Answer needed · {} · {}",
+            held.name, held.call_id
+        ),
+    };
     let mut lines = vec![format!("> {}", one_line(&title))];
+    // The reason may quote a server's question: untrusted text (§12.5).
     for line in held.reason.lines() {
-        lines.push(format!("> {}", inert_line(line)));
+        lines.push(format!("> {}", escape_untrusted(&inert_line(line))));
     }
     let doc = ApprovalDoc {
         tool_approval: ApprovalBody {
@@ -393,9 +404,22 @@ fn held_callout(held: &HeldCall) -> Vec<String> {
             name: &held.name,
             parameters: &held.parameters,
             reason: &held.reason,
+            question: held.question.as_ref(),
         },
     };
     push_json_fence(&mut lines, &doc);
+    if let Some(question) = &held.question {
+        let answer = serde_json::json!({ "tool_answer": {
+            "call_id": held.call_id,
+            "answer": crate::tools::mcp::question::answer_template(question),
+        }});
+        let json = serde_json::to_string_pretty(&answer).expect("JSON values serialize");
+        // A blank line ends the callout: the answer is plain note text, easy to edit.
+        lines.push(String::new());
+        lines.push("```json".to_string());
+        lines.extend(escape_untrusted(&json).split('\n').map(str::to_string));
+        lines.push("```".to_string());
+    }
     lines
 }
 
@@ -639,6 +663,7 @@ x
             name: "send_notification".into(),
             parameters,
             reason: "recipient bob@x.org is not in allowed_recipients\n```json".into(),
+            question: None,
         };
         let out = append_blocks(
             "---\ntool_status: in_progress\n---\n",

@@ -293,8 +293,15 @@ impl Daemon {
         let mut unrecorded: Vec<usize> = Vec::new();
         for ((_, step), call) in steps.into_iter().zip(calls) {
             match (step, call) {
-                (_, Some(h)) => match h.await {
-                    Ok(r) => out.results.push(r),
+                (step, Some(h)) => match h.await {
+                    Ok(r) => match asked_a_person(&step, &r) {
+                        Some(mut held) => {
+                            held.reason = format!("{}\n{}", held.reason, self.how_to_decide());
+                            out.held.push(held);
+                            out.waiting = true;
+                        }
+                        None => out.results.push(r),
+                    },
                     Err(e) => tracing::error!("call task failed: {e}"),
                 },
                 (Step::Fail(r) | Step::Denied(r), None) => {
@@ -308,7 +315,12 @@ impl Daemon {
                     out.results.push(r)
                 }
                 (Step::Ask(mut h), None) => {
-                    h.reason = format!("{}. {}", h.reason, self.how_to_decide());
+                    h.reason = if h.question.is_some() {
+                        // As the run that asked wrote it (`asked_a_person`).
+                        format!("{}\n{}", h.reason, self.how_to_decide())
+                    } else {
+                        format!("{}. {}", h.reason, self.how_to_decide())
+                    };
                     out.held.push(h);
                     out.waiting = true;
                 }
@@ -426,6 +438,25 @@ impl Daemon {
         r.outcome = r.outcome.map_err(|e| self.live().runner.redact_error(e));
         r
     }
+}
+
+/// A run that ended with its tool asking a person (NEEDS_ANSWER: an MCP server's question,
+/// docs/design.md §10.4) is no result: its question is written and the note waits in
+/// Pending_Approval. None for any other result.
+fn asked_a_person(step: &Step, r: &CallResult) -> Option<HeldCall> {
+    let (Step::Run(call), Err(e)) = (step, &r.outcome) else {
+        return None;
+    };
+    if e.code != crate::call::ErrorCode::NeedsAnswer || e.details.is_none() {
+        return None;
+    }
+    Some(HeldCall {
+        call_id: r.call_id.clone(),
+        name: r.name.clone(),
+        parameters: call.parameters.clone(),
+        reason: e.message.clone(),
+        question: e.details.clone(),
+    })
 }
 
 /// The limits and the approval mode a note run plans with, from the config it took.

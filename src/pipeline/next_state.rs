@@ -428,7 +428,17 @@ fn blocks_to_write<'r>(
         .map(Block::Result)
         .collect();
     for h in held {
-        let shown = cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters));
+        let shown = match &h.question {
+            // A server's question: this one exactly (a new round's, or one asked again with
+            // why, is written beside the old one).
+            Some(q) => {
+                let hash = note::question_hash(&h.reason, q);
+                cur.held
+                    .iter()
+                    .any(|r| r.call_id == h.call_id && r.question_hash.as_ref() == Some(&hash))
+            }
+            None => cur.is_held_as(&h.call_id, &note::params_hash(&h.name, &h.parameters)),
+        };
         if !shown && !cur.has_result(&h.call_id) {
             blocks.push(Block::Held(h));
         }

@@ -192,17 +192,19 @@ fn plan_call(
     name: &str,
     parameters: &Map<String, Value>,
 ) -> (Step, Option<(String, String)>) {
+    if let Some(question) = asked(facts, call_id) {
+        return plan_answer(
+            note, registry, rules, facts, call_id, name, parameters, question,
+        );
+    }
     let hold_reason = match recorded(facts, registry, call_id, name) {
         Recorded::Step(step) => return (step, None),
         Recorded::HoldAsCopy(reason) => Some(reason),
         Recorded::Nothing => None,
     };
-    let call = match registry.valid_call(call_id, name, parameters) {
+    let call = match valid_call(registry, call_id, name, parameters) {
         Ok(call) => call,
-        Err(e) if e.code == ErrorCode::PolicyDenied => {
-            return (Step::Denied(CallResult::failed_now(call_id, name, e)), None);
-        }
-        Err(e) => return (Step::Fail(CallResult::failed_now(call_id, name, e)), None),
+        Err(step) => return (step, None),
     };
     let admission = match hold_reason {
         Some(reason) => Admission::Hold { reason },
@@ -217,6 +219,101 @@ fn plan_call(
         Admission::Hold { reason } => reason,
     };
     decide_held(note, rules, facts, call, reason)
+}
+
+/// The call resolved against the registry, or the step that says why it cannot run (a
+/// `Result` of two values the caller takes apart at once: their sizes do not matter).
+#[allow(clippy::result_large_err)]
+fn valid_call(
+    registry: &Registry,
+    call_id: &str,
+    name: &str,
+    parameters: &Map<String, Value>,
+) -> Result<ValidCall, Step> {
+    registry
+        .valid_call(call_id, name, parameters)
+        .map_err(|e| match e.code {
+            ErrorCode::PolicyDenied => Step::Denied(CallResult::failed_now(call_id, name, e)),
+            _ => Step::Fail(CallResult::failed_now(call_id, name, e)),
+        })
+}
+
+/// The question the last run of `call_id` asked a person (an MCP server's elicitation,
+/// docs/design.md §10.4), when that run was this note's (or its copy's within the grace).
+fn asked<'a>(facts: &'a Facts, call_id: &str) -> Option<&'a Value> {
+    if facts.stale == Some(false) {
+        return None;
+    }
+    match &facts.prior.get(call_id)?.progress {
+        CallProgress::Finished(r) => match &r.outcome {
+            Err(e) if e.code == ErrorCode::NeedsAnswer => e.details.as_ref(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A call whose tool asked a person: shown as a question with an answer block until the note
+/// shows it, then decided like any held call. Approved, it runs again with the person's
+/// answer as the next round ([`crate::tools::mcp::question::resume`]); an answer that does
+/// not fit the server's schema is asked again, saying why; rejected, it ends REJECTED and the
+/// server is not called again (a 2026 server keeps nothing between rounds: that is its
+/// decline).
+#[allow(clippy::too_many_arguments)]
+fn plan_answer(
+    note: &ParsedNote,
+    registry: &Registry,
+    rules: &Rules,
+    facts: &Facts,
+    call_id: &str,
+    name: &str,
+    parameters: &Map<String, Value>,
+    question: &Value,
+) -> (Step, Option<(String, String)>) {
+    use crate::tools::mcp::question;
+    let mut call = match valid_call(registry, call_id, name, parameters) {
+        Ok(call) => call,
+        Err(step) => return (step, None),
+    };
+    let hash = params_hash(name, parameters);
+    let mut held = HeldCall {
+        call_id: call_id.to_string(),
+        name: name.to_string(),
+        parameters: parameters.clone(),
+        reason: question::describe(question),
+        question: Some(question.clone()),
+    };
+    if !note.is_held_as(call_id, &hash) {
+        return (Step::Ask(held), None);
+    }
+    let spend = Some((call_id.to_string(), hash.clone()));
+    let decision = match rules.approval {
+        Approval::Folder { in_approved } => in_approved.then_some(Decision::Approved),
+        Approval::Cli => facts.decisions.get(&(call_id.to_string(), hash)).cloned(),
+    };
+    match decision {
+        None => (Step::Waiting(held), None),
+        Some(Decision::Rejected) => (Step::Fail(rejected_result(call_id, name)), spend),
+        Some(Decision::Approved) => {
+            let next = note
+                .answer_for(call_id)
+                .ok_or_else(|| "the note has no `tool_answer` block for this call".to_string())
+                .and_then(|answer| question::resume(question, answer));
+            match next {
+                Ok(next) => {
+                    call.answer = Some(next);
+                    (Step::Run(call), spend)
+                }
+                Err(why) => {
+                    held.reason = format!(
+                        "The answer was not sent: {why}. Correct the `tool_answer` block below and approve again.\n{}",
+                        held.reason
+                    );
+                    (Step::Ask(held), spend)
+                }
+            }
+        }
+    }
 }
 
 /// What the journal's record of a call decides before the registry is asked (§9.3): by the
@@ -293,6 +390,7 @@ fn decide_held(
         name: call.name().to_string(),
         parameters: call.parameters.clone(),
         reason,
+        question: None,
     };
     if !note.is_held_as(&call.call_id, &hash) {
         return (Step::Ask(held), None);
@@ -516,6 +614,84 @@ mod tests {
             "pending_approval",
             SystemTime::now(),
         )
+    }
+
+    #[test]
+    fn a_question_is_shown_then_resumed_with_the_answer_or_asked_again() {
+        let text = call("look", "a");
+        let call_id = ids(&text)[0].clone();
+        let question = crate::tools::mcp::question::question(
+            "t",
+            vec![(
+                "q".into(),
+                "Which branch?".into(),
+                json!({ "type": "object", "properties": { "branch": { "type": "string" } } }),
+            )],
+            Some("state".into()),
+            Map::new(),
+        );
+        let asked_result = CallResult::failed_now(
+            &call_id,
+            "look",
+            CallError::new(ErrorCode::NeedsAnswer, "asks").with_details(question.clone()),
+        );
+        let mut facts = Facts::default();
+        facts.prior.insert(
+            call_id.clone(),
+            record(
+                &call_id,
+                Effect::ReadOnly,
+                CallProgress::Finished(asked_result),
+            ),
+        );
+        // Not shown yet (the run that asked crashed before its write): shown now.
+        let p = plan_of(&text, &rules(), &facts);
+        let Step::Ask(held) = &p.steps[0].1 else {
+            panic!("{:?}", p.steps)
+        };
+        assert_eq!(held.question.as_ref(), Some(&question));
+        let shown = append_blocks(
+            &text,
+            &[Block::Held(held)],
+            "pending_approval",
+            SystemTime::now(),
+        );
+        assert_eq!(kinds(&plan_of(&shown, &rules(), &facts)), ["wait look"]);
+
+        let approved = Rules {
+            approval: Approval::Folder { in_approved: true },
+            ..rules()
+        };
+        // The template's null is no answer: asked again, saying why, and the decision spent.
+        let p = plan_of(&shown, &approved, &facts);
+        let Step::Ask(again) = &p.steps[0].1 else {
+            panic!("{:?}", p.steps)
+        };
+        assert!(
+            again.reason.contains("`branch` is not filled in"),
+            "{}",
+            again.reason
+        );
+        assert_eq!(p.spend.len(), 1);
+        // Filled in: run with the next round.
+        let answered = shown.replace("\"branch\": null", "\"branch\": \"main\"");
+        let p = plan_of(&answered, &approved, &facts);
+        let Step::Run(c) = &p.steps[0].1 else {
+            panic!("{:?}", p.steps)
+        };
+        let next = c.answer.as_ref().unwrap();
+        assert_eq!(next["request_state"], "state");
+        assert_eq!(next["responses"]["q"]["content"]["branch"], "main");
+        // Rejected with `vaultd reject` (approval_via = "cli"): REJECTED, the server not called.
+        let hash = params_hash("look", &c.parameters);
+        facts
+            .decisions
+            .insert((call_id.clone(), hash), Decision::Rejected);
+        let cli = Rules {
+            approval: Approval::Cli,
+            ..rules()
+        };
+        assert_eq!(kinds(&plan_of(&answered, &cli, &facts)), ["fail Rejected"]);
     }
 
     #[test]

@@ -110,6 +110,10 @@ pub struct ToolCall<'a> {
     pub parameters: &'a Map<String, Value>,
     /// When the runner will give up: tools that retry must stop retrying before it.
     pub deadline: Instant,
+    /// A person's answer to the question this call's tool asked at its last run (an MCP
+    /// server's elicitation, docs/design.md §10.4): the next round, from
+    /// [`mcp::question::resume`]. None for every other call.
+    pub answer: Option<&'a Value>,
 }
 
 /// A violation message quotes the value at fault; a 900 KB parameter must not come back
@@ -310,6 +314,9 @@ pub struct ValidCall {
     pub tool: Arc<RegisteredTool>,
     /// Parameters that passed the tool's schema.
     pub parameters: Map<String, Value>,
+    /// Set by the plan when a person answered the question the call's last run asked
+    /// ([`ToolCall::answer`]).
+    pub answer: Option<Value>,
 }
 
 impl ValidCall {
@@ -435,6 +442,7 @@ impl Registry {
             call_id: call_id.to_string(),
             tool,
             parameters: parameters.clone(),
+            answer: None,
         })
     }
 

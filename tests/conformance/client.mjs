@@ -11,7 +11,7 @@
 // then vaultd runs once first to list the server's tools, and the value is TOOL's schema as
 // vaultd keeps it.
 import { spawnSync } from "node:child_process";
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -98,6 +98,25 @@ if (calls.length > 0) {
   renameSync(tmp, join(vault, "Needs_Action", "conformance.md"));
 }
 vaultd("once");
+// A server that asks a person (an elicitation in an `input_required` round) leaves the note
+// in Pending_Approval with a `tool_answer` block per question: answered as a person would,
+// every field `true` (the suite asks yes/no confirmations), approved, run again.
+for (let round = 0; round < 3; round++) {
+  const held = join(vault, "Pending_Approval", "conformance.md");
+  if (!existsSync(held)) break;
+  const text = readFileSync(held, "utf8").replace(
+    /```json\n(\{\n  "tool_answer"[\s\S]*?)\n```/g,
+    (block, json) => {
+      const doc = JSON.parse(json);
+      const answer = doc.tool_answer.answer;
+      for (const k of Object.keys(answer)) if (answer[k] === null) answer[k] = true;
+      return "```json\n" + JSON.stringify(doc, null, 2) + "\n```";
+    },
+  );
+  writeFileSync(held, text);
+  vaultd("approve", held);
+  vaultd("once");
+}
 for (const folder of ["Done", "Failed", "Pending_Approval", "Needs_Action", "In_Progress"]) {
   const note = join(vault, folder, "conformance.md");
   if (existsSync(note)) {

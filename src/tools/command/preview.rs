@@ -164,6 +164,7 @@ mod tests {
             note_id: "",
             parameters: &params,
             deadline: Instant::now(),
+            answer: None,
         })
     }
 

@@ -8,6 +8,7 @@ mod discover;
 pub mod edit;
 pub mod import;
 pub mod pin;
+pub mod question;
 pub mod server;
 
 use crate::call::{CallError, ErrorCode, ToolOutput};
@@ -397,6 +398,7 @@ impl Tool for McpTool {
                     call.parameters.clone(),
                     self.spec.effect.safe_to_repeat(),
                     call.deadline,
+                    call.answer,
                 )
                 .await?;
             let mut content = serde_json::to_value(&result.content).unwrap_or(Value::Array(vec![]));

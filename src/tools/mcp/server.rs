@@ -364,8 +364,9 @@ impl McpServer {
 
     /// One connection attempt.
     async fn open(self: &Arc<Self>, start: Start) -> Result<Connection, HandshakeError> {
-        let handler = VaultdClient {
+        let mut handler = VaultdClient {
             server: Arc::downgrade(self),
+            asks_in_rounds: true,
         };
         let (service, child) = match &self.config.transport {
             Transport::Stdio {
@@ -400,7 +401,10 @@ impl McpServer {
                 // What the probe reads past stays in the buffer for rmcp.
                 let mut stdout = tokio::io::BufReader::new(stdout);
                 let mode = match start {
-                    Start::InitializeOnly => ClientLifecycleMode::Initialize,
+                    Start::InitializeOnly => {
+                        handler.asks_in_rounds = false;
+                        ClientLifecycleMode::Initialize
+                    }
                     Start::Discover => {
                         let era = discover::probe(
                             &mut stdout,
@@ -419,6 +423,7 @@ impl McpServer {
                                     server = self.name(),
                                     "MCP server answered server/discover with JSON-RPC error {code} ({message}): it predates 2026-07-28; initialize at 2025-11-25"
                                 );
+                                handler.asks_in_rounds = false;
                                 ClientLifecycleMode::Initialize
                             }
                             Ok(Era::Fresh(why)) => {
@@ -465,7 +470,10 @@ impl McpServer {
                 );
                 let mode = match start {
                     Start::Discover => lifecycle(),
-                    Start::InitializeOnly => ClientLifecycleMode::Initialize,
+                    Start::InitializeOnly => {
+                        handler.asks_in_rounds = false;
+                        ClientLifecycleMode::Initialize
+                    }
                 };
                 let service = handler.serve_with_lifecycle(transport, mode).await?;
                 (service, None)
@@ -610,11 +618,12 @@ impl McpServer {
         arguments: serde_json::Map<String, Value>,
         safe_to_repeat: bool,
         deadline: Instant,
+        answer: Option<&Value>,
     ) -> Result<CallToolResult, CallError> {
         let mut wait_past = None;
         loop {
             let (peer, generation) = self.peer(deadline, wait_past).await?;
-            match self.call_rounds(&peer, tool, &arguments).await {
+            match self.call_rounds(&peer, tool, &arguments, answer).await {
                 Ok(result) => return Ok(result),
                 Err(Round::Refused(e)) => return Err(e),
                 Err(Round::Service(e)) => match e {
@@ -673,15 +682,29 @@ impl McpServer {
     /// the call sent again as a new request (a new id), the server's `requestState` echoed
     /// unchanged, the answers keyed as the server keyed its questions, and nothing carried
     /// over to any other call. A round that only carries state (the server asks to be asked
-    /// again) waits a little first, as rmcp's own driver does.
+    /// again) waits a little first, as rmcp's own driver does. A round that asks a person
+    /// ends the run with NEEDS_ANSWER ([`super::question`]); `answer` (from a person's
+    /// approval, [`super::question::resume`]) makes the first request that next round.
     async fn call_rounds(
         &self,
         peer: &Peer<RoleClient>,
         tool: &str,
         arguments: &serde_json::Map<String, Value>,
+        answer: Option<&Value>,
     ) -> Result<CallToolResult, Round> {
         let mut params =
             CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.clone());
+        if let Some(answer) = answer {
+            let responses: InputResponses = serde_json::from_value(answer["responses"].clone())
+                .map_err(|e| {
+                    Round::Refused(CallError::new(
+                        ErrorCode::ExecutionError,
+                        format!("the recorded answer cannot be sent: {e}"),
+                    ))
+                })?;
+            params.input_responses = (!responses.is_empty()).then_some(responses);
+            params.request_state = answer["request_state"].as_str().map(str::to_string);
+        }
         let mut state_only_rounds = 0u32;
         for _ in 0..DEFAULT_MRTR_MAX_ROUNDS {
             // Dropped at the runner's timeout: rmcp then sends notifications/cancelled.
@@ -707,7 +730,10 @@ impl McpServer {
                     } else {
                         state_only_rounds = 0;
                     }
-                    let responses = self.answer(requests)?;
+                    let (responses, asks) = self.answer(requests)?;
+                    if !asks.is_empty() {
+                        return Err(Round::Refused(self.asked(asks, request_state, responses)));
+                    }
                     params.input_responses = (!responses.is_empty()).then_some(responses);
                     params.request_state = request_state;
                 }
@@ -732,12 +758,37 @@ impl McpServer {
         )))
     }
 
-    /// The answers to one round's input requests, as a session's requests of the same kind
-    /// are answered (see [`VaultdClient`]): sampling ends the call with a clear error (vaultd
-    /// has no model), a request for the roots gets none, a question for a person is declined
-    /// and the log says so.
-    fn answer(&self, requests: rmcp::model::InputRequests) -> Result<InputResponses, Round> {
+    /// The NEEDS_ANSWER that holds the call for a person: the questions of this round, its
+    /// state and what vaultd answered itself ([`super::question`]).
+    fn asked(
+        &self,
+        asks: Vec<(String, String, Value)>,
+        request_state: Option<String>,
+        answered: InputResponses,
+    ) -> CallError {
+        let answered = serde_json::to_value(answered)
+            .ok()
+            .and_then(|v| v.as_object().cloned())
+            .unwrap_or_default();
+        let question = super::question::question(self.name(), asks, request_state, answered);
+        tracing::info!(
+            server = self.name(),
+            "MCP server asked a question: the call waits for a person's answer in its note"
+        );
+        CallError::new(ErrorCode::NeedsAnswer, super::question::describe(&question))
+            .with_details(question)
+    }
+
+    /// The answers to one round's input requests vaultd gives itself, and the questions for
+    /// a person (key, message, requested schema): sampling ends the call with a clear error
+    /// (vaultd has no model), a request for the roots gets none.
+    #[allow(clippy::type_complexity)]
+    fn answer(
+        &self,
+        requests: rmcp::model::InputRequests,
+    ) -> Result<(InputResponses, Vec<(String, String, Value)>), Round> {
         let mut out = InputResponses::new();
+        let mut asks = Vec::new();
         for (key, request) in requests {
             let value = match request {
                 InputRequest::CreateMessage(_) => {
@@ -746,8 +797,19 @@ impl McpServer {
                 // Roots are deprecated by the 2026 revision (SEP-2577): none.
                 InputRequest::ListRoots(_) => serde_json::json!({ "roots": [] }),
                 InputRequest::Elicitation(asked) => {
-                    serde_json::to_value(decline_question(self.name(), &asked.params))
-                        .expect("an elicitation result serializes")
+                    let params = serde_json::to_value(&asked.params).unwrap_or_default();
+                    if params["mode"] == "url" {
+                        // A link to open is not an answer a note can carry.
+                        serde_json::to_value(decline_question(self.name(), &asked.params))
+                            .expect("an elicitation result serializes")
+                    } else {
+                        asks.push((
+                            key,
+                            params["message"].as_str().unwrap_or("").to_string(),
+                            params["requestedSchema"].clone(),
+                        ));
+                        continue;
+                    }
                 }
                 _ => {
                     return Err(Round::Refused(CallError::new(
@@ -761,7 +823,7 @@ impl McpServer {
             };
             out.insert(key, value);
         }
-        Ok(out)
+        Ok((out, asks))
     }
 }
 
@@ -993,14 +1055,27 @@ fn server_ruleset(
 #[derive(Clone)]
 struct VaultdClient {
     server: Weak<McpServer>,
+    /// Declares form elicitation: a question comes in an `input_required` round and is put
+    /// to a person in the note ([`super::question`]). Not declared to a server reached with
+    /// `initialize` (2025-era): it would ask within its session, where a call cannot wait
+    /// for a person.
+    asks_in_rounds: bool,
 }
 
 impl ClientHandler for VaultdClient {
     /// vaultd announces itself by name and version; `initialize` (the fallback) asks for
     /// 2025-11-25, discovery for the versions of [`lifecycle`].
     fn get_info(&self) -> ClientConfig {
+        let capabilities: ClientCapabilities = if self.asks_in_rounds {
+            serde_json::from_value(serde_json::json!({
+                "elicitation": { "form": { "schemaValidation": true } }
+            }))
+            .expect("a form elicitation capability")
+        } else {
+            ClientCapabilities::default()
+        };
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("vaultd", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
@@ -1021,17 +1096,26 @@ impl ClientHandler for VaultdClient {
         ))
     }
 
-    /// Not declared (no elicitation capability), but a server may ask anyway: declined,
-    /// and the log says so.
+    /// A question within the session (2025-era `elicitation/create`): the call it belongs
+    /// to cannot wait for a person here, so it is refused with an error that says so (the
+    /// server's tool then fails visibly, never "ok" with a silent decline), and logged.
     async fn create_elicitation(
         &self,
         request: rmcp::model::ElicitRequestParams,
         _context: rmcp::service::RequestContext<RoleClient>,
     ) -> Result<ElicitResult, rmcp::ErrorData> {
         let server = self.server.upgrade();
-        Ok(decline_question(
-            server.as_ref().map_or("?", |s| s.name()),
-            &request,
+        let name = server.as_ref().map_or("?", |s| s.name());
+        tracing::warn!(
+            server = name,
+            "MCP server asked a question within its session; refused (vaultd holds questions asked in input_required rounds, MCP 2026-07-28): {}",
+            serde_json::to_string(&request).unwrap_or_default()
+        );
+        Err(rmcp::ErrorData::invalid_request(
+            format!(
+                "vaultd puts a server's questions to a person only when they come in an input_required result (MCP 2026-07-28); `{name}` asked within its session (elicitation/create), where the call cannot wait for a person's answer"
+            ),
+            None,
         ))
     }
 

@@ -563,6 +563,7 @@ async fn a_write_whose_outcome_was_never_recorded_is_still_undoable() {
             note_id: "n-000000000001",
             parameters: &params,
             deadline: std::time::Instant::now() + std::time::Duration::from_secs(5),
+            answer: None,
         })
         .await
         .unwrap();

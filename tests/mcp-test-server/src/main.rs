@@ -10,7 +10,7 @@
 //! trigger and marker files: `drift` (present: `drifting`'s definition is the changed one, and
 //! the server sends `notifications/tools/list_changed` when it appears), `cancelled` (one line
 //! per `notifications/cancelled` received), `max_in_flight` (most `slow` calls at once),
-//! `crashed_once` (set by `flaky`).
+//! `crashed_once` (set by `flaky`), `rounds` (a line per round of `ask_question`/`ask_sampling`).
 
 use rmcp::model::*;
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
@@ -143,6 +143,20 @@ impl TestServer {
     }
 }
 
+impl TestServer {
+    /// One line per round of an asking tool, in `DIR/rounds`.
+    fn count_round(&self, tool: &str) {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("rounds"))
+        {
+            let _ = writeln!(f, "{tool}");
+        }
+    }
+}
+
 impl ServerHandler for TestServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
@@ -266,15 +280,33 @@ impl ServerHandler for TestServer {
                     };
                     let asked: InputRequest =
                         serde_json::from_value(asked).expect("a valid input request");
-                    return Ok(InputRequiredResult::from_input_requests(
-                        [("q".to_string(), asked)].into(),
+                    self.count_round(&request.name);
+                    return Ok(InputRequiredResult::new(
+                        Some([("q".to_string(), asked)].into()),
+                        Some(format!("deploy-state for {}", request.name)),
                     )
                     .into());
                 }
-                Some(answers) => CallToolResult::success(vec![ContentBlock::text(format!(
-                    "answered: {}",
-                    answers.get("q").cloned().unwrap_or_default()
-                ))]),
+                Some(answers) => {
+                    self.count_round(&request.name);
+                    let state = if request.request_state.as_deref()
+                        == Some(&format!("deploy-state for {}", request.name))
+                    {
+                        "unchanged"
+                    } else {
+                        "changed"
+                    };
+                    let answer = answers.get("q").cloned().unwrap_or_default();
+                    let said = match answer["content"]["branch"].as_str() {
+                        Some(branch) if answer["action"] == "accept" => {
+                            format!("deploying {branch}")
+                        }
+                        _ => format!("not deployed: {}", answer["action"]),
+                    };
+                    CallToolResult::success(vec![ContentBlock::text(format!(
+                        "{said} (state {state}); answered: {answer}"
+                    ))])
+                }
             },
             "show_env" => {
                 let mut names: Vec<String> = std::env::vars().map(|(k, _)| k).collect();

@@ -454,6 +454,7 @@ pub(crate) mod test_support {
             call_id: "c-test",
             parameters: &parameters,
             deadline: Instant::now() + within,
+            answer: None,
         })
         .await
     }

@@ -617,6 +617,7 @@ mod tests_support {
             call_id,
             parameters: &parameters,
             deadline: Instant::now() + Duration::from_secs(10),
+            answer: None,
         })
         .await
     }

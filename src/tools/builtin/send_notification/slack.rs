@@ -252,6 +252,7 @@ mod tests {
                 call_id: "c-slack7",
                 parameters: &parameters,
                 deadline: std::time::Instant::now() + std::time::Duration::from_millis(300),
+                answer: None,
             },
         )
         .await
