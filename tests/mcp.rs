@@ -941,6 +941,13 @@ fn a_servers_question_waits_in_the_note_and_the_answer_resumes_the_call() {
     let out = vault.cmd().args(["log", "--json"]).output().unwrap();
     let log = String::from_utf8_lossy(&out.stdout);
     assert!(log.contains("NEEDS_ANSWER"), "{log}");
+    // A question is not a failure: `vaultd status` lists none.
+    let status = vault.status_json();
+    assert_eq!(status["recent_failures"], json!([]), "{status}");
+    assert!(
+        status["mcp_servers"][0]["last_failure"].is_null(),
+        "{status}"
+    );
 }
 
 // Rejecting the note ends the call REJECTED without calling the server again; "decline" as

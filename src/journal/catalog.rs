@@ -326,7 +326,7 @@ impl Journal {
                     "SELECT e.at_ms, e.event, e.note, e.call_id, e.tool, e.outcome, e.duration_ms,
                             e.detail
                      FROM events e
-                     WHERE e.event = 'call_end' AND e.outcome IS NOT 'ok'
+                     WHERE e.event = 'call_end' AND coalesce(e.outcome, '') NOT IN ('ok', 'NEEDS_ANSWER')
                        AND substr(e.tool, 1, length(?1)) = ?1
                      ORDER BY e.id DESC LIMIT 1",
                     params![prefix],

@@ -119,7 +119,7 @@ impl Journal {
                 "SELECT e.at_ms, e.event, e.note, e.call_id, e.tool, e.outcome, e.duration_ms,
                         e.detail, r.note_id, r.note
                  FROM events e LEFT JOIN runs r ON r.id = e.run_id
-                 WHERE e.event = 'call_end' AND e.outcome IS NOT 'ok'
+                 WHERE e.event = 'call_end' AND coalesce(e.outcome, '') NOT IN ('ok', 'NEEDS_ANSWER')
                  ORDER BY e.id DESC LIMIT ?1",
             )?;
             let rows = stmt.query_map(params![sql_limit(Some(limit))], |r| {
