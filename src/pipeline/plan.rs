@@ -193,9 +193,14 @@ fn plan_call(
     parameters: &Map<String, Value>,
 ) -> (Step, Option<(String, String)>) {
     if let Some(question) = asked(facts, call_id) {
-        return plan_answer(
-            note, registry, rules, facts, call_id, name, parameters, question,
-        );
+        // A call edited since its question was shown is a new call: a first round, no state.
+        let edited =
+            note.is_held(call_id) && !note.is_held_as(call_id, &params_hash(name, parameters));
+        if !edited {
+            return plan_answer(
+                note, registry, rules, facts, call_id, name, parameters, question,
+            );
+        }
     }
     let hold_reason = match recorded(facts, registry, call_id, name) {
         Recorded::Step(step) => return (step, None),
@@ -330,6 +335,15 @@ fn recorded(facts: &Facts, registry: &Registry, call_id: &str, name: &str) -> Re
     let within_grace = facts.stale == Some(true);
     match facts.prior.get(call_id) {
         Some(r) if same_note || within_grace => match (&r.progress, &r.recorded) {
+            // A question, not a result: the call's tool acted on nothing yet ([`asked`]).
+            (CallProgress::Finished(result), _)
+                if result
+                    .outcome
+                    .as_ref()
+                    .is_err_and(|e| e.code == ErrorCode::NeedsAnswer) =>
+            {
+                Recorded::Nothing
+            }
             (CallProgress::Finished(result), _) => Recorded::Step(Step::Recorded(result.clone())),
             // Written once and since deleted from the note: run again (§2), unless this is a
             // stale copy, which gets what the note it copies got.
@@ -692,6 +706,49 @@ mod tests {
             ..rules()
         };
         assert_eq!(kinds(&plan_of(&answered, &cli, &facts)), ["fail Rejected"]);
+    }
+
+    #[test]
+    fn a_call_edited_since_its_question_runs_again_from_its_first_round() {
+        let text = call_with_id("look", "a", "x1");
+        let question = crate::tools::mcp::question::question(
+            "t",
+            vec![("q".into(), "Sure?".into(), json!({ "type": "object" }))],
+            Some("state".into()),
+            Map::new(),
+        );
+        let mut facts = Facts::default();
+        let asked_result = CallResult::failed_now(
+            "x1",
+            "look",
+            CallError::new(ErrorCode::NeedsAnswer, "asks").with_details(question),
+        );
+        facts.prior.insert(
+            "x1".into(),
+            record("x1", Effect::ReadOnly, CallProgress::Finished(asked_result)),
+        );
+        let p = plan_of(&text, &rules(), &facts);
+        let Step::Ask(held) = &p.steps[0].1 else {
+            panic!("{:?}", p.steps)
+        };
+        let shown = append_blocks(
+            &text,
+            &[Block::Held(held)],
+            "pending_approval",
+            SystemTime::now(),
+        );
+        let edited = shown.replacen("\"q\":\"a\"", "\"q\":\"b\"", 1);
+        assert_ne!(edited, shown);
+        let approved = Rules {
+            approval: Approval::Folder { in_approved: true },
+            ..rules()
+        };
+        let p = plan_of(&edited, &approved, &facts);
+        let Step::Run(c) = &p.steps[0].1 else {
+            panic!("{:?}", p.steps)
+        };
+        assert!(c.answer.is_none(), "no state of the old round");
+        assert_eq!(c.parameters["q"], "b");
     }
 
     #[test]
