@@ -56,7 +56,12 @@ async fn requests(slack: &MockServer) -> usize {
 async fn wait_for_send_in_flight(vault: &TestVault, slack: &MockServer) {
     let start = std::time::Instant::now();
     while requests(slack).await == 0 || vault.journal().running_calls().unwrap().is_empty() {
-        assert!(start.elapsed() < DEADLINE, "the send never started");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the send was not seen in flight: {} request(s) at the webhook; vault: {:#?}",
+            requests(slack).await,
+            vault.all_notes()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -170,7 +175,9 @@ async fn an_email_moved_back_to_the_inbox_mid_send_is_sent_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_note_moved_out_mid_send_and_back_later_gets_the_recorded_result() {
     let search = SearxServer::start(Duration::ZERO).await;
-    let slack = slack_hook(Duration::from_secs(1)).await;
+    // The send must still be in flight when the test sees it (each look opens the journal,
+    // slow on a loaded machine): 1 s was missed once in CI under load.
+    let slack = slack_hook(Duration::from_secs(4)).await;
     let vault = slack_vault(&search, &slack, "");
     let daemon = vault.start_logged("moved-out.log");
     vault.drop_note("x.md", &slack_note("Deploy"));
@@ -193,7 +200,8 @@ async fn a_note_moved_out_mid_send_and_back_later_gets_the_recorded_result() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_editor_resave_during_the_claim_runs_nothing_twice() {
     let search = SearxServer::start(Duration::ZERO).await;
-    let slack = slack_hook(Duration::from_secs(1)).await;
+    // In flight long enough to be seen on a loaded machine (see test 3).
+    let slack = slack_hook(Duration::from_secs(3)).await;
     let vault = slack_vault(&search, &slack, "");
     let daemon = vault.start_logged("resave.log");
     let original = slack_note("Deploy");
