@@ -200,7 +200,10 @@ pub fn reject(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
     for h in &held {
         journal.record_approval(&rel, &h.call_id, &h.hash, Decision::Rejected)?;
     }
-    let run = journal.begin_run(&rel)?;
+    // Under the note's identity, so its calls' newest record is the rejection (what a copy of
+    // the note, or `vaultd mcp serve` waiting for it, reads).
+    let note_id = note::frontmatter_property(&target.text, "tool_note");
+    let run = journal.begin_note_run(&rel, note_id, None, None)?;
     let results = plan::rejections(&parse_note(&target.text));
     for r in &results {
         journal.call_finished(run, r)?;

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 mod check;
 mod decide;
+mod gateway;
 mod init;
 mod log;
 mod logging;
@@ -372,6 +373,9 @@ fn dispatch(cli: Cli) -> Result<i32> {
             dry_run,
             force,
         } => undo(&g, call_id, note, dry_run, force),
+        Command::Mcp {
+            action: mcp::McpAction::Serve,
+        } => gateway::serve(&g),
         Command::Mcp { action } => mcp::run(&g, action),
     }
 }

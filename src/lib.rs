@@ -44,6 +44,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod files;
+pub mod gateway;
 pub mod guard;
 pub mod home;
 pub mod journal;

@@ -12,6 +12,7 @@ mod copies;
 mod docs;
 mod fake_searxng;
 mod first_hour;
+mod gateway;
 mod guard;
 mod hostile;
 mod identity;

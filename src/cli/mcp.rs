@@ -41,6 +41,15 @@ pub enum McpAction {
         after_help = "Examples:\n  vaultd mcp import ~/.config/Claude/claude_desktop_config.json --dry-run\n  vaultd mcp import .mcp.json --only github --only memory\n  vaultd mcp import ~/.config/goose/config.yaml"
     )]
     Import(ImportArgs),
+    /// Offer the vault's tools to an MCP client over stdio: Claude Code, goose, Cursor, …
+    ///
+    /// Every call runs as a call note through the daemon (journaled, at most once, held for a
+    /// person's approval when policy says so, undoable) and is appended to a session note
+    /// under `Agent/Sessions/`. Runs the daemon in this process when none runs on the vault.
+    #[command(
+        after_help = "Examples:\n  claude mcp add vaultd -- vaultd mcp serve --vault ~/Notes\n  goose session --with-extension \"vaultd mcp serve --vault ~/Notes\""
+    )]
+    Serve,
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +97,8 @@ pub(super) fn run(g: &GlobalArgs, action: McpAction) -> Result<i32> {
     match action {
         McpAction::Add(args) => add(g, args),
         McpAction::Import(args) => import_file(g, args),
+        // Dispatched by the caller (cli.rs): the gateway lists tools as `vaultd tools` does.
+        McpAction::Serve => unreachable!("`vaultd mcp serve` is dispatched in cli.rs"),
     }
 }
 

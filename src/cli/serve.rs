@@ -9,16 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub(super) fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
-    let (config, _) = load(g)?;
-    let redactor = Arc::new(daemon::redactor_for(&config));
-    init_tracing(redactor.clone(), g.log_format);
-    for warning in &config.warnings {
-        tracing::warn!("{warning}");
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let (config, redactor, runtime) = start(g)?;
     let (grace, lock) = (config.shutdown_grace, config.vault.join(".vaultd.lock"));
     let outcome = runtime.block_on(async move {
         let signal = shutdown_signal();
@@ -44,8 +35,30 @@ pub(super) fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i3
     Ok(0)
 }
 
+/// What a command that runs the daemon starts with: the config (validated, secrets read),
+/// logging through its redactor, the async runtime.
+pub(super) fn start(
+    g: &GlobalArgs,
+) -> Result<(
+    crate::config::Config,
+    Arc<crate::secret::Redactor>,
+    tokio::runtime::Runtime,
+)> {
+    let (config, _) = load(g)?;
+    let redactor = Arc::new(daemon::redactor_for(&config));
+    init_tracing(redactor.clone(), g.log_format);
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    Ok((config, redactor, runtime))
+}
+
 /// How long a finished `run`/`once` waits for blocking-pool threads still in a call.
-const SHUTDOWN_LEFTOVERS: std::time::Duration = std::time::Duration::from_secs(2);
+pub(super) const SHUTDOWN_LEFTOVERS: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Past `shutdown_grace` plus this, a shutdown that still has not ended exits anyway.
 const SHUTDOWN_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(8);

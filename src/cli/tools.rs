@@ -3,6 +3,10 @@
 use super::{
     GlobalArgs, ToolFormat, escape_controls, load_lenient, mcp_registry_for, open_journal,
 };
+use crate::config::Config;
+use crate::journal::Journal;
+use crate::tools::Registry;
+use crate::tools::mcp::McpSource;
 use anyhow::Result;
 use serde_json::{Value, json};
 use std::io::Write;
@@ -41,15 +45,7 @@ pub(super) fn tools(
     } else {
         Vec::new()
     };
-    let mut described = registry.describe();
-    if let Some(list) = described.as_array_mut() {
-        for t in list.iter_mut() {
-            let name = t["name"].as_str().unwrap_or("").to_string();
-            if let Some(extra) = journal.as_ref().and_then(|j| mcp.describe(j, &name)) {
-                t["mcp"] = extra;
-            }
-        }
-    }
+    let described = describe(&registry, &mcp, journal.as_deref());
     let mut list = described.as_array().cloned().unwrap_or_default();
     if format.is_some() {
         list = only_runnable(list);
@@ -124,6 +120,30 @@ pub(super) fn tools(
         serde_json::to_string_pretty(&out)?
     )?;
     Ok(0)
+}
+
+/// Every registered tool as `vaultd tools --json` shows it, an MCP tool with its definition's
+/// state (`mcp`).
+fn describe(registry: &Registry, mcp: &McpSource, journal: Option<&Journal>) -> Value {
+    let mut described = registry.describe();
+    if let Some(list) = described.as_array_mut() {
+        for t in list.iter_mut() {
+            let name = t["name"].as_str().unwrap_or("").to_string();
+            if let Some(extra) = journal.and_then(|j| mcp.describe(j, &name)) {
+                t["mcp"] = extra;
+            }
+        }
+    }
+    described
+}
+
+/// The tools whose calls may run now, described: what `vaultd mcp serve` offers.
+pub(super) fn runnable(config: &Config) -> Result<Vec<Value>> {
+    let (registry, mcp, journal) = mcp_registry_for(config)?;
+    let described = describe(&registry, &mcp, journal.as_deref());
+    Ok(only_runnable(
+        described.as_array().cloned().unwrap_or_default(),
+    ))
 }
 
 /// The ready-to-use list for a model (`--format openai|anthropic`, docs/design.md §10.4) carries only

@@ -56,6 +56,8 @@ pub struct RawConfig {
     pub notify: crate::guard::RawNotify,
     #[serde(default)]
     pub circuit_breaker: crate::guard::RawCircuitBreaker,
+    #[serde(default)]
+    pub gateway: RawGateway,
     /// The file's text, kept to turn a key's span into a line number in messages.
     #[serde(skip)]
     pub text: String,
@@ -81,7 +83,31 @@ pub struct RawFolders {
     /// Where oversized results are saved; never watched.
     pub tool_results: Option<String>,
     pub dry_run: Option<String>,
+    /// Where `vaultd mcp serve` writes a note per client session (docs/design.md §14).
+    pub sessions: Option<String>,
 }
+
+/// `[gateway]`: `vaultd mcp serve` (docs/design.md §14).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGateway {
+    /// How long a held call's MCP request waits for a person before it answers "held".
+    #[serde(default, with = "humantime_serde")]
+    pub approval_wait: Option<Duration>,
+}
+
+/// The validated `[gateway]` and `[folders] sessions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// Vault-relative folder of the session notes.
+    pub sessions: String,
+    pub approval_wait: Duration,
+}
+
+/// `[folders] sessions`' default.
+pub const DEFAULT_SESSIONS: &str = "Agent/Sessions";
+/// `[gateway] approval_wait`'s default.
+pub const DEFAULT_APPROVAL_WAIT: Duration = Duration::from_secs(600);
 
 // ---------------------------------------------------------------------------------------------
 // Validated.
@@ -133,6 +159,8 @@ pub struct Config {
     pub guard: crate::guard::GuardConfig,
     /// Who may approve held calls: moving the note, or only `vaultd approve` (docs/design.md §4).
     pub approval_via: ApprovalVia,
+    /// `vaultd mcp serve` (docs/design.md §14).
+    pub gateway: GatewayConfig,
     /// Things a person should change in the file that do not stop vaultd (an old spelling),
     /// each naming file:line; logged at start.
     pub warnings: Vec<String>,
@@ -556,9 +584,11 @@ pub fn from_raw(
     let tool_results = f
         .tool_results
         .unwrap_or_else(|| crate::results::DEFAULT_FOLDER.to_string());
+    let sessions = f.sessions.unwrap_or_else(|| DEFAULT_SESSIONS.to_string());
     {
         let all = [
             ("folders.tool_results", &tool_results),
+            ("folders.sessions", &sessions),
             ("folders.needs_action", &folders.needs_action),
             ("folders.in_progress", &folders.in_progress),
             ("folders.pending_approval", &folders.pending_approval),
@@ -641,6 +671,10 @@ pub fn from_raw(
         mcp,
         guard,
         approval_via,
+        gateway: GatewayConfig {
+            sessions,
+            approval_wait: raw.gateway.approval_wait.unwrap_or(DEFAULT_APPROVAL_WAIT),
+        },
         warnings,
         loaded_with: overrides.clone(),
     })

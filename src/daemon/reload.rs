@@ -307,6 +307,7 @@ fn running_folders(current: &Config) -> config::RawFolders {
         failed: Some(f.failed.clone()),
         tool_results: Some(current.tool_results.clone()),
         dry_run: Some(f.dry_run.clone()),
+        sessions: Some(current.gateway.sessions.clone()),
     }
 }
 

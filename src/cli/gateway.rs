@@ -1,0 +1,77 @@
+//! `vaultd mcp serve`: the gateway over stdio (docs/design.md §14). When no daemon runs on the
+//! vault, it runs one in this process (`vaultd run`, stopped when the client goes away);
+//! otherwise it is that daemon's client. Either way the journal has one writer.
+
+use super::GlobalArgs;
+use super::serve::{SHUTDOWN_LEFTOVERS, exit_if_shutdown_hangs, shutdown_signal, start};
+use crate::daemon::{self, Mode};
+use crate::gateway::{Gateway, ListTools};
+use crate::vault::Vault;
+use anyhow::{Context, Result};
+use rmcp::ServiceExt;
+use std::time::Duration;
+
+/// How long the daemon this process starts may take to lock the vault (its MCP servers start
+/// first, each within its `start_timeout`).
+const DAEMON_START: Duration = Duration::from_secs(120);
+
+pub(super) fn serve(g: &GlobalArgs) -> Result<i32> {
+    let (config, redactor, runtime) = start(g)?;
+    let (grace, lock) = (config.shutdown_grace, config.vault.join(".vaultd.lock"));
+    let outcome: Result<()> = runtime.block_on(async move {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let own_daemon = if daemon::running_daemon(&config.vault).is_none() {
+            let (cfg, redactor) = (config.clone(), redactor.clone());
+            let task = tokio::spawn(async move {
+                let result = daemon::run_vault(cfg, Mode::Run, false, false, redactor, async {
+                    let _ = stopped.await;
+                })
+                .await;
+                if let Err(e) = &result {
+                    tracing::error!("the gateway's daemon stopped: {e}");
+                }
+                result
+            });
+            let began = tokio::time::Instant::now();
+            while daemon::running_daemon(&config.vault).is_none()
+                && !task.is_finished()
+                && began.elapsed() < DAEMON_START
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tracing::info!(vault = %config.vault.display(), "no vaultd ran on the vault: the gateway runs one");
+            Some(task)
+        } else {
+            tracing::info!(vault = %config.vault.display(), "a vaultd runs on the vault: the gateway is its client");
+            None
+        };
+        let journal = crate::state::open_journal(&config)?;
+        let list: ListTools = {
+            let config = config.clone();
+            Box::new(move || super::tools::runnable(&config).map_err(|e| format!("{e:#}")))
+        };
+        let vault = Vault::new(config.vault.clone(), config.folders.clone());
+        let gateway = Gateway::new(vault, config.gateway.clone(), journal, list);
+        let service = gateway
+            .serve(rmcp::transport::stdio())
+            .await
+            .context("the MCP client's handshake failed")?;
+        let signal = shutdown_signal();
+        tokio::select! {
+            ended = service.waiting() => {
+                if let Err(e) = ended {
+                    tracing::warn!("the MCP session ended: {e}");
+                }
+            }
+            () = signal => exit_if_shutdown_hangs(grace, lock),
+        }
+        let _ = stop.send(());
+        if let Some(task) = own_daemon {
+            task.await.context("the gateway's daemon panicked")??;
+        }
+        Ok(())
+    });
+    runtime.shutdown_timeout(SHUTDOWN_LEFTOVERS);
+    outcome?;
+    Ok(0)
+}

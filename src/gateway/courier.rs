@@ -1,0 +1,169 @@
+//! A gateway call travels as a note (docs/design.md §14): it is written into `Needs_Action/`
+//! like any agent's note, the daemon claims it, plans, journals and runs its call, and moves it
+//! on; the gateway watches the folders the note can land in and reads the call's outcome from
+//! the journal. So every call an MCP client makes goes through the one pipeline and the one
+//! journal writer, and waits in `Pending_Approval/` for a person like any held call.
+
+use crate::call::CallResult;
+use crate::journal::Journal;
+use crate::vault::{State, Vault};
+use notify::Watcher;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How often the folders are looked at when no event came (events are hints: a synced vault
+/// or a watcher that missed one still ends the wait).
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// The folders a call note ends in.
+const FINISHED: [State; 3] = [State::Done, State::Failed, State::Rejected];
+
+/// Where a call note is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Whereabouts {
+    /// Not yet claimed, or being run (`Needs_Action/`, `In_Progress/`, `Approved/`, …).
+    Underway,
+    /// In `Pending_Approval/`: a person decides.
+    Held(PathBuf),
+    /// In `Done/`, `Failed/` or `Rejected/` (the person refused; the note stays there), at
+    /// this path.
+    Finished(PathBuf),
+}
+
+/// Writes a call note under its final name in one rename, so the daemon never reads half of
+/// it. The temporary file is hidden (a dot name, no `.md`), which the daemon never claims.
+pub(crate) fn send(vault: &Vault, name: &str, text: &str) -> std::io::Result<PathBuf> {
+    let folder = vault.folder(State::NeedsAction);
+    let tmp = folder.join(format!(".{name}.vaultd-tmp"));
+    let path = folder.join(name);
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    drop(file);
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// Where the note named `name` is now.
+pub(crate) fn whereabouts(vault: &Vault, name: &str) -> Whereabouts {
+    for state in FINISHED {
+        let path = vault.folder(state).join(name);
+        if path.is_file() {
+            return Whereabouts::Finished(path);
+        }
+    }
+    let held = vault.folder(State::PendingApproval).join(name);
+    if held.is_file() {
+        return Whereabouts::Held(held);
+    }
+    Whereabouts::Underway
+}
+
+/// A count bumped on every change in the folders a call note lands in; waiters look again
+/// when it moves (and every [`LOOK_EVERY`] regardless).
+pub(crate) struct Arrivals {
+    _watcher: Option<notify::RecommendedWatcher>,
+    changed: watch::Receiver<u64>,
+}
+
+impl Arrivals {
+    /// Watches `Done/`, `Failed/`, `Rejected/` and `Pending_Approval/`. Without a watcher (none could be
+    /// made) waiters look every [`LOOK_EVERY`].
+    pub(crate) fn watch(vault: &Vault) -> Self {
+        let (tx, rx) = watch::channel(0u64);
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok() {
+                tx.send_modify(|n| *n += 1);
+            }
+        })
+        .and_then(|mut w| {
+            for state in FINISHED.into_iter().chain([State::PendingApproval]) {
+                w.watch(&vault.folder(state), notify::RecursiveMode::NonRecursive)?;
+            }
+            Ok(w)
+        });
+        let watcher = match watcher {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot watch the vault's folders ({e}): the gateway looks every 250 ms"
+                );
+                None
+            }
+        };
+        Arrivals {
+            _watcher: watcher,
+            changed: rx,
+        }
+    }
+
+    /// Waits until the note named `name` is no longer [`Whereabouts::Underway`] and, if it is
+    /// held, until it has left `Pending_Approval/` or `until` has passed. Returns where it is.
+    pub(crate) async fn wait(
+        &self,
+        vault: &Vault,
+        name: &str,
+        until: Option<tokio::time::Instant>,
+    ) -> Whereabouts {
+        let mut changed = self.changed.clone();
+        loop {
+            let now = whereabouts(vault, name);
+            match (&now, until) {
+                (Whereabouts::Finished(_), _) => return now,
+                (Whereabouts::Held(_), None) => return now,
+                (Whereabouts::Held(_), Some(t)) if tokio::time::Instant::now() >= t => return now,
+                _ => {}
+            }
+            let _ = tokio::time::timeout(LOOK_EVERY, changed.changed()).await;
+        }
+    }
+}
+
+/// The outcome of the note's (only) call, from the journal. The daemon records an outcome
+/// before it writes the note and moves it, but a read-only call's record may still be queued
+/// for its group commit: looked for again for up to 2 s.
+pub(crate) async fn outcome(journal: &Journal, note: &Path) -> Option<CallResult> {
+    let text = tokio::fs::read_to_string(note).await.ok()?;
+    let note_id = crate::note::parse::frontmatter_property(&text, "tool_note")?.to_string();
+    for _ in 0..100 {
+        if let Ok(calls) = journal.note_calls(&note_id)
+            && let Some(result) = calls.into_iter().find_map(|c| c.recorded)
+        {
+            return Some(result);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vault::Folders;
+
+    #[test]
+    fn a_note_is_underway_then_held_then_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = Vault::new(dir.path().to_path_buf(), Folders::default());
+        vault.prepare().unwrap();
+        let sent = send(&vault, "a call.md", "body").unwrap();
+        assert_eq!(whereabouts(&vault, "a call.md"), Whereabouts::Underway);
+        let held = vault.folder(State::PendingApproval).join("a call.md");
+        std::fs::rename(&sent, &held).unwrap();
+        assert_eq!(
+            whereabouts(&vault, "a call.md"),
+            Whereabouts::Held(held.clone())
+        );
+        let done = vault.folder(State::Done).join("a call.md");
+        std::fs::rename(&held, &done).unwrap();
+        assert_eq!(
+            whereabouts(&vault, "a call.md"),
+            Whereabouts::Finished(done)
+        );
+        let left: Vec<_> = std::fs::read_dir(vault.folder(State::NeedsAction))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "no temporary file is left behind");
+    }
+}

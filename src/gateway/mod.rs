@@ -1,0 +1,446 @@
+//! `vaultd mcp serve`: the vault's tools offered to any MCP client (docs/design.md §14).
+//!
+//! The gateway is a client of the daemon through the vault itself: a `tools/call` becomes a
+//! call note in `Needs_Action/` ([`courier`]), which the daemon claims, plans, journals, runs
+//! and moves like any note; the gateway waits for it in `Done/`, `Failed/` or
+//! `Pending_Approval/` and answers with the outcome the journal recorded. So the gateway never
+//! writes the journal (one writer per vault), every guarantee of a note holds for a call made
+//! over MCP (validation, policy, budgets, rate limits, the worker cap, at-most-once, undo), and
+//! a held call waits for a person exactly as a note does. `vaultd mcp serve` runs the daemon in
+//! its own process when none runs on the vault ([`crate::cli`]), and is its client otherwise.
+//! Each client session's calls are also appended to a session note ([`session`]).
+
+pub(crate) mod courier;
+pub(crate) mod session;
+
+use crate::call::{CallResult, ToolOutput};
+use crate::config::GatewayConfig;
+use crate::journal::Journal;
+use crate::vault::Vault;
+use courier::{Arrivals, Whereabouts};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler};
+use serde_json::{Value, json};
+use session::Session;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// How often a waiting client hears that its call is still held.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// The tools to offer now, as `vaultd tools --json` describes them (only those whose calls may
+/// run): read again for every `tools/list`, so a tool accepted or a server come up since shows.
+pub type ListTools = Box<dyn Fn() -> Result<Vec<Value>, String> + Send + Sync>;
+
+/// One client connection's gateway (stdio: the process's only one).
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    vault: Vault,
+    config: GatewayConfig,
+    journal: Journal,
+    list: ListTools,
+    arrivals: Arrivals,
+    /// Created by the first call, named after the client.
+    session: OnceLock<Session>,
+    calls: AtomicU64,
+    /// Calls answered "held" whose note still waits, by tool and arguments: asking again
+    /// waits for that note instead of writing a second one (which a person could approve too).
+    held: Mutex<HashMap<String, String>>,
+}
+
+impl Gateway {
+    pub fn new(vault: Vault, config: GatewayConfig, journal: Journal, list: ListTools) -> Self {
+        let arrivals = Arrivals::watch(&vault);
+        Gateway {
+            inner: Arc::new(Inner {
+                vault,
+                config,
+                journal,
+                list,
+                arrivals,
+                session: OnceLock::new(),
+                calls: AtomicU64::new(0),
+                held: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The tools as MCP `Tool`s.
+    fn tools(&self) -> Result<Vec<Tool>, String> {
+        let described = (self.inner.list)()?;
+        Ok(described.iter().filter_map(offered).collect())
+    }
+
+    fn session(&self, context: &RequestContext<RoleServer>) -> &Session {
+        self.inner.session.get_or_init(|| {
+            // 2026-07-28 clients name themselves in each request's `_meta`; older ones once,
+            // in `initialize`.
+            let client = context
+                .meta
+                .client_info()
+                .map(|info| info.name)
+                .or_else(|| context.peer.peer_info().map(|i| i.client_info.name.clone()))
+                .unwrap_or_default();
+            Session::new(
+                &self.inner.vault.root().join(&self.inner.config.sessions),
+                &client,
+            )
+        })
+    }
+
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let inner = &self.inner;
+        let tool = request.name.to_string();
+        let call = json!({"tool_call": {
+            "name": tool,
+            "parameters": Value::Object(request.arguments.clone().unwrap_or_default()),
+        }});
+        let key = call.to_string();
+        let call_json = serde_json::to_string_pretty(&call).unwrap_or_default();
+        let session = self.session(&context);
+        let waiting = inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let (name, body) = match waiting {
+            Some(name) => (name, None),
+            None => {
+                if crate::daemon::running_daemon(inner.vault.root()).is_none() {
+                    return failure(
+                        "NO_DAEMON",
+                        &format!(
+                            "no vaultd runs on the vault {}: start `vaultd run --vault {}` (or its systemd unit), or restart `vaultd mcp serve`, which runs one when none does",
+                            inner.vault.root().display(),
+                            inner.vault.root().display()
+                        ),
+                    );
+                }
+                let n = inner.calls.fetch_add(1, Ordering::Relaxed) + 1;
+                let name = format!("{} call {n}.md", session.stem);
+                let body = format!(
+                    "# {tool}\n\nA call made through `vaultd mcp serve`, session [[{}]].\n\n```json\n{call_json}\n```\n",
+                    session.stem
+                );
+                if let Err(e) = courier::send(&inner.vault, &name, &body) {
+                    return failure(
+                        "EXECUTION_ERROR",
+                        &format!("cannot write the call note into Needs_Action/: {e}"),
+                    );
+                }
+                (name, Some(body))
+            }
+        };
+        let (result, outcome_line, added) = tokio::select! {
+            r = self.follow(&name, &key, &context) => r,
+            () = context.ct.cancelled() => {
+                tracing::info!(note = %name, "the client cancelled a gateway call; its note runs on");
+                (failure("CANCELLED", "cancelled by the client"), "cancelled by the client (the call note runs on)".to_string(), String::new())
+            }
+        };
+        if (body.is_some() || !added.is_empty())
+            && let Err(e) = session.append(&tool, &name, &outcome_line, &call_json, &added)
+        {
+            tracing::warn!(note = %session.path().display(), "cannot append to the session note: {e}");
+        }
+        result
+    }
+
+    /// Waits for the call note `name` and answers with its outcome; a held note is waited for
+    /// up to `approval_wait`, with a progress notification every few seconds.
+    async fn follow(
+        &self,
+        name: &str,
+        key: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> (CallToolResult, String, String) {
+        let inner = &self.inner;
+        let mut place = inner.arrivals.wait(&inner.vault, name, None).await;
+        if let Whereabouts::Held(held) = place.clone() {
+            let shown = held
+                .strip_prefix(inner.vault.root())
+                .unwrap_or(&held)
+                .display()
+                .to_string();
+            let until = tokio::time::Instant::now() + inner.config.approval_wait;
+            let token = context.meta.get_progress_token();
+            let wait = inner.arrivals.wait(&inner.vault, name, Some(until));
+            tokio::pin!(wait);
+            let mut tick = tokio::time::interval(PROGRESS_EVERY);
+            let mut step = 0.0;
+            place = loop {
+                tokio::select! {
+                    p = &mut wait => break p,
+                    _ = tick.tick() => {
+                        if let Some(token) = &token {
+                            step += 1.0;
+                            let note = ProgressNotificationParam::new(token.clone(), step)
+                                .with_message(format!("held: waiting for a person to approve {shown}"));
+                            let _ = context.peer.notify_progress(note).await;
+                        }
+                    }
+                }
+            };
+            if let Whereabouts::Held(_) = place {
+                inner
+                    .held
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.to_string(), name.to_string());
+                let message = format!(
+                    "the call is held for a person's approval in {shown} (waited {}). Approve it (move it to {}/, or `vaultd approve \"{name}\"`) or reject it, then call again with the same arguments: the gateway then answers from that note, and the call is not sent twice",
+                    humantime::format_duration(inner.config.approval_wait),
+                    inner.vault.folder_name(crate::vault::State::Approved),
+                );
+                let added = std::fs::read_to_string(&held)
+                    .map(|t| added_after_call(&t))
+                    .unwrap_or_default();
+                return (
+                    failure("HELD", &message),
+                    format!("held for approval in {shown}"),
+                    added,
+                );
+            }
+        }
+        inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        let Whereabouts::Finished(path) = place else {
+            unreachable!("wait returns a finished note unless it is held")
+        };
+        let processed = std::fs::read_to_string(&path).unwrap_or_default();
+        let added = added_after_call(&processed);
+        match courier::outcome(&inner.journal, &path).await {
+            Some(result) => {
+                let line = outcome_line(&result);
+                (answer(result), line, added)
+            }
+            None => {
+                let shown = path
+                    .strip_prefix(inner.vault.root())
+                    .unwrap_or(&path)
+                    .display()
+                    .to_string();
+                if path.parent()
+                    == Some(inner.vault.folder(crate::vault::State::Rejected).as_path())
+                {
+                    return (
+                        failure(
+                            "REJECTED",
+                            &format!("a person rejected the call: the note is in {shown}"),
+                        ),
+                        format!("rejected ({shown})"),
+                        added,
+                    );
+                }
+                (
+                    failure(
+                        "EXECUTION_ERROR",
+                        &format!(
+                            "the call note ended in {shown} with no outcome in the journal: see the note"
+                        ),
+                    ),
+                    format!("no outcome recorded; see {shown}"),
+                    added,
+                )
+            }
+        }
+    }
+}
+
+/// What the daemon appended below the call block of a processed call note.
+fn added_after_call(processed: &str) -> String {
+    match processed.find("\n```\n") {
+        Some(at) => processed[at + 5..].trim().to_string(),
+        None => String::new(),
+    }
+}
+
+/// One line for the session note.
+fn outcome_line(result: &CallResult) -> String {
+    match &result.outcome {
+        Ok(out) => format!("ok: {}", out.summary),
+        Err(e) => format!("{}: {}", e.code.as_str(), e.message),
+    }
+}
+
+/// An error result with vaultd's code.
+fn failure(code: &str, message: &str) -> CallToolResult {
+    let mut r = CallToolResult::error(vec![ContentBlock::text(format!("{code}: {message}"))]);
+    r.structured_content = Some(json!({"error": {"code": code, "message": message}}));
+    r
+}
+
+/// The MCP result of a recorded outcome: an upstream MCP tool's content as it came (binary
+/// items saved as attachments, as in a note), any other tool's `data` as JSON text and as
+/// `structuredContent`; an error as `isError` with its code and message.
+fn answer(result: CallResult) -> CallToolResult {
+    match result.outcome {
+        Ok(ToolOutput { data, .. }) => {
+            if let Some(content) = data.get("content")
+                && let Ok(items) = serde_json::from_value::<Vec<ContentBlock>>(content.clone())
+            {
+                let mut r = CallToolResult::success(items);
+                r.structured_content = data.get("structuredContent").cloned();
+                return r;
+            }
+            let text = serde_json::to_string_pretty(&data).unwrap_or_default();
+            let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+            if data.is_object() {
+                r.structured_content = Some(data);
+            }
+            r
+        }
+        Err(e) => {
+            let mut r = failure(e.code.as_str(), &e.message);
+            if let Some(details) = e.details {
+                r.structured_content = Some(json!({"error": {
+                    "code": e.code.as_str(), "message": e.message, "details": details,
+                }}));
+            }
+            r
+        }
+    }
+}
+
+/// An MCP `Tool` of one `vaultd tools --json` entry: name, description, schema, and hints from
+/// its effect (`readOnlyHint` for read_only, `destructiveHint` for external side effects).
+fn offered(described: &Value) -> Option<Tool> {
+    let effect = described["effect"].as_str().unwrap_or("");
+    let mut schema = described["parameters"].clone();
+    if !schema.is_object() {
+        schema = json!({"type": "object"});
+    }
+    serde_json::from_value(json!({
+        "name": described["name"],
+        "description": described["description"],
+        "inputSchema": schema,
+        "annotations": {
+            "readOnlyHint": effect == "read_only",
+            "destructiveHint": effect == "external_side_effect",
+            "idempotentHint": effect == "read_only",
+            "openWorldHint": effect != "state_change",
+        },
+    }))
+    .ok()
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("vaultd", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "The vault's tools, run by vaultd: every call is journaled, runs at most once, and may be held for a person's approval in the vault (the call then waits, with progress notifications).",
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let tools = self.tools().map_err(|e| {
+            ErrorData::internal_error(format!("cannot list the vault's tools: {e}"), None)
+        })?;
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        Ok(self.call(request, context).await.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::{CallError, ErrorCode};
+    use std::time::SystemTime;
+
+    fn result(outcome: Result<ToolOutput, CallError>) -> CallResult {
+        CallResult {
+            call_id: "c-1".into(),
+            name: "t".into(),
+            outcome,
+            started_at: SystemTime::now(),
+            ended_at: SystemTime::now(),
+        }
+    }
+
+    #[test]
+    fn effects_become_hints() {
+        let t = offered(&json!({"name": "send_notification", "description": "d",
+            "parameters": {"type": "object"}, "effect": "external_side_effect"}))
+        .unwrap();
+        let a = t.annotations.unwrap();
+        assert_eq!(
+            (a.read_only_hint, a.destructive_hint),
+            (Some(false), Some(true))
+        );
+        let t = offered(&json!({"name": "search_web", "parameters": null, "effect": "read_only"}))
+            .unwrap();
+        assert_eq!(t.annotations.unwrap().read_only_hint, Some(true));
+        assert_eq!(t.input_schema.get("type"), Some(&json!("object")));
+    }
+
+    #[test]
+    fn outcomes_become_results() {
+        let ok = answer(result(Ok(ToolOutput {
+            data: json!({"results": [1]}),
+            summary: "1 result".into(),
+            undo: None,
+        })));
+        assert_eq!(ok.is_error, Some(false));
+        assert_eq!(ok.structured_content, Some(json!({"results": [1]})));
+
+        let upstream = answer(result(Ok(ToolOutput {
+            data: json!({"content": [{"type": "text", "text": "hi"}], "structuredContent": {"a": 1}}),
+            summary: "1 item".into(),
+            undo: None,
+        })));
+        let v = serde_json::to_value(&upstream).unwrap();
+        assert_eq!(v["content"][0]["text"], "hi");
+        assert_eq!(v["structuredContent"], json!({"a": 1}));
+
+        let err = answer(result(Err(CallError::new(
+            ErrorCode::PolicyDenied,
+            "not allowed",
+        ))));
+        let v = serde_json::to_value(&err).unwrap();
+        assert_eq!(v["isError"], true);
+        assert_eq!(v["content"][0]["text"], "POLICY_DENIED: not allowed");
+        assert_eq!(v["structuredContent"]["error"]["code"], "POLICY_DENIED");
+    }
+
+    #[test]
+    fn what_follows_the_call_block_is_kept() {
+        let note = "---\ntool_note: n\n---\n# t\n\n```json\n{}\n```\n\n> [!success]- ok\n";
+        assert_eq!(added_after_call(note), "> [!success]- ok");
+    }
+}

@@ -1,0 +1,282 @@
+//! `vaultd mcp serve` (docs/design.md §14) driven by a real MCP client: the Python MCP SDK from
+//! PyPI (installed by scripts/test into target/mcp-python), over stdio, against the real
+//! binary. Each call must go through the daemon's pipeline: a call note, the journal, the
+//! approval policy, undo.
+
+use crate::util::{TestVault, wait_until};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Vault tools may write under `Projects/`.
+const WRITE: &str = "[tools.vault]\nwrite = [\"Projects/**\"]\n";
+
+fn python() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-python/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: scripts/test installs the Python MCP SDK (with mcp-server-time) into target/mcp-python",
+        p.display()
+    );
+    p
+}
+
+/// The client script, started on `vault` with `steps` (see tests/gateway/client.py).
+fn client(vault: &TestVault, steps: Value) -> Child {
+    Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gateway/client.py"))
+        .arg(crate::util::bin())
+        .arg(&vault.root)
+        .arg(steps.to_string())
+        .arg("--config")
+        .arg(&vault.config)
+        .env_remove("VAULTD_CONFIG")
+        .env("RUST_LOG", "vaultd=debug,info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python runs")
+}
+
+/// The client's JSON lines, after it exited successfully.
+fn answers(child: Child) -> Vec<Value> {
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the client failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{stderr}")))
+        .collect()
+}
+
+fn run(vault: &TestVault, steps: Value) -> Vec<Value> {
+    answers(client(vault, steps))
+}
+
+/// `vaultd ARGS` on the vault, which must succeed.
+fn vaultd_ok(vault: &TestVault, args: &[&str]) {
+    let out = vault.cmd().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "vaultd {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn text_of(answer: &Value) -> String {
+    answer["content"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The one session note of the vault.
+fn session_note(vault: &TestVault) -> (String, String) {
+    let folder = vault.root.join("Agent/Sessions");
+    let names: Vec<String> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "one session note: {names:?}");
+    let text = std::fs::read_to_string(folder.join(&names[0])).unwrap();
+    (names[0].clone(), text)
+}
+
+#[test]
+fn a_real_client_lists_the_tools_and_its_calls_run_through_the_daemon() {
+    let vault = TestVault::new("http://127.0.0.1:9", WRITE);
+    let answers = run(
+        &vault,
+        json!([
+            ["list"],
+            ["call", "vault_create", {"path": "Projects/From the agent.md", "content": "made over MCP\n"}],
+            ["call", "vault_read", {"path": "Projects/From the agent.md"}],
+            ["call", "vault_read", {"path": "../outside.md"}],
+            ["call", "no_such_tool", {}],
+        ]),
+    );
+    let tools = answers[0]["tools"].as_array().unwrap();
+    let tool = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is offered: {tools:?}"))
+    };
+    assert_eq!(tool("vault_read")["annotations"]["readOnlyHint"], true);
+    assert_eq!(
+        tool("send_notification")["annotations"]["destructiveHint"],
+        true
+    );
+    assert_eq!(tool("vault_create")["annotations"]["readOnlyHint"], false);
+    assert_eq!(
+        tool("vault_create")["inputSchema"]["required"],
+        json!(["path", "content"])
+    );
+
+    assert_eq!(answers[1]["isError"], false, "{}", answers[1]);
+    assert_eq!(
+        std::fs::read_to_string(vault.root.join("Projects/From the agent.md")).unwrap(),
+        "made over MCP\n"
+    );
+    assert_eq!(answers[2]["isError"], false, "{}", answers[2]);
+    assert!(
+        answers[2]["structuredContent"]
+            .to_string()
+            .contains("made over MCP"),
+        "{}",
+        answers[2]
+    );
+    // The daemon's own checks answer, with vaultd's codes.
+    assert_eq!(answers[3]["isError"], true);
+    assert!(
+        text_of(&answers[3]).starts_with("INVALID_PARAMS")
+            || text_of(&answers[3]).starts_with("POLICY_DENIED"),
+        "{}",
+        answers[3]
+    );
+    assert!(!vault.root.parent().unwrap().join("outside.md").exists());
+    assert!(
+        text_of(&answers[4]).starts_with("UNKNOWN_TOOL"),
+        "{}",
+        answers[4]
+    );
+
+    // Each call was a note the daemon processed, and is in the journal.
+    assert_eq!(
+        vault.notes_in("Done").len(),
+        2,
+        "{:?}",
+        vault.notes_per_folder()
+    );
+    assert_eq!(vault.notes_in("Failed").len(), 2);
+    let log = vault.cmd().args(["log", "--json"]).output().unwrap();
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(
+        log.contains("vault_create") && log.contains("no_such_tool"),
+        "{log}"
+    );
+
+    // The session note shows every call, quoted, with the daemon's callouts.
+    let (name, text) = session_note(&vault);
+    assert!(name.ends_with(".md"));
+    assert_eq!(text.matches("- call note: [[").count(), 4, "{text}");
+    assert!(
+        text.contains("> [!success]") && text.contains("> [!failure]"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("\n```json"),
+        "no unquoted call in the session note"
+    );
+
+    // `vaultd undo --note SESSION` undoes the session's vault changes.
+    vaultd_ok(
+        &vault,
+        &["undo", "--note", &format!("Agent/Sessions/{name}")],
+    );
+    assert!(!vault.root.join("Projects/From the agent.md").exists());
+}
+
+#[test]
+fn a_held_call_waits_for_the_person_and_runs_once_approved() {
+    let vault = TestVault::new("http://127.0.0.1:9", WRITE);
+    std::fs::create_dir_all(vault.root.join("Projects")).unwrap();
+    std::fs::write(vault.root.join("Projects/old.md"), "old\n").unwrap();
+    // vault_delete is held for approval by default.
+    let child = client(
+        &vault,
+        json!([["call", "vault_delete", {"path": "Projects/old.md"}]]),
+    );
+    wait_until("the call note is held", Duration::from_secs(60), || {
+        !vault.notes_in("Pending_Approval").is_empty()
+    });
+    assert!(
+        vault.root.join("Projects/old.md").exists(),
+        "not run before approval"
+    );
+    let held = vault.notes_in("Pending_Approval")[0].clone();
+    vaultd_ok(&vault, &["approve", &held]);
+    let answers = answers(child);
+    assert_eq!(answers[0]["isError"], false, "{}", answers[0]);
+    assert!(!vault.root.join("Projects/old.md").exists());
+    let progress = answers[0]["progress"].as_array().unwrap();
+    assert!(
+        progress
+            .iter()
+            .any(|m| m.as_str().unwrap_or("").contains("Pending_Approval")),
+        "the waiting client heard why: {progress:?}"
+    );
+}
+
+#[test]
+fn a_rejected_call_answers_rejected() {
+    let vault = TestVault::new("http://127.0.0.1:9", WRITE);
+    std::fs::create_dir_all(vault.root.join("Projects")).unwrap();
+    std::fs::write(vault.root.join("Projects/kept.md"), "kept\n").unwrap();
+    let child = client(
+        &vault,
+        json!([["call", "vault_delete", {"path": "Projects/kept.md"}]]),
+    );
+    wait_until("the call note is held", Duration::from_secs(60), || {
+        !vault.notes_in("Pending_Approval").is_empty()
+    });
+    let held = vault.notes_in("Pending_Approval")[0].clone();
+    vaultd_ok(&vault, &["reject", &held]);
+    let answers = answers(child);
+    assert_eq!(answers[0]["isError"], true);
+    // The rejection the journal recorded under the note's identity.
+    assert_eq!(
+        text_of(&answers[0]),
+        "REJECTED: a person rejected this call; it was not run",
+        "{}",
+        answers[0]
+    );
+    assert!(vault.root.join("Projects/kept.md").exists());
+}
+
+#[test]
+fn past_approval_wait_the_answer_is_held_and_asking_again_waits_for_the_same_note() {
+    let vault = TestVault::new(
+        "http://127.0.0.1:9",
+        &format!("{WRITE}[gateway]\napproval_wait = \"1s\"\n"),
+    );
+    std::fs::create_dir_all(vault.root.join("Projects")).unwrap();
+    std::fs::write(vault.root.join("Projects/old.md"), "old\n").unwrap();
+    let call = json!(["call", "vault_delete", {"path": "Projects/old.md"}]);
+    let answers = run(&vault, json!([call, call]));
+    for a in &answers {
+        assert_eq!(a["isError"], true);
+        assert!(text_of(a).starts_with("HELD"), "{a}");
+        assert!(
+            text_of(a).contains("call again with the same arguments"),
+            "{a}"
+        );
+    }
+    assert_eq!(
+        vault.notes_in("Pending_Approval").len(),
+        1,
+        "asking again wrote no second call note: {:?}",
+        vault.notes_per_folder()
+    );
+    assert!(vault.root.join("Projects/old.md").exists());
+}
+
+#[test]
+fn with_a_daemon_running_the_gateway_is_its_client() {
+    let vault = TestVault::new("http://127.0.0.1:9", WRITE);
+    let daemon = vault.start();
+    let answers = run(
+        &vault,
+        json!([["call", "vault_create", {"path": "Projects/a.md", "content": "x"}]]),
+    );
+    assert_eq!(answers[0]["isError"], false, "{}", answers[0]);
+    assert!(vault.root.join("Projects/a.md").exists());
+    let log = daemon.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("note processed") && l.contains("call 1.md")),
+        "the running daemon ran the call:\n{log}"
+    );
+    daemon.terminate();
+}

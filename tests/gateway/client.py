@@ -1,0 +1,61 @@
+"""A real MCP client (the Python MCP SDK from PyPI) driving `vaultd mcp serve` over stdio.
+
+Usage: client.py VAULTD VAULT SCRIPT_JSON [EXTRA_ARG...]
+
+SCRIPT_JSON is a list of steps, run in order:
+  ["list"]                      -> {"step": "list", "tools": [{name, annotations, inputSchema}]}
+  ["call", NAME, ARGS]          -> {"step": "call", "isError", "content", "structuredContent",
+                                    "progress": [messages]}
+One JSON line per step on stdout; the server's stderr is passed through.
+"""
+
+import asyncio
+import json
+import sys
+
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+
+async def main() -> None:
+    vaultd, vault, script = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    params = StdioServerParameters(
+        command=vaultd, args=["mcp", "serve", "--vault", vault, *sys.argv[4:]]
+    )
+    async with Client(params, read_timeout_seconds=120) as client:
+        for step in script:
+            if step[0] == "list":
+                tools = await client.list_tools()
+                out = {
+                    "step": "list",
+                    "tools": [
+                        {
+                            "name": t.name,
+                            "inputSchema": t.input_schema,
+                            "annotations": t.annotations.model_dump(by_alias=True, exclude_none=True)
+                            if t.annotations
+                            else None,
+                        }
+                        for t in tools.tools
+                    ],
+                }
+            elif step[0] == "call":
+                progress = []
+
+                async def on_progress(done, total, message):
+                    progress.append(message)
+
+                r = await client.call_tool(step[1], step[2], progress_callback=on_progress)
+                out = {
+                    "step": "call",
+                    "isError": bool(r.is_error),
+                    "content": [c.model_dump(by_alias=True, exclude_none=True) for c in r.content],
+                    "structuredContent": r.structured_content,
+                    "progress": progress,
+                }
+            else:
+                raise SystemExit(f"unknown step {step[0]!r}")
+            print(json.dumps(out), flush=True)
+
+
+asyncio.run(main())
