@@ -6,6 +6,7 @@
 pub mod config;
 mod discover;
 pub mod edit;
+mod ids;
 pub mod import;
 pub mod pin;
 pub mod question;

@@ -14,6 +14,7 @@
 
 use super::config::{INHERITED_ENV, McpSandbox, McpServerConfig, ServerSandbox, Transport};
 use super::discover::{self, Era};
+use super::ids::FreshIds;
 use super::pin;
 use crate::call::{CallError, ErrorCode};
 use crate::journal::Journal;
@@ -439,7 +440,13 @@ impl McpServer {
                         }
                     }
                 };
-                let service = match handler.serve_with_lifecycle((stdout, stdin), mode).await {
+                let transport = rmcp::transport::IntoTransport::<RoleClient, _, _>::into_transport(
+                    (stdout, stdin),
+                );
+                let service = match handler
+                    .serve_with_lifecycle(FreshIds::new(transport), mode)
+                    .await
+                {
                     Ok(s) => s,
                     Err(e) => {
                         stop_child(self.name(), spawned).await;
@@ -475,7 +482,9 @@ impl McpServer {
                         ClientLifecycleMode::Initialize
                     }
                 };
-                let service = handler.serve_with_lifecycle(transport, mode).await?;
+                let service = handler
+                    .serve_with_lifecycle(FreshIds::new(transport), mode)
+                    .await?;
                 (service, None)
             }
         };
