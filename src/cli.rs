@@ -272,7 +272,16 @@ pub enum ToolsAction {
 /// Parses the command line, runs it, returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Run { .. } | Command::Once { .. }) {
+    // The commands that run the daemon set up their own logging from the config.
+    let runs_daemon = matches!(
+        cli.command,
+        Command::Run { .. }
+            | Command::Once { .. }
+            | Command::Mcp {
+                action: mcp::McpAction::Serve(_)
+            }
+    );
+    if !runs_daemon {
         restore_sigpipe();
         ONE_SHOT.store(true, std::sync::atomic::Ordering::Relaxed);
     }
@@ -374,8 +383,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
             force,
         } => undo(&g, call_id, note, dry_run, force),
         Command::Mcp {
-            action: mcp::McpAction::Serve,
-        } => gateway::serve(&g),
+            action: mcp::McpAction::Serve(args),
+        } => gateway::serve(&g, args),
         Command::Mcp { action } => mcp::run(&g, action),
     }
 }

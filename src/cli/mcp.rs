@@ -47,9 +47,22 @@ pub enum McpAction {
     /// person's approval when policy says so, undoable) and is appended to a session note
     /// under `Agent/Sessions/`. Runs the daemon in this process when none runs on the vault.
     #[command(
-        after_help = "Examples:\n  claude mcp add vaultd -- vaultd mcp serve --vault ~/Notes\n  goose session --with-extension \"vaultd mcp serve --vault ~/Notes\""
+        after_help = "Examples:\n  claude mcp add vaultd -- vaultd mcp serve --vault ~/Notes\n  goose session --with-extension \"vaultd mcp serve --vault ~/Notes\"\n  vaultd mcp serve --vault ~/Notes --listen 127.0.0.1:8765     (with [gateway] token = \"env:VAULTD_GATEWAY_TOKEN\")"
     )]
-    Serve,
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Serve streamable HTTP instead of stdio, on a loopback address (`127.0.0.1:8765`,
+    /// `[::1]:8765`, port 0 for any free one) or a unix socket (`unix:/run/user/1000/vaultd.sock`);
+    /// the MCP endpoint is `/mcp`. Clients send `Authorization: Bearer` with `[gateway] token`.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// With --listen: accept clients without a token. Anyone on this machine can then call the
+    /// vault's tools; for tests (the MCP conformance suite sends no token).
+    #[arg(long, requires = "listen")]
+    pub insecure_no_token: bool,
 }
 
 #[derive(Debug, Args)]
@@ -98,7 +111,7 @@ pub(super) fn run(g: &GlobalArgs, action: McpAction) -> Result<i32> {
         McpAction::Add(args) => add(g, args),
         McpAction::Import(args) => import_file(g, args),
         // Dispatched by the caller (cli.rs): the gateway lists tools as `vaultd tools` does.
-        McpAction::Serve => unreachable!("`vaultd mcp serve` is dispatched in cli.rs"),
+        McpAction::Serve(_) => unreachable!("`vaultd mcp serve` is dispatched in cli.rs"),
     }
 }
 

@@ -94,14 +94,24 @@ pub struct RawGateway {
     /// How long a held call's MCP request waits for a person before it answers "held".
     #[serde(default, with = "humantime_serde")]
     pub approval_wait: Option<Duration>,
+    /// The bearer token HTTP clients must send (`--listen`): a secret reference.
+    pub token: Option<String>,
 }
 
 /// The validated `[gateway]` and `[folders] sessions`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct GatewayConfig {
     /// Vault-relative folder of the session notes.
     pub sessions: String,
     pub approval_wait: Duration,
+    /// Required of HTTP clients; `vaultd mcp serve --listen` refuses to start without it.
+    pub token: Option<crate::secret::Secret>,
+}
+
+impl SecretHolder for GatewayConfig {
+    fn secrets(&self) -> Vec<&crate::secret::Secret> {
+        self.token.iter().collect()
+    }
 }
 
 /// `[folders] sessions`' default.
@@ -647,6 +657,10 @@ pub fn from_raw(
         ));
     }
     let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &cx, &vault, &folders)?;
+    let gateway_token = match &raw.gateway.token {
+        Some(r) => Some(cx.secret("gateway.token", r)?),
+        None => None,
+    };
 
     Ok(Config {
         source,
@@ -674,6 +688,7 @@ pub fn from_raw(
         gateway: GatewayConfig {
             sessions,
             approval_wait: raw.gateway.approval_wait.unwrap_or(DEFAULT_APPROVAL_WAIT),
+            token: gateway_token,
         },
         warnings,
         loaded_with: overrides.clone(),
@@ -737,6 +752,7 @@ impl Config {
     pub fn unresolved_secrets(&self) -> Vec<(String, String)> {
         let mut holders = self.tools.secret_holders();
         holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
+        holders.push(&self.gateway);
         let mut out: Vec<(String, String)> = holders
             .iter()
             .flat_map(|h| h.secrets())
@@ -751,6 +767,7 @@ impl Config {
     pub fn redactor(&self) -> Redactor {
         let mut holders = self.tools.secret_holders();
         holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
+        holders.push(&self.gateway);
         Redactor::for_holders(&holders)
     }
 }

@@ -11,6 +11,7 @@
 //! Each client session's calls are also appended to a session note ([`session`]).
 
 pub(crate) mod courier;
+pub mod http;
 pub(crate) mod session;
 
 use crate::call::{CallResult, ToolOutput};
@@ -29,7 +30,7 @@ use serde_json::{Value, json};
 use session::Session;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How often a waiting client hears that its call is still held.
@@ -39,7 +40,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// run): read again for every `tools/list`, so a tool accepted or a server come up since shows.
 pub type ListTools = Box<dyn Fn() -> Result<Vec<Value>, String> + Send + Sync>;
 
-/// One client connection's gateway (stdio: the process's only one).
+/// The gateway of one `vaultd mcp serve`: shared by every client session it serves (stdio:
+/// one; HTTP: each `Mcp-Session-Id`, or each client name for stateless 2026-07-28 requests).
 #[derive(Clone)]
 pub struct Gateway {
     inner: Arc<Inner>,
@@ -51,8 +53,13 @@ struct Inner {
     journal: Journal,
     list: ListTools,
     arrivals: Arrivals,
-    /// Created by the first call, named after the client.
-    session: OnceLock<Session>,
+    /// Each client session, by its key, created by its first call.
+    clients: Mutex<HashMap<String, Arc<Client>>>,
+}
+
+/// One client session: its note, its call count, its held calls.
+struct Client {
+    note: Session,
     calls: AtomicU64,
     /// Calls answered "held" whose note still waits, by tool and arguments: asking again
     /// waits for that note instead of writing a second one (which a person could approve too).
@@ -69,9 +76,7 @@ impl Gateway {
                 journal,
                 list,
                 arrivals,
-                session: OnceLock::new(),
-                calls: AtomicU64::new(0),
-                held: Mutex::new(HashMap::new()),
+                clients: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -82,21 +87,38 @@ impl Gateway {
         Ok(described.iter().filter_map(offered).collect())
     }
 
-    fn session(&self, context: &RequestContext<RoleServer>) -> &Session {
-        self.inner.session.get_or_init(|| {
-            // 2026-07-28 clients name themselves in each request's `_meta`; older ones once,
-            // in `initialize`.
-            let client = context
-                .meta
-                .client_info()
-                .map(|info| info.name)
-                .or_else(|| context.peer.peer_info().map(|i| i.client_info.name.clone()))
-                .unwrap_or_default();
-            Session::new(
-                &self.inner.vault.root().join(&self.inner.config.sessions),
-                &client,
-            )
-        })
+    /// The session of the request's client: by its HTTP session id when it has one, else by
+    /// the client's name (stdio has one client; a stateless HTTP client is one per name).
+    fn client(&self, context: &RequestContext<RoleServer>) -> Arc<Client> {
+        // 2026-07-28 clients name themselves in each request's `_meta`; older ones once, in
+        // `initialize`.
+        let name = context
+            .meta
+            .client_info()
+            .map(|info| info.name)
+            .or_else(|| context.peer.peer_info().map(|i| i.client_info.name.clone()))
+            .unwrap_or_default();
+        let http_session = context
+            .extensions
+            .get::<::http::request::Parts>()
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(|id| format!("session {id}"));
+        let key = http_session.unwrap_or_else(|| format!("client {name}"));
+        let mut clients = self.inner.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(Client {
+                    note: Session::new(
+                        &self.inner.vault.root().join(&self.inner.config.sessions),
+                        &name,
+                    ),
+                    calls: AtomicU64::new(0),
+                    held: Mutex::new(HashMap::new()),
+                })
+            })
+            .clone()
     }
 
     async fn call(
@@ -112,8 +134,9 @@ impl Gateway {
         }});
         let key = call.to_string();
         let call_json = serde_json::to_string_pretty(&call).unwrap_or_default();
-        let session = self.session(&context);
-        let waiting = inner
+        let client = self.client(&context);
+        let session = &client.note;
+        let waiting = client
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -132,7 +155,7 @@ impl Gateway {
                         ),
                     );
                 }
-                let n = inner.calls.fetch_add(1, Ordering::Relaxed) + 1;
+                let n = client.calls.fetch_add(1, Ordering::Relaxed) + 1;
                 let name = format!("{} call {n}.md", session.stem);
                 let body = format!(
                     "# {tool}\n\nA call made through `vaultd mcp serve`, session [[{}]].\n\n```json\n{call_json}\n```\n",
@@ -148,7 +171,7 @@ impl Gateway {
             }
         };
         let (result, outcome_line, added) = tokio::select! {
-            r = self.follow(&name, &key, &context) => r,
+            r = self.follow(&client, &name, &key, &context) => r,
             () = context.ct.cancelled() => {
                 tracing::info!(note = %name, "the client cancelled a gateway call; its note runs on");
                 (failure("CANCELLED", "cancelled by the client"), "cancelled by the client (the call note runs on)".to_string(), String::new())
@@ -166,6 +189,7 @@ impl Gateway {
     /// up to `approval_wait`, with a progress notification every few seconds.
     async fn follow(
         &self,
+        client: &Client,
         name: &str,
         key: &str,
         context: &RequestContext<RoleServer>,
@@ -198,7 +222,7 @@ impl Gateway {
                 }
             };
             if let Whereabouts::Held(_) = place {
-                inner
+                client
                     .held
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -218,7 +242,7 @@ impl Gateway {
                 );
             }
         }
-        inner
+        client
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -345,12 +369,9 @@ fn offered(described: &Value) -> Option<Tool> {
 
 impl ServerHandler for Gateway {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tool_list_changed()
-                .build(),
-        )
+        // No `listChanged`: the list is read again at every `tools/list`, but no notification
+        // says it changed (not built yet).
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
         .with_server_info(Implementation::new("vaultd", env!("CARGO_PKG_VERSION")))
         .with_instructions(
             "The vault's tools, run by vaultd: every call is journaled, runs at most once, and may be held for a person's approval in the vault (the call then waits, with progress notifications).",

@@ -1,6 +1,8 @@
 """A real MCP client (the Python MCP SDK from PyPI) driving `vaultd mcp serve` over stdio.
 
 Usage: client.py VAULTD VAULT SCRIPT_JSON [EXTRA_ARG...]
+       client.py - URL SCRIPT_JSON        (streamable HTTP; sends $VAULTD_TOKEN as a bearer token)
+       client.py - unix:PATH SCRIPT_JSON  (streamable HTTP over a unix socket, endpoint /mcp)
 
 SCRIPT_JSON is a list of steps, run in order:
   ["list"]                      -> {"step": "list", "tools": [{name, annotations, inputSchema}]}
@@ -13,16 +15,31 @@ import asyncio
 import json
 import sys
 
+import os
+
+import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 
 async def main() -> None:
-    vaultd, vault, script = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    params = StdioServerParameters(
-        command=vaultd, args=["mcp", "serve", "--vault", vault, *sys.argv[4:]]
-    )
-    async with Client(params, read_timeout_seconds=120) as client:
+    vaultd, where, script = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    if where.startswith(("http", "unix:")):
+        headers = {}
+        if os.environ.get("VAULTD_TOKEN"):
+            headers["Authorization"] = "Bearer " + os.environ["VAULTD_TOKEN"]
+        transport = None
+        if where.startswith("unix:"):
+            transport = httpx2.AsyncHTTPTransport(uds=where[len("unix:"):])
+            where = "http://localhost/mcp"
+        http = httpx2.AsyncClient(headers=headers, transport=transport)
+        server = streamable_http_client(where, http_client=http)
+    else:
+        server = StdioServerParameters(
+            command=vaultd, args=["mcp", "serve", "--vault", where, *sys.argv[4:]]
+        )
+    async with Client(server, read_timeout_seconds=120) as client:
         for step in script:
             if step[0] == "list":
                 tools = await client.list_tools()
