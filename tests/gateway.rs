@@ -510,3 +510,101 @@ fn the_conformance_suites_server_scenarios_pass() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
+
+/// The JSON Claude Code reads from a permission prompt's answer.
+fn decision(answer: &Value) -> Value {
+    assert_eq!(
+        answer["isError"], false,
+        "a permission answer is never an error: {answer}"
+    );
+    serde_json::from_str(&text_of(answer)).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+#[test]
+fn approve_tool_use_allows_denies_and_asks_as_its_rules_say() {
+    let vault = TestVault::new(
+        "http://127.0.0.1:9",
+        "[gateway.permissions]\nallow = [\"Bash(git status:*)\", \"mcp__github\"]\ndeny = [\"Bash(rm:*)\"]\nask = [\"Edit(docs/**)\"]\n",
+    );
+    let prompt = |tool: &str, input: Value| json!(["call", "approve_tool_use", {"tool_name": tool, "input": input, "tool_use_id": "toolu_1"}]);
+    let decided = run(
+        &vault,
+        json!([
+            ["list"],
+            prompt("Bash", json!({"command": "git status --short"})),
+            prompt("Bash", json!({"command": "rm -rf /home/me"})),
+            prompt("mcp__github__search_issues", json!({"q": "bug"})),
+        ]),
+    );
+    assert!(
+        decided[0]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "approve_tool_use"),
+        "offered: {}",
+        decided[0]
+    );
+    assert_eq!(
+        decision(&decided[1]),
+        json!({"behavior": "allow", "updatedInput": {"command": "git status --short"}})
+    );
+    let denied = decision(&decided[2]);
+    assert_eq!(denied["behavior"], "deny");
+    assert!(
+        denied["message"].as_str().unwrap().contains("Bash(rm:*)"),
+        "{denied}"
+    );
+    assert_eq!(decision(&decided[3])["behavior"], "allow");
+
+    // Asked: a person decides in the vault, once approving, once rejecting.
+    for (verb, behavior) in [("approve", "allow"), ("reject", "deny")] {
+        let child = client(
+            &vault,
+            json!([prompt(
+                "Edit",
+                json!({"file_path": format!("docs/{verb}.md"), "old_string": "a", "new_string": "b"})
+            )]),
+        );
+        wait_until("the prompt is held", Duration::from_secs(60), || {
+            !vault.notes_in("Pending_Approval").is_empty()
+        });
+        let held = vault.notes_in("Pending_Approval")[0].clone();
+        let question = std::fs::read_to_string(vault.root.join(&held)).unwrap();
+        assert!(
+            question.contains("Edit(docs/**)"),
+            "the note says which rule asks: {question}"
+        );
+        vaultd_ok(&vault, &[verb, &held]);
+        let asked = answers(child);
+        let d = decision(&asked[0]);
+        assert_eq!(d["behavior"], behavior, "{d}");
+        if behavior == "allow" {
+            assert_eq!(d["updatedInput"]["file_path"], format!("docs/{verb}.md"));
+        }
+    }
+
+    // Every decision is in the journal.
+    let log = vault
+        .cmd()
+        .args(["log", "--tool", "approve_tool_use", "--json"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(log.matches("approve_tool_use").count() >= 5, "{log}");
+}
+
+#[test]
+fn permission_rules_are_checked_at_start() {
+    let vault = TestVault::new(
+        "http://127.0.0.1:9",
+        "[gateway.permissions]\nallow = [\"Bash(git\"]\n",
+    );
+    let out = vault.cmd().arg("config").output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("gateway.permissions.allow") && err.contains("Bash(git"),
+        "{err}"
+    );
+}

@@ -460,8 +460,11 @@ fn tools_json_lists_names_effects_and_schemas() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let tools = v.as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names[..2], ["search_web", "send_notification"]);
-    assert_eq!(names[2..], vaultd::tools::vault::TOOL_NAMES);
+    assert_eq!(
+        names[..3],
+        ["search_web", "send_notification", "approve_tool_use"]
+    );
+    assert_eq!(names[3..], vaultd::tools::vault::TOOL_NAMES);
     assert_eq!(tools[0]["effect"], "read_only");
     assert_eq!(tools[1]["effect"], "external_side_effect");
     assert_eq!(tools[0]["parameters"]["additionalProperties"], false);

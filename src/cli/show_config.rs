@@ -39,6 +39,16 @@ pub(super) fn print_config(g: &GlobalArgs) -> Result<i32> {
     effective["max_result_bytes"] = json!(c.max_result_bytes);
     effective["folders"]["tool_results"] = json!(c.tool_results);
     effective["mcp"] = crate::tools::mcp::config::describe(&c.mcp);
+    effective["folders"]["sessions"] = json!(c.gateway.sessions);
+    // `approve_tool_use`'s rules are written in `[gateway.permissions]`: shown there.
+    let permissions = effective["tools"]
+        .as_object_mut()
+        .and_then(|t| t.remove("approve_tool_use"));
+    effective["gateway"] = json!({
+        "approval_wait": humantime::format_duration(c.gateway.approval_wait).to_string(),
+        "token": c.gateway.token.as_ref().map(|t| format!("{} [redacted]", t.reference())),
+        "permissions": permissions,
+    });
     let redactor = daemon::redactor_for(&c);
     let text = serde_json::to_string_pretty(&effective)?;
     println!("{}", redactor.redact(&text));

@@ -96,6 +96,8 @@ pub struct RawGateway {
     pub approval_wait: Option<Duration>,
     /// The bearer token HTTP clients must send (`--listen`): a secret reference.
     pub token: Option<String>,
+    /// `[gateway.permissions]`: the rules of the `approve_tool_use` tool.
+    pub permissions: Option<crate::tools::builtin::approve_tool_use::RawPermissions>,
 }
 
 /// The validated `[gateway]` and `[folders] sessions`.
@@ -578,6 +580,21 @@ pub fn from_raw(
         Duration::from_secs(86_400),
         &path,
     )?;
+
+    // `approve_tool_use` is a built-in tool, but its rules are the gateway's: written in
+    // `[gateway.permissions]` only.
+    {
+        let t = &raw.tools.approve_tool_use;
+        if t.enabled.is_some() || !t.allow.is_empty() || !t.deny.is_empty() || !t.ask.is_empty() {
+            return Err(invalid(
+                "tools.approve_tool_use",
+                "the rules of approve_tool_use are written in [gateway.permissions]".to_string(),
+            ));
+        }
+    }
+    if let Some(p) = raw.gateway.permissions.take() {
+        raw.tools.approve_tool_use = p;
+    }
 
     let d = Folders::default();
     let f = raw.folders;

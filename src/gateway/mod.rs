@@ -17,6 +17,7 @@ pub(crate) mod session;
 use crate::call::{CallResult, ToolOutput};
 use crate::config::GatewayConfig;
 use crate::journal::Journal;
+use crate::tools::builtin::approve_tool_use;
 use crate::vault::Vault;
 use courier::{Arrivals, Whereabouts};
 use rmcp::model::{
@@ -176,6 +177,11 @@ impl Gateway {
                 tracing::info!(note = %name, "the client cancelled a gateway call; its note runs on");
                 (failure("CANCELLED", "cancelled by the client"), "cancelled by the client (the call note runs on)".to_string(), String::new())
             }
+        };
+        let result = if tool == approve_tool_use::NAME {
+            permission_answer(result)
+        } else {
+            result
         };
         if (body.is_some() || !added.is_empty())
             && let Err(e) = session.append(&tool, &name, &outcome_line, &call_json, &added)
@@ -343,6 +349,29 @@ fn answer(result: CallResult) -> CallToolResult {
             r
         }
     }
+}
+
+/// `approve_tool_use` answers Claude Code in its permission-prompt contract: one text item, the
+/// JSON `{"behavior": "allow", "updatedInput": …}` or `{"behavior": "deny", "message": …}`,
+/// never an error. A call that ended in an error (rejected by a person, still held when
+/// `approval_wait` ran out, malformed) denies, saying why.
+fn permission_answer(result: CallToolResult) -> CallToolResult {
+    let data = result.structured_content.clone().unwrap_or(Value::Null);
+    let decided = if result.is_error == Some(true) {
+        let why = data["error"]["message"]
+            .as_str()
+            .unwrap_or("the call failed");
+        let code = data["error"]["code"].as_str().unwrap_or("EXECUTION_ERROR");
+        approve_tool_use::answer("deny", &Default::default(), &format!("{code}: {why}"))
+    } else {
+        match data["behavior"].as_str() {
+            Some("allow") => json!({"behavior": "allow", "updatedInput": data["updatedInput"]}),
+            _ => json!({"behavior": "deny", "message": data["message"]}),
+        }
+    };
+    let mut r = CallToolResult::success(vec![ContentBlock::text(decided.to_string())]);
+    r.structured_content = Some(decided);
+    r
 }
 
 /// An MCP `Tool` of one `vaultd tools --json` entry: name, description, schema, and hints from

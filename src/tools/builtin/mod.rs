@@ -28,6 +28,7 @@ macro_rules! builtin_tools {
         $then! {
             search_web: search_web::SearchWeb,
             send_notification: send_notification::SendNotification,
+            approve_tool_use: approve_tool_use::ApproveToolUse,
         }
     };
 }
