@@ -54,34 +54,43 @@ def vault(root):
     config = os.path.join(root, "vaultd.toml")
     with open(config, "w") as f:
         f.write(
-            f'vault = "{root}/vault"\nstate_dir = "{root}/state"\n'
+            f'vault = "{root}/vault"\nstate_dir = "{root}/state"\nnote_budget = 1000000\n'
             '[gateway]\ntoken = "env:BENCH_GATEWAY_TOKEN"\n'
         )
     return config
 
 
+NOTES = iter(range(10**9))
+
+
 def by_note(root, n):
-    """Drop-to-Done of a note with the call, one at a time."""
+    """Drop-to-Done of a note with the call, one at a time (each note a new name)."""
     inbox = os.path.join(root, "vault", "Needs_Action")
     done = os.path.join(root, "vault", "Done")
     body = "# bench\n\n```json\n" + json.dumps({"tool_call": CALL}) + "\n```\n"
     out = []
-    for i in range(n):
-        name = f"bench note {i}.md"
+    for _ in range(n):
+        name = f"bench note {next(NOTES)}.md"
         tmp = os.path.join(root, "vault", f".{name}.tmp")
         with open(tmp, "w") as f:
             f.write(body)
         t0 = time.perf_counter()
         os.rename(tmp, os.path.join(inbox, name))
         target = os.path.join(done, name)
+        failed = os.path.join(root, "vault", "Failed", name)
         while not os.path.exists(target):
+            if os.path.exists(failed):
+                raise SystemExit(f"the note failed:\n{open(failed).read()}")
             time.sleep(0.0001)
         out.append((time.perf_counter() - t0) * 1000)
     return out
 
 
-async def by_gateway(vaultd, config, n):
-    params = StdioServerParameters(command=vaultd, args=["--config", config, "mcp", "serve"])
+async def by_gateway(vaultd, config, n, env):
+    # The SDK starts servers with a minimal environment: the token's variable is passed on.
+    params = StdioServerParameters(
+        command=vaultd, args=["--config", config, "mcp", "serve"], env=env
+    )
     out = []
     async with Client(params, read_timeout_seconds=60) as client:
         for _ in range(5):
@@ -128,7 +137,7 @@ def main():
         time.sleep(1.0)
         by_note(root, 20)  # warm-up
         note = by_note(root, a.calls)
-        gateway = asyncio.run(by_gateway(a.vaultd, config, a.calls))
+        gateway = asyncio.run(by_gateway(a.vaultd, config, a.calls, env))
         note2 = by_note(root, a.calls)  # again, after: the machine's drift shows
         show("note: drop to Done", note)
         show("gateway stdio: call to answer", gateway)

@@ -647,7 +647,7 @@ fn numbered(target: &Path, n: u32) -> PathBuf {
 
 /// rename(2) that fails with AlreadyExists instead of replacing the target, through folders
 /// opened from the vault `root` without following symlinks (docs/design.md §9.13).
-fn rename_noreplace(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
+pub(crate) fn rename_noreplace(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
     let err = match crate::beneath::rename_noreplace(root, from, to) {
         Ok(()) => return Ok(()),
         Err(e) => e,

@@ -608,3 +608,22 @@ fn permission_rules_are_checked_at_start() {
         "{err}"
     );
 }
+
+#[test]
+fn a_session_makes_at_most_note_budget_calls() {
+    let vault = TestVault::new("http://127.0.0.1:9", &format!("note_budget = 2\n{WRITE}"));
+    let call = json!(["call", "vault_list", {}]);
+    let answers = run(&vault, json!([call, call, call]));
+    assert_eq!(answers[0]["isError"], false, "{}", answers[0]);
+    assert_eq!(answers[1]["isError"], false, "{}", answers[1]);
+    assert!(
+        text_of(&answers[2]).starts_with("QUOTA_EXCEEDED"),
+        "{}",
+        answers[2]
+    );
+    assert_eq!(
+        vault.notes_in("Done").len(),
+        2,
+        "the third call wrote no note"
+    );
+}

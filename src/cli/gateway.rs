@@ -47,8 +47,12 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
                     let _ = stopped.await;
                 })
                 .await;
-                if let Err(e) = &result {
-                    tracing::error!("the gateway's daemon stopped: {e}");
+                match &result {
+                    Err(daemon::DaemonError::Locked(_)) => tracing::info!(
+                        "another vaultd took the vault first: the gateway is its client"
+                    ),
+                    Err(e) => tracing::error!("the gateway's daemon stopped: {e}"),
+                    Ok(()) => {}
                 }
                 result
             });
@@ -71,7 +75,13 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
             Box::new(move || super::tools::runnable(&config).map_err(|e| format!("{e:#}")))
         };
         let vault = Vault::new(config.vault.clone(), config.folders.clone());
-        let gateway = Gateway::new(vault, config.gateway.clone(), journal, list);
+        let gateway = Gateway::new(
+            vault,
+            config.gateway.clone(),
+            journal,
+            list,
+            config.guard.note_budget,
+        );
         let signal = shutdown_signal();
         match listen {
             None => {
@@ -106,7 +116,11 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
         }
         let _ = stop.send(());
         if let Some(task) = own_daemon {
-            task.await.context("the gateway's daemon panicked")??;
+            match task.await.context("the gateway's daemon panicked")? {
+                // Another gateway or `vaultd run` took the vault first: this one was its client.
+                Err(daemon::DaemonError::Locked(_)) | Ok(()) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(())
     });

@@ -33,16 +33,27 @@ pub(crate) enum Whereabouts {
 }
 
 /// Writes a call note under its final name in one rename, so the daemon never reads half of
-/// it. The temporary file is hidden (a dot name, no `.md`), which the daemon never claims.
+/// it. The temporary file is hidden (a dot name, no `.md`), which the daemon never claims. A
+/// name that any state folder already holds is refused (`AlreadyExists`), and the rename never
+/// replaces a note: two sessions can never share a call note.
 pub(crate) fn send(vault: &Vault, name: &str, text: &str) -> std::io::Result<PathBuf> {
+    let taken = State::ALL
+        .iter()
+        .any(|s| vault.folder(*s).join(name).symlink_metadata().is_ok());
+    if taken {
+        return Err(std::io::ErrorKind::AlreadyExists.into());
+    }
     let folder = vault.folder(State::NeedsAction);
     let tmp = folder.join(format!(".{name}.vaultd-tmp"));
     let path = folder.join(name);
     let mut file = std::fs::File::create(&tmp)?;
     file.write_all(text.as_bytes())?;
     drop(file);
-    std::fs::rename(&tmp, &path)?;
-    Ok(path)
+    let renamed = crate::vault::rename_noreplace(vault.root(), &tmp, &path);
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed.map(|()| path)
 }
 
 /// Where the note named `name` is now.
@@ -165,5 +176,15 @@ mod tests {
             .unwrap()
             .collect();
         assert!(left.is_empty(), "no temporary file is left behind");
+        // The name is taken now (in Done/): a second note under it is refused.
+        let again = send(&vault, "a call.md", "other").unwrap_err();
+        assert_eq!(again.kind(), std::io::ErrorKind::AlreadyExists);
+        std::fs::write(vault.folder(State::NeedsAction).join("b.md"), "first").unwrap();
+        assert!(send(&vault, "b.md", "second").is_err());
+        assert_eq!(
+            std::fs::read_to_string(vault.folder(State::NeedsAction).join("b.md")).unwrap(),
+            "first",
+            "never replaced"
+        );
     }
 }

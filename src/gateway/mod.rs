@@ -54,6 +54,9 @@ struct Inner {
     journal: Journal,
     list: ListTools,
     arrivals: Arrivals,
+    /// At most this many calls per client session (`note_budget`: a session is one note's
+    /// worth of calls, docs/design.md §12.2).
+    session_budget: u64,
     /// Each client session, by its key, created by its first call.
     clients: Mutex<HashMap<String, Arc<Client>>>,
 }
@@ -68,7 +71,13 @@ struct Client {
 }
 
 impl Gateway {
-    pub fn new(vault: Vault, config: GatewayConfig, journal: Journal, list: ListTools) -> Self {
+    pub fn new(
+        vault: Vault,
+        config: GatewayConfig,
+        journal: Journal,
+        list: ListTools,
+        session_budget: u64,
+    ) -> Self {
         let arrivals = Arrivals::watch(&vault);
         Gateway {
             inner: Arc::new(Inner {
@@ -77,6 +86,7 @@ impl Gateway {
                 journal,
                 list,
                 arrivals,
+                session_budget,
                 clients: Mutex::new(HashMap::new()),
             }),
         }
@@ -157,17 +167,54 @@ impl Gateway {
                     );
                 }
                 let n = client.calls.fetch_add(1, Ordering::Relaxed) + 1;
-                let name = format!("{} call {n}.md", session.stem);
+                if n > inner.session_budget {
+                    return failure(
+                        "QUOTA_EXCEEDED",
+                        &format!(
+                            "this session has made its {} calls (note_budget): start a new session",
+                            inner.session_budget
+                        ),
+                    );
+                }
                 let body = format!(
                     "# {tool}\n\nA call made through `vaultd mcp serve`, session [[{}]].\n\n```json\n{call_json}\n```\n",
                     session.stem
                 );
-                if let Err(e) = courier::send(&inner.vault, &name, &body) {
-                    return failure(
-                        "EXECUTION_ERROR",
-                        &format!("cannot write the call note into Needs_Action/: {e}"),
-                    );
+                // A name some note already has (a copy synced in, a session of another
+                // gateway that drew the same stem) gets a suffix: a call never shares a note.
+                let mut sent = None;
+                for k in 0..100 {
+                    let name = match k {
+                        0 => format!("{} call {n}.md", session.stem),
+                        k => format!("{} call {n}-{k}.md", session.stem),
+                    };
+                    match courier::send(&inner.vault, &name, &body) {
+                        Ok(_) => {
+                            sent = Some(Ok(name));
+                            break;
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                        Err(e) => {
+                            sent = Some(Err(e));
+                            break;
+                        }
+                    }
                 }
+                let name = match sent {
+                    Some(Ok(name)) => name,
+                    Some(Err(e)) => {
+                        return failure(
+                            "EXECUTION_ERROR",
+                            &format!("cannot write the call note into Needs_Action/: {e}"),
+                        );
+                    }
+                    None => {
+                        return failure(
+                            "EXECUTION_ERROR",
+                            "cannot find a free name for the call note in 100 tries",
+                        );
+                    }
+                };
                 (name, Some(body))
             }
         };

@@ -41,7 +41,7 @@ pub(crate) fn stamp(at: SystemTime) -> String {
 
 /// One client session's note.
 pub(crate) struct Session {
-    /// `Claude-Code 2026-11-25 10-45-00 3f2a`: the session note's name and the prefix of its
+    /// `Claude-Code 2026-11-25 10-45-00 3f2a91c0`: the session note's name and the prefix of its
     /// call notes' names.
     pub(crate) stem: String,
     path: PathBuf,
@@ -56,11 +56,14 @@ impl Session {
         let random = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();
+        // 32 random bits: two sessions starting in the same second (100 HTTP clients at
+        // once) draw the same stem about once in 10^6 such starts, and even then the call
+        // notes are kept apart (`courier::send` never reuses a name).
         let stem = format!(
-            "{} {} {:04x}",
+            "{} {} {:08x}",
             file_safe(client),
             stamp(SystemTime::now()),
-            random & 0xffff
+            random & 0xffff_ffff
         );
         Session {
             path: folder.join(format!("{stem}.md")),
