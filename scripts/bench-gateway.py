@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import httpx2
@@ -156,6 +157,8 @@ def main():
             if "listening on http://" in line:
                 url = line.split("listening on ", 1)[1].strip()
                 break
+        # The rest of its log is read and dropped: a full pipe would stop the gateway.
+        threading.Thread(target=lambda: [None for _ in listen.stderr], daemon=True).start()
         many, wall = asyncio.run(sessions(url, token, a.sessions, 10))
         show(f"{a.sessions} HTTP sessions x 10 calls", many)
         print(f"{len(many)} calls in {wall:.2f} s: {len(many) / wall:.0f} calls/s")
