@@ -172,23 +172,27 @@ impl Report {
 
     /// `vaultd status`: the text, every string from the journal redacted and escaped.
     fn print(&self, redactor: &crate::secret::Redactor) -> Result<()> {
+        self.print_header();
+        self.print_notes();
+        self.print_running();
+        self.print_failures(redactor);
+        self.print_problems(redactor);
+        self.print_circuits(redactor);
+        super::mcp::print_server_states(&self.mcp_servers, redactor)?;
+        self.print_rates();
+        Ok(())
+    }
+
+    /// Vault, daemon, runner, state dir, and why nothing is claimed (paused) if so.
+    fn print_header(&self) {
         let Report {
             vault_root,
             state_dir,
-            vault,
             daemon_pid,
-            counts,
-            nothing_pending,
-            running,
-            failures,
-            failed_notes_now,
-            problems,
-            circuits,
-            mcp_servers,
             runner,
             pause,
             storage_pause,
-            rates,
+            ..
         } = self;
         println!("vault  {}", vault_root.display());
         match daemon_pid {
@@ -213,6 +217,16 @@ impl Report {
                 crate::synced::how_to_resume(host)
             );
         }
+    }
+
+    /// Notes per state folder, and those with nothing pending.
+    fn print_notes(&self) {
+        let Report {
+            vault,
+            counts,
+            nothing_pending,
+            ..
+        } = self;
         println!("\nnotes");
         let width = State::ALL
             .iter()
@@ -241,6 +255,10 @@ impl Report {
                 }
             );
         }
+    }
+
+    fn print_running(&self) {
+        let running = &self.running;
         println!("\nrunning now");
         if running.is_empty() {
             println!("  nothing");
@@ -254,6 +272,15 @@ impl Report {
                 e.duration_ms.unwrap_or(0)
             );
         }
+    }
+
+    /// Recent failures, each with where its note is now.
+    fn print_failures(&self, redactor: &crate::secret::Redactor) {
+        let Report {
+            failures,
+            failed_notes_now,
+            ..
+        } = self;
         println!("\nrecent failures");
         if failures.is_empty() {
             println!("  none");
@@ -276,6 +303,10 @@ impl Report {
                 redactor.redact(e.detail.as_deref().unwrap_or(""))
             );
         }
+    }
+
+    fn print_problems(&self, redactor: &crate::secret::Redactor) {
+        let problems = &self.problems;
         if !problems.is_empty() {
             println!("\nnotes vaultd cannot process");
             for e in problems {
@@ -287,6 +318,10 @@ impl Report {
                 );
             }
         }
+    }
+
+    fn print_circuits(&self, redactor: &crate::secret::Redactor) {
+        let circuits = &self.circuits;
         if !circuits.is_empty() {
             println!("\nopen circuits");
             let width = circuits
@@ -308,7 +343,10 @@ impl Report {
                 );
             }
         }
-        super::mcp::print_server_states(mcp_servers, redactor)?;
+    }
+
+    fn print_rates(&self) {
+        let rates = &self.rates;
         println!("\nrate limits");
         // Aligned to the longest name: command and MCP tools (mcp__SERVER__TOOL) run long.
         let width = rates
@@ -331,7 +369,6 @@ impl Report {
                 lim(&r["per_day"])
             );
         }
-        Ok(())
     }
 }
 
