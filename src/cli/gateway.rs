@@ -7,7 +7,7 @@ use super::mcp::ServeArgs;
 use super::serve::{SHUTDOWN_LEFTOVERS, exit_if_shutdown_hangs, shutdown_signal, start};
 use crate::daemon::{self, Mode};
 use crate::gateway::http::Listen;
-use crate::gateway::{Gateway, ListTools};
+use crate::gateway::{Gateway, Limits, ListTools};
 use crate::vault::Vault;
 use anyhow::{Context, Result};
 use rmcp::ServiceExt;
@@ -80,7 +80,10 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
             config.gateway.clone(),
             journal,
             list,
-            config.guard.note_budget,
+            Limits {
+                session_budget: config.guard.note_budget,
+                max_note_bytes: config.max_note_bytes,
+            },
         );
         let signal = shutdown_signal();
         match listen {

@@ -54,11 +54,20 @@ struct Inner {
     journal: Journal,
     list: ListTools,
     arrivals: Arrivals,
-    /// At most this many calls per client session (`note_budget`: a session is one note's
-    /// worth of calls, docs/design.md §12.2).
-    session_budget: u64,
+    limits: Limits,
     /// Each client session, by its key, created by its first call.
     clients: Mutex<HashMap<String, Arc<Client>>>,
+}
+
+/// What the gateway checks before it writes a call note.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// At most this many calls per client session (`note_budget`: a session is one note's
+    /// worth of calls, docs/design.md §12.2).
+    pub session_budget: u64,
+    /// `max_note_bytes`: the daemon leaves a bigger note untouched, so a call whose note would
+    /// be bigger is refused here instead of waiting for ever.
+    pub max_note_bytes: u64,
 }
 
 /// One client session: its note, its call count, its held calls.
@@ -76,7 +85,7 @@ impl Gateway {
         config: GatewayConfig,
         journal: Journal,
         list: ListTools,
-        session_budget: u64,
+        limits: Limits,
     ) -> Self {
         let arrivals = Arrivals::watch(&vault);
         Gateway {
@@ -86,7 +95,7 @@ impl Gateway {
                 journal,
                 list,
                 arrivals,
-                session_budget,
+                limits,
                 clients: Mutex::new(HashMap::new()),
             }),
         }
@@ -167,12 +176,12 @@ impl Gateway {
                     );
                 }
                 let n = client.calls.fetch_add(1, Ordering::Relaxed) + 1;
-                if n > inner.session_budget {
+                if n > inner.limits.session_budget {
                     return failure(
                         "QUOTA_EXCEEDED",
                         &format!(
                             "this session has made its {} calls (note_budget): start a new session",
-                            inner.session_budget
+                            inner.limits.session_budget
                         ),
                     );
                 }
@@ -180,6 +189,16 @@ impl Gateway {
                     "# {tool}\n\nA call made through `vaultd mcp serve`, session [[{}]].\n\n```json\n{call_json}\n```\n",
                     session.stem
                 );
+                if body.len() as u64 > inner.limits.max_note_bytes {
+                    return failure(
+                        "INVALID_PARAMS",
+                        &format!(
+                            "the call is {} bytes as a note, more than max_note_bytes ({}): send less, or raise max_note_bytes",
+                            body.len(),
+                            inner.limits.max_note_bytes
+                        ),
+                    );
+                }
                 // A name some note already has (a copy synced in, a session of another
                 // gateway that drew the same stem) gets a suffix: a call never shares a note.
                 let mut sent = None;
