@@ -669,3 +669,29 @@ fn hostile_calls_get_clear_answers_and_no_stuck_note() {
     );
     assert_eq!(vault.notes_in("Failed").len(), 2);
 }
+
+#[test]
+fn a_call_whose_daemon_stops_answers_no_daemon_instead_of_waiting() {
+    let vault = TestVault::new("http://127.0.0.1:9", WRITE);
+    std::fs::create_dir_all(vault.root.join("Projects")).unwrap();
+    std::fs::write(vault.root.join("Projects/old.md"), "old\n").unwrap();
+    let daemon = vault.start();
+    let child = client(
+        &vault,
+        json!([["call", "vault_delete", {"path": "Projects/old.md"}]]),
+    );
+    wait_until("the call note is held", Duration::from_secs(60), || {
+        !vault.notes_in("Pending_Approval").is_empty()
+    });
+    daemon.terminate();
+    // Approved with no daemon to run it: the gateway must not wait for ever.
+    let held = vault.notes_in("Pending_Approval")[0].clone();
+    vaultd_ok(&vault, &["approve", &held]);
+    let answers = answers(child);
+    assert!(
+        text_of(&answers[0]).starts_with("NO_DAEMON"),
+        "{}",
+        answers[0]
+    );
+    assert!(vault.root.join("Projects/old.md").exists(), "nothing ran");
+}

@@ -17,6 +17,10 @@ use tokio::sync::watch;
 /// or a watcher that missed one still ends the wait).
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 
+/// A call note still underway after this many looks (about 5 s) with no daemon on the vault
+/// is answered `NO_DAEMON` instead of waited for.
+const ORPHANED_AFTER_LOOKS: u32 = 20;
+
 /// The folders a call note ends in.
 const FINISHED: [State; 3] = [State::Done, State::Failed, State::Rejected];
 
@@ -27,6 +31,9 @@ pub(crate) enum Whereabouts {
     Underway,
     /// In `Pending_Approval/`: a person decides.
     Held(PathBuf),
+    /// Not finished, and no daemon has held the vault for a while: nothing will move it until
+    /// one runs again (the gateway's own daemon stopped, or the `vaultd run` it was a client of).
+    Orphaned,
     /// In `Done/`, `Failed/` or `Rejected/` (the person refused; the note stays there), at
     /// this path.
     Finished(PathBuf),
@@ -118,6 +125,8 @@ impl Arrivals {
         until: Option<tokio::time::Instant>,
     ) -> Whereabouts {
         let mut changed = self.changed.clone();
+        // Looks in a row that found no daemon on the vault.
+        let mut no_daemon = 0;
         loop {
             let now = whereabouts(vault, name);
             match (&now, until) {
@@ -125,6 +134,15 @@ impl Arrivals {
                 (Whereabouts::Held(_), None) => return now,
                 (Whereabouts::Held(_), Some(t)) if tokio::time::Instant::now() >= t => return now,
                 _ => {}
+            }
+            if crate::daemon::running_daemon(vault.root()).is_some() {
+                no_daemon = 0;
+            } else {
+                no_daemon += 1;
+                // A daemon restarting (a reload, systemd) takes the lock again within a second.
+                if no_daemon > ORPHANED_AFTER_LOOKS && now == Whereabouts::Underway {
+                    return Whereabouts::Orphaned;
+                }
             }
             let _ = tokio::time::timeout(LOOK_EVERY, changed.changed()).await;
         }

@@ -319,8 +319,18 @@ impl Gateway {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
-        let Whereabouts::Finished(path) = place else {
-            unreachable!("wait returns a finished note unless it is held")
+        let path = match place {
+            Whereabouts::Finished(path) => path,
+            _ => {
+                let message = format!(
+                    "no vaultd runs on the vault any more: the call note {name} stays where it is and runs, at most once, when vaultd runs again (`vaultd run`, or a new `vaultd mcp serve`)"
+                );
+                return (
+                    failure("NO_DAEMON", &message),
+                    "no daemon: the call note waits".to_string(),
+                    String::new(),
+                );
+            }
         };
         let processed = std::fs::read_to_string(&path).unwrap_or_default();
         let added = added_after_call(&processed);
