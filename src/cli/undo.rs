@@ -19,7 +19,7 @@ pub(super) fn undo(
     if call_id.is_none()
         && let Some(session) = note.as_deref().and_then(|n| session_note(&config, n))
     {
-        return undo_session(&config, &session, dry_run, force);
+        return undo_session(&config, &journal, &session, dry_run, force);
     }
     // NOTE as every command reads it (§13); a note that is gone may still have a history
     // under its old path, so a miss is only said when the journal has none either.
@@ -56,15 +56,7 @@ pub(super) fn undo(
     let mut out = std::io::stdout().lock();
     match undo_from_cli(&journal, &config.vault, &target, force, dry_run) {
         Ok(done) => {
-            out.write_all(done.diff.as_bytes())?;
-            match done.call_id {
-                Some(id) => writeln!(
-                    out,
-                    "restored {}\nundo id {id} (vaultd undo {id} puts it back)",
-                    done.restored.join(", ")
-                )?,
-                None => writeln!(out, "dry run: nothing changed")?,
-            }
+            print_undone(&mut out, "", &done)?;
             Ok(0)
         }
         Err(e) => {
@@ -108,6 +100,7 @@ fn call_notes(session_text: &str) -> Vec<String> {
 /// changed nothing in the vault is skipped. Exit status 1 when one could not be undone.
 fn undo_session(
     config: &crate::config::Config,
+    journal: &crate::journal::Journal,
     session: &Path,
     dry_run: bool,
     force: bool,
@@ -121,7 +114,6 @@ fn undo_session(
             eprintln!("vaultd: the call note {name} is not in the vault any more: skipped");
             continue;
         };
-        let journal = open_journal(config)?;
         let id = std::fs::read_to_string(&path)
             .ok()
             .and_then(|t| crate::note::frontmatter_property(&t, "tool_note").map(str::to_string));
@@ -135,7 +127,7 @@ fn undo_session(
             missing: None,
         };
         match crate::tools::vault::undo::undo_from_cli(
-            &journal,
+            journal,
             &config.vault,
             &target,
             force,
@@ -143,16 +135,7 @@ fn undo_session(
         ) {
             Ok(done) => {
                 undone += 1;
-                let mut out = std::io::stdout().lock();
-                out.write_all(done.diff.as_bytes())?;
-                match done.call_id {
-                    Some(id) => writeln!(
-                        out,
-                        "{name}: restored {}\nundo id {id} (vaultd undo {id} puts it back)",
-                        done.restored.join(", ")
-                    )?,
-                    None => writeln!(out, "{name}: dry run: nothing changed")?,
-                }
+                print_undone(&mut std::io::stdout().lock(), &format!("{name}: "), &done)?;
             }
             Err(e) if e.code == crate::call::ErrorCode::NothingToUndo => {}
             Err(e) => {
@@ -169,6 +152,23 @@ fn undo_session(
         return Ok(1);
     }
     Ok(status)
+}
+
+/// An undo's diff, then what it restored and its own undo id (`label` before the summary).
+fn print_undone(
+    out: &mut impl Write,
+    label: &str,
+    done: &crate::tools::vault::undo::CliUndo,
+) -> std::io::Result<()> {
+    out.write_all(done.diff.as_bytes())?;
+    match &done.call_id {
+        Some(id) => writeln!(
+            out,
+            "{label}restored {}\nundo id {id} (vaultd undo {id} puts it back)",
+            done.restored.join(", ")
+        ),
+        None => writeln!(out, "{label}dry run: nothing changed"),
+    }
 }
 
 #[cfg(test)]

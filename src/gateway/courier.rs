@@ -125,8 +125,9 @@ impl Arrivals {
         until: Option<tokio::time::Instant>,
     ) -> Whereabouts {
         let mut changed = self.changed.clone();
-        // Looks in a row that found no daemon on the vault.
+        // Quiet looks in a row that found no daemon on the vault.
         let mut no_daemon = 0;
+        let mut quiet = false;
         loop {
             let now = whereabouts(vault, name);
             match (&now, until) {
@@ -135,16 +136,29 @@ impl Arrivals {
                 (Whereabouts::Held(_), Some(t)) if tokio::time::Instant::now() >= t => return now,
                 _ => {}
             }
-            if crate::daemon::running_daemon(vault.root()).is_some() {
-                no_daemon = 0;
-            } else {
-                no_daemon += 1;
-                // A daemon restarting (a reload, systemd) takes the lock again within a second.
-                if no_daemon > ORPHANED_AFTER_LOOKS && now == Whereabouts::Underway {
-                    return Whereabouts::Orphaned;
+            // Only when nothing moved for a look: a note arriving in a folder is a daemon at
+            // work, and every waiter wakes on it (the lock is not probed on that path).
+            if quiet {
+                if crate::daemon::running_daemon(vault.root()).is_some() {
+                    no_daemon = 0;
+                } else {
+                    no_daemon += 1;
+                    // A daemon restarting (a reload, systemd) takes the lock again within a
+                    // second.
+                    if no_daemon > ORPHANED_AFTER_LOOKS && now == Whereabouts::Underway {
+                        return Whereabouts::Orphaned;
+                    }
                 }
             }
-            let _ = tokio::time::timeout(LOOK_EVERY, changed.changed()).await;
+            quiet = match tokio::time::timeout(LOOK_EVERY, changed.changed()).await {
+                Ok(Ok(())) => false,
+                Err(_) => true,
+                // No watcher (it could not be made): a look every LOOK_EVERY.
+                Ok(Err(_)) => {
+                    tokio::time::sleep(LOOK_EVERY).await;
+                    true
+                }
+            };
         }
     }
 }
