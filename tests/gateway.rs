@@ -22,8 +22,9 @@ fn python() -> PathBuf {
     p
 }
 
-/// The client script, started on `vault` with `steps` (see tests/gateway/client.py).
-fn client(vault: &TestVault, steps: Value) -> Child {
+/// The client script, started on `vault` with `steps` (see tests/gateway/client.py) in `mode`
+/// (`auto` or `legacy`), logging to `client.log` in the vault's folder.
+fn client_in(vault: &TestVault, steps: Value, mode: &str) -> Child {
     Command::new(python())
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gateway/client.py"))
         .arg(crate::util::bin())
@@ -32,17 +33,40 @@ fn client(vault: &TestVault, steps: Value) -> Child {
         .arg("--config")
         .arg(&vault.config)
         .env_remove("VAULTD_CONFIG")
+        .env("VAULTD_CLIENT_MODE", mode)
         .env("RUST_LOG", "vaultd=debug,info")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::from(
+            std::fs::File::create(vault.dir.path().join("client.log")).unwrap(),
+        ))
         .spawn()
         .expect("python runs")
 }
 
+fn client(vault: &TestVault, steps: Value) -> Child {
+    client_in(vault, steps, "auto")
+}
+
+/// What the client and its `vaultd mcp serve` logged (kept for a failure's message).
+fn client_log(vault: &TestVault) -> String {
+    std::fs::read_to_string(vault.dir.path().join("client.log")).unwrap_or_default()
+}
+
+/// Waits until the client's call note is in `Pending_Approval/`; its name.
+fn held_note(vault: &TestVault) -> String {
+    crate::util::wait_until_or_say(
+        "the call note is held",
+        Duration::from_secs(60),
+        || !vault.notes_in("Pending_Approval").is_empty(),
+        || client_log(vault),
+    );
+    vault.notes_in("Pending_Approval")[0].clone()
+}
+
 /// The client's JSON lines, after it exited successfully.
-fn answers(child: Child) -> Vec<Value> {
+fn answers(vault: &TestVault, child: Child) -> Vec<Value> {
     let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = client_log(vault);
     assert!(out.status.success(), "the client failed: {stderr}");
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -51,7 +75,7 @@ fn answers(child: Child) -> Vec<Value> {
 }
 
 fn run(vault: &TestVault, steps: Value) -> Vec<Value> {
-    answers(client(vault, steps))
+    answers(vault, client(vault, steps))
 }
 
 /// `vaultd ARGS` on the vault, which must succeed.
@@ -188,16 +212,13 @@ fn a_held_call_waits_for_the_person_and_runs_once_approved() {
         &vault,
         json!([["call", "vault_delete", {"path": "Projects/old.md"}]]),
     );
-    wait_until("the call note is held", Duration::from_secs(60), || {
-        !vault.notes_in("Pending_Approval").is_empty()
-    });
+    let held = held_note(&vault);
     assert!(
         vault.root.join("Projects/old.md").exists(),
         "not run before approval"
     );
-    let held = vault.notes_in("Pending_Approval")[0].clone();
     vaultd_ok(&vault, &["approve", &held]);
-    let answers = answers(child);
+    let answers = answers(&vault, child);
     assert_eq!(answers[0]["isError"], false, "{}", answers[0]);
     assert!(!vault.root.join("Projects/old.md").exists());
     let progress = answers[0]["progress"].as_array().unwrap();
@@ -218,12 +239,9 @@ fn a_rejected_call_answers_rejected() {
         &vault,
         json!([["call", "vault_delete", {"path": "Projects/kept.md"}]]),
     );
-    wait_until("the call note is held", Duration::from_secs(60), || {
-        !vault.notes_in("Pending_Approval").is_empty()
-    });
-    let held = vault.notes_in("Pending_Approval")[0].clone();
+    let held = held_note(&vault);
     vaultd_ok(&vault, &["reject", &held]);
-    let answers = answers(child);
+    let answers = answers(&vault, child);
     assert_eq!(answers[0]["isError"], true);
     // The rejection the journal recorded under the note's identity.
     assert_eq!(
@@ -566,17 +584,14 @@ fn approve_tool_use_allows_denies_and_asks_as_its_rules_say() {
                 json!({"file_path": format!("docs/{verb}.md"), "old_string": "a", "new_string": "b"})
             )]),
         );
-        wait_until("the prompt is held", Duration::from_secs(60), || {
-            !vault.notes_in("Pending_Approval").is_empty()
-        });
-        let held = vault.notes_in("Pending_Approval")[0].clone();
+        let held = held_note(&vault);
         let question = std::fs::read_to_string(vault.root.join(&held)).unwrap();
         assert!(
             question.contains("Edit(docs/**)"),
             "the note says which rule asks: {question}"
         );
         vaultd_ok(&vault, &[verb, &held]);
-        let asked = answers(child);
+        let asked = answers(&vault, child);
         let d = decision(&asked[0]);
         assert_eq!(d["behavior"], behavior, "{d}");
         if behavior == "allow" {
@@ -680,18 +695,117 @@ fn a_call_whose_daemon_stops_answers_no_daemon_instead_of_waiting() {
         &vault,
         json!([["call", "vault_delete", {"path": "Projects/old.md"}]]),
     );
-    wait_until("the call note is held", Duration::from_secs(60), || {
-        !vault.notes_in("Pending_Approval").is_empty()
-    });
+    let held = held_note(&vault);
     daemon.terminate();
     // Approved with no daemon to run it: the gateway must not wait for ever.
-    let held = vault.notes_in("Pending_Approval")[0].clone();
     vaultd_ok(&vault, &["approve", &held]);
-    let answers = answers(child);
+    let answers = answers(&vault, child);
     assert!(
         text_of(&answers[0]).starts_with("NO_DAEMON"),
         "{}",
         answers[0]
     );
     assert!(vault.root.join("Projects/old.md").exists(), "nothing ran");
+}
+
+/// The client's JSON lines as they come, so the test can act between two steps.
+struct Steps {
+    child: Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Steps {
+    fn start(vault: &TestVault, steps: Value, mode: &str) -> Steps {
+        let mut child = client_in(vault, steps, mode);
+        let stdout = child.stdout.take().unwrap();
+        use std::io::BufRead;
+        Steps {
+            child,
+            lines: std::io::BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The next step's answer.
+    fn next(&mut self, vault: &TestVault) -> Value {
+        match self.lines.next() {
+            Some(Ok(line)) => serde_json::from_str(&line).unwrap(),
+            _ => {
+                let _ = self.child.wait();
+                panic!("the client stopped early:\n{}", client_log(vault))
+            }
+        }
+    }
+}
+
+/// The names in a `list` step's answer.
+fn names(answer: &Value) -> Vec<String> {
+    answer["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `notifications/tools/list_changed` reaches a 2025 client on its session and a 2026-07-28
+/// client through `subscriptions/listen`, when an upstream server's definition changes (the
+/// tool leaves the offer until accepted) and when it is accepted (it comes back).
+#[test]
+fn clients_hear_when_the_offered_tools_change() {
+    for mode in ["legacy", "auto"] {
+        let vault = TestVault::new("http://127.0.0.1:9", "");
+        let dir = vault.dir.path().join("server");
+        std::fs::create_dir_all(&dir).unwrap();
+        vault.write_config(
+            "http://127.0.0.1:9",
+            &format!(
+                "[mcp.t]\ncommand = [{bin:?}, \"--dir\", {dir:?}]\nsandbox = {{ writable = [{dir:?}] }}\nallow = [\"*\"]\n[mcp.t.tools.drifting]\neffect = \"read_only\"\n",
+                bin = crate::util::mcp_server::mcp_test_server().display().to_string(),
+                dir = dir.display().to_string(),
+            ),
+        );
+        let mut steps = Steps::start(
+            &vault,
+            json!([
+                ["list"],
+                ["watch"],
+                ["changed", 60],
+                ["list"],
+                ["changed", 60],
+                ["list"]
+            ]),
+            mode,
+        );
+        let before = steps.next(&vault);
+        assert!(
+            names(&before).contains(&"mcp__t__drifting".to_string()),
+            "{before}"
+        );
+        let watch = steps.next(&vault);
+        let expected = if mode == "legacy" {
+            "2025-11-25"
+        } else {
+            "2026-07-28"
+        };
+        assert_eq!(watch["protocol"], expected, "{watch}");
+
+        // The server changes the tool's definition: it leaves the offer.
+        std::fs::write(dir.join("drift"), "1").unwrap();
+        assert_eq!(steps.next(&vault)["changed"], true, "{mode}");
+        let after = steps.next(&vault);
+        assert!(
+            !names(&after).contains(&"mcp__t__drifting".to_string()),
+            "{after}"
+        );
+
+        // Accepted: it comes back.
+        vaultd_ok(&vault, &["tools", "accept", "mcp__t__drifting"]);
+        assert_eq!(steps.next(&vault)["changed"], true, "{mode}");
+        let again = steps.next(&vault);
+        assert!(
+            names(&again).contains(&"mcp__t__drifting".to_string()),
+            "{again}"
+        );
+        assert!(steps.child.wait().unwrap().success());
+    }
 }

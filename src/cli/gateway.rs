@@ -42,11 +42,14 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let own_daemon = if daemon::running_daemon(&config.vault).is_none() {
             let (cfg, redactor) = (config.clone(), redactor.clone());
+            let (ready, started) = tokio::sync::oneshot::channel();
             let task = tokio::spawn(async move {
-                let result = daemon::run_vault(cfg, Mode::Run, false, false, redactor, async {
+                let until = async {
                     let _ = stopped.await;
-                })
-                .await;
+                };
+                let result =
+                    daemon::run_vault(cfg, Mode::Run, false, false, redactor, Some(ready), until)
+                        .await;
                 match &result {
                     Err(daemon::DaemonError::Locked(_)) => tracing::info!(
                         "another vaultd took the vault first: the gateway is its client"
@@ -56,13 +59,9 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
                 }
                 result
             });
-            let began = tokio::time::Instant::now();
-            while daemon::running_daemon(&config.vault).is_none()
-                && !task.is_finished()
-                && began.elapsed() < DAEMON_START
-            {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            // Its MCP servers up and their tools registered before the first `tools/list`;
+            // a daemon that stops (another took the vault) or takes too long is not waited for.
+            let _ = tokio::time::timeout(DAEMON_START, started).await;
             tracing::info!(vault = %config.vault.display(), "no vaultd ran on the vault: the gateway runs one");
             Some(task)
         } else {

@@ -23,6 +23,7 @@ pub(super) fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i3
             runner.take_over,
             runner.new_journal,
             redactor,
+            None,
             shutdown,
         )
         .await

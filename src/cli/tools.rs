@@ -141,9 +141,15 @@ fn describe(registry: &Registry, mcp: &McpSource, journal: Option<&Journal>) -> 
 pub(super) fn runnable(config: &Config) -> Result<Vec<Value>> {
     let (registry, mcp, journal) = mcp_registry_for(config)?;
     let described = describe(&registry, &mcp, journal.as_deref());
-    Ok(only_runnable(
-        described.as_array().cloned().unwrap_or_default(),
-    ))
+    let list = described.as_array().cloned().unwrap_or_default();
+    Ok(list.into_iter().filter(may_run).collect())
+}
+
+/// Whether a described tool's calls may run: usable, and for an MCP tool, its definition
+/// accepted as it is now.
+fn may_run(t: &Value) -> bool {
+    let mcp = t["source"].as_str().is_some_and(|s| s.starts_with("mcp:"));
+    t["details"]["unusable"].is_null() && (!mcp || t["mcp"]["may_run"] == json!(true))
 }
 
 /// The ready-to-use list for a model (`--format openai|anthropic`, docs/design.md §10.4) carries only
@@ -151,10 +157,7 @@ pub(super) fn runnable(config: &Config) -> Result<Vec<Value>> {
 /// accepted) or any unusable tool is left out and named on stderr, so an unaccepted
 /// description never reaches the model.
 pub(super) fn only_runnable(list: Vec<Value>) -> Vec<Value> {
-    let (runnable, left_out): (Vec<Value>, Vec<Value>) = list.into_iter().partition(|t| {
-        let mcp = t["source"].as_str().is_some_and(|s| s.starts_with("mcp:"));
-        t["details"]["unusable"].is_null() && (!mcp || t["mcp"]["may_run"] == json!(true))
-    });
+    let (runnable, left_out): (Vec<Value>, Vec<Value>) = list.into_iter().partition(may_run);
     for t in &left_out {
         let why = t["details"]["unusable"]
             .as_str()

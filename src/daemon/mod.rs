@@ -208,13 +208,15 @@ pub struct Services {
 /// Runs the daemon on `config` until `shutdown` resolves (Mode::Run) or until everything
 /// pending is processed (Mode::Once): takes the vault lock, opens the journal, makes the
 /// start-up check of §9.9 (with `take_over`, `--take-over`: another runner's notes up to now
-/// are history), starts the MCP servers, then [`run`]s; no server outlives it.
+/// are history), starts the MCP servers, then [`run`]s; no server outlives it. `ready` hears
+/// when the servers have started and their tools are registered.
 pub async fn run_vault(
     config: Config,
     mode: Mode,
     take_over: bool,
     new_journal: bool,
     redactor: Arc<Redactor>,
+    ready: Option<tokio::sync::oneshot::Sender<()>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     storage::ignore_file_size_signal();
@@ -254,6 +256,10 @@ pub async fn run_vault(
     };
     let outcome = match build_tools(&config) {
         Ok(registry) => {
+            // Its servers started and their tools registered: what `ready` waits for.
+            if let Some(ready) = ready {
+                let _ = ready.send(());
+            }
             let services = Services {
                 config,
                 mode,

@@ -23,9 +23,9 @@ use courier::{Arrivals, Whereabouts};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig, Tool,
+    ServerConfig, SubscriptionFilter, Tool,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData, ServerHandler};
 use serde_json::{Value, json};
 use session::Session;
@@ -36,6 +36,11 @@ use std::time::Duration;
 
 /// How often a waiting client hears that its call is still held.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// How often the offered tools are read again while a client listens for changes to them
+/// (a definition accepted, a server come up: both land in the journal, possibly written by a
+/// daemon in another process, so a look is the one signal that sees every change).
+const LIST_EVERY: Duration = Duration::from_secs(2);
 
 /// The tools to offer now, as `vaultd tools --json` describes them (only those whose calls may
 /// run): read again for every `tools/list`, so a tool accepted or a server come up since shows.
@@ -57,6 +62,12 @@ struct Inner {
     limits: Limits,
     /// Each client session, by its key, created by its first call.
     clients: Mutex<HashMap<String, Arc<Client>>>,
+    /// Bumped each time the offered tools change; each listening client holds a receiver.
+    changes: tokio::sync::watch::Sender<u64>,
+    /// The tools last read, to tell a change.
+    last_list: Mutex<Option<Vec<Tool>>>,
+    /// Set once the task that looks for changes runs (started by the first listener).
+    looking: std::sync::OnceLock<()>,
 }
 
 /// What the gateway checks before it writes a call note.
@@ -97,14 +108,57 @@ impl Gateway {
                 arrivals,
                 limits,
                 clients: Mutex::new(HashMap::new()),
+                changes: tokio::sync::watch::Sender::new(0),
+                last_list: Mutex::new(None),
+                looking: std::sync::OnceLock::new(),
             }),
         }
     }
 
-    /// The tools as MCP `Tool`s.
+    /// A receiver that wakes each time the offered tools change (`notifications/tools/
+    /// list_changed`). The first one starts the task that reads the list every
+    /// [`LIST_EVERY`] while anyone listens; it stops with the gateway.
+    fn tool_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        let changes = self.inner.changes.subscribe();
+        self.inner.looking.get_or_init(|| {
+            let inner = Arc::downgrade(&self.inner);
+            tokio::spawn(async move {
+                loop {
+                    let Some(gateway) = inner.upgrade().map(|inner| Gateway { inner }) else {
+                        return;
+                    };
+                    if gateway.inner.changes.receiver_count() > 0 {
+                        let looked = gateway.clone();
+                        match tokio::task::spawn_blocking(move || looked.tools()).await {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => tracing::warn!("cannot read the vault's tools: {e}"),
+                            Err(e) => tracing::warn!("reading the vault's tools failed: {e}"),
+                        }
+                    }
+                    drop(gateway);
+                    tokio::time::sleep(LIST_EVERY).await;
+                }
+            });
+        });
+        changes
+    }
+
+    /// The tools as MCP `Tool`s, read now. A list unlike the last one read (by a client's
+    /// `tools/list` or the look for changes) wakes every listening client.
     fn tools(&self) -> Result<Vec<Tool>, String> {
         let described = (self.inner.list)()?;
-        Ok(described.iter().filter_map(offered).collect())
+        let now: Vec<Tool> = described.iter().filter_map(offered).collect();
+        let mut last = self
+            .inner
+            .last_list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.as_ref().is_some_and(|last| *last != now) {
+            tracing::info!("the offered tools changed: telling listening clients");
+            self.inner.changes.send_modify(|n| *n += 1);
+        }
+        *last = Some(now.clone());
+        Ok(now)
     }
 
     /// The session of the request's client: by its HTTP session id when it has one, else by
@@ -474,9 +528,12 @@ fn offered(described: &Value) -> Option<Tool> {
 
 impl ServerHandler for Gateway {
     fn get_info(&self) -> ServerConfig {
-        // No `listChanged`: the list is read again at every `tools/list`, but no notification
-        // says it changed (not built yet).
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
         .with_server_info(Implementation::new("vaultd", env!("CARGO_PKG_VERSION")))
         .with_instructions(
             "The vault's tools, run by vaultd: every call is journaled, runs at most once, and may be held for a person's approval in the vault (the call then waits, with progress notifications).",
@@ -500,6 +557,45 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         Ok(self.call(request, context).await.into())
+    }
+
+    /// A 2025 client (one that sent `initialize`) hears `notifications/tools/list_changed` on
+    /// its session for as long as it lasts.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let mut changes = self.tool_changes();
+        let peer = context.peer;
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                if peer.is_transport_closed() || peer.notify_tool_list_changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// A 2026-07-28 client listens with `subscriptions/listen`: only tool list changes are
+    /// offered (the gateway has no prompts or resources).
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut tools = SubscriptionFilter::new();
+        tools.tools_list_changed = Some(true);
+        Some(tools)
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        let mut changes = self.tool_changes();
+        loop {
+            tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() || subscription.sink().notify_tool_list_changed().await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -8,6 +8,12 @@ SCRIPT_JSON is a list of steps, run in order:
   ["list"]                      -> {"step": "list", "tools": [{name, annotations, inputSchema}]}
   ["call", NAME, ARGS]          -> {"step": "call", "isError", "content", "structuredContent",
                                     "progress": [messages]}
+  ["watch"]                     -> {"step": "watch", "protocol"}: from now on, notice
+                                   `notifications/tools/list_changed` (2026-07-28: through a
+                                   `subscriptions/listen` stream; before: on the session)
+  ["changed", SECONDS]          -> {"step": "changed", "changed": bool}: whether one came
+                                   within SECONDS (since the watch or the last "changed")
+$VAULTD_CLIENT_MODE=legacy makes the client use the 2025 `initialize` handshake.
 One JSON line per step on stdout; the server's stderr is passed through.
 """
 
@@ -18,7 +24,7 @@ import sys
 import os
 
 import httpx2
-from mcp import Client
+from mcp import Client, types
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -39,7 +45,15 @@ async def main() -> None:
         server = StdioServerParameters(
             command=vaultd, args=["mcp", "serve", "--vault", where, *sys.argv[4:]]
         )
-    async with Client(server, read_timeout_seconds=120) as client:
+    changed = asyncio.Event()
+
+    async def on_message(message) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    mode = os.environ.get("VAULTD_CLIENT_MODE", "auto")
+    listening = None
+    async with Client(server, read_timeout_seconds=120, message_handler=on_message, mode=mode) as client:
         for step in script:
             if step[0] == "list":
                 tools = await client.list_tools()
@@ -70,9 +84,31 @@ async def main() -> None:
                     "structuredContent": r.structured_content,
                     "progress": progress,
                 }
+            elif step[0] == "watch":
+                if client.protocol_version >= "2026-07-28":
+                    ready = asyncio.Event()
+
+                    async def listen() -> None:
+                        async with client.listen(tools_list_changed=True) as sub:
+                            ready.set()
+                            async for _event in sub:
+                                changed.set()
+
+                    listening = asyncio.create_task(listen())
+                    await asyncio.wait_for(ready.wait(), 60)
+                out = {"step": "watch", "protocol": client.protocol_version}
+            elif step[0] == "changed":
+                try:
+                    await asyncio.wait_for(changed.wait(), step[1])
+                    out = {"step": "changed", "changed": True}
+                except TimeoutError:
+                    out = {"step": "changed", "changed": False}
+                changed.clear()
             else:
                 raise SystemExit(f"unknown step {step[0]!r}")
             print(json.dumps(out), flush=True)
+        if listening is not None:
+            listening.cancel()
 
 
 asyncio.run(main())
