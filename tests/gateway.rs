@@ -488,15 +488,45 @@ fn server_scenario(url: &str, name: &str, version: &str) -> (Vec<Value>, String)
     (checks, report)
 }
 
+/// Two of the suite's diagnostic tools, as a person would declare them: command tools (their
+/// results reach the client as text; the schema must reach it keyword for keyword).
+const SUITE_TOOLS: &str = r##"
+[tools.command.test_simple_text]
+description = "Returns simple text"
+argv = ["echo", "This is a simple text response for testing."]
+parameters = { type = "object" }
+effect = "read_only"
+
+[tools.command.json_schema_2020_12_tool]
+description = "Tool with JSON Schema 2020-12 features"
+argv = ["true"]
+effect = "read_only"
+[tools.command.json_schema_2020_12_tool.parameters]
+"$schema" = "https://json-schema.org/draft/2020-12/schema"
+type = "object"
+properties = { name = { type = "string" }, address = { "$ref" = "#/$defs/address" }, contactMethod = { type = "string", enum = ["phone", "email"] }, phone = { type = "string" }, email = { type = "string" } }
+allOf = [{ anyOf = [{ required = ["phone"] }, { required = ["email"] }] }]
+if = { properties = { contactMethod = { const = "phone" } }, required = ["contactMethod"] }
+then = { required = ["phone"] }
+else = { required = ["email"] }
+additionalProperties = false
+[tools.command.json_schema_2020_12_tool.parameters."$defs".address]
+"$anchor" = "addressDef"
+type = "object"
+properties = { street = { type = "string" }, city = { type = "string" } }
+"##;
+
 /// The suite's server scenarios that apply to a gateway (docs/design.md §14 item 7), at both
-/// revisions. Not run: the `tools-call-*` scenarios but the error one, `json-schema-2020-12`,
-/// `resources-*`, `prompts-*`, `completion-*`, `logging-*`, `elicitation-*`, `tasks-*`,
-/// `input-required-*`, `caching`, `server-sse-*`: each calls or lists a diagnostic tool,
-/// resource or prompt of the suite's own (`test_simple_text`, `json_schema_2020_12_tool`, …)
-/// that a vault does not have, or a feature the gateway does not offer.
+/// revisions; `tools-call-simple-text` and `json-schema-2020-12` with the two tools above.
+/// Not run: `tools-call-image`, `-audio`, `-embedded-resource`, `-mixed-content`,
+/// `-with-progress`, `-with-logging`, `-sampling`, `-elicitation` (a vault's own tools answer
+/// with text; an upstream MCP tool's content passes through, but under its
+/// `mcp__SERVER__TOOL` name, not the suite's), `resources-*`, `prompts-*`, `completion-*`,
+/// `logging-*`, `elicitation-*`, `tasks-*`, `input-required-*`, `caching`, `server-sse-*`:
+/// features the gateway does not offer.
 #[test]
 fn the_conformance_suites_server_scenarios_pass() {
-    let vault = TestVault::new("http://127.0.0.1:9", WRITE);
+    let vault = TestVault::new("http://127.0.0.1:9", &format!("{WRITE}{SUITE_TOOLS}"));
     let gateway = Listening::start(&vault, &["--insecure-no-token"], &[]);
     // Two checks of `server-stateless` call the suite's diagnostic tool
     // `test_missing_capability`: vaultd has no such tool, answers UNKNOWN_TOOL, and the suite
@@ -505,7 +535,7 @@ fn the_conformance_suites_server_scenarios_pass() {
         "sep-2575-server-rejects-undeclared-capability",
         "sep-2575-missing-capability-http-400",
     ];
-    let mut failed = Vec::new();
+    let (mut failed, mut passed) = (Vec::new(), Vec::new());
     for (name, version) in [
         ("server-initialize", "2025-11-25"),
         ("server-session-lifecycle", "2025-11-25"),
@@ -514,6 +544,10 @@ fn the_conformance_suites_server_scenarios_pass() {
         ("tools-list", "2026-07-28"),
         ("tools-call-error", "2025-11-25"),
         ("tools-call-error", "2026-07-28"),
+        ("tools-call-simple-text", "2025-11-25"),
+        ("tools-call-simple-text", "2026-07-28"),
+        ("json-schema-2020-12", "2025-11-25"),
+        ("json-schema-2020-12", "2026-07-28"),
         ("dns-rebinding-protection", "2025-11-25"),
         ("dns-rebinding-protection", "2026-07-28"),
         ("server-stateless", "2026-07-28"),
@@ -524,9 +558,23 @@ fn the_conformance_suites_server_scenarios_pass() {
             if c["status"] == "FAILURE" && !expected.iter().any(|id| c["id"] == *id) {
                 failed.push(format!("{name}@{version}: {c}\n{report}"));
             }
+            if c["status"] == "SUCCESS" {
+                passed.push(c["id"].as_str().unwrap_or("").to_string());
+            }
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+    // The checks that need the two declared tools ran, and passed.
+    for id in [
+        "tools-call-simple-text",
+        "json-schema-2020-12-$defs",
+        "json-schema-2020-12-$schema",
+    ] {
+        assert!(
+            passed.iter().any(|p| p == id),
+            "{id} did not pass: {passed:?}"
+        );
+    }
 }
 
 /// The JSON Claude Code reads from a permission prompt's answer.
