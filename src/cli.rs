@@ -22,6 +22,7 @@ mod gateway;
 mod init;
 mod log;
 mod logging;
+mod login;
 mod mcp;
 mod preview;
 mod serve;

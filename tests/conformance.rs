@@ -6,9 +6,16 @@
 //! binary through a temp vault: a note with the calls an agent would write, `vaultd once`.
 //! Every check the suite makes must pass, and each call's result in the note is checked too.
 //!
+//! The `auth/*` scenarios run as a person would use vaultd: `vaultd mcp login c` (its
+//! "browser", tests/conformance/browser.mjs, follows the suite's redirects; in
+//! `metadata-var1` the address is pasted instead), then a note calling `test-tool`. Where the
+//! call is refused for more scope or a moved authorization server, the note names the login
+//! to run; client.mjs runs it and writes the call again.
+//!
 //! Client scenarios of 0.2.0-alpha.12 not run here, and why:
-//! - `auth/*` (23 scenarios, plus the `auth/*` extensions): OAuth, which vaultd does not do
-//!   yet (issue 28 item 3; a token goes in a header today).
+//! - `auth/2025-03-26-*`: a protocol revision vaultd does not speak; the `auth/*` extensions
+//!   (client credentials, enterprise-managed, DPoP, workload identity): machine logins, not a
+//!   person's.
 //! - `elicitation-sep1034-client-defaults` (2025-11-25): a question asked within the session
 //!   (`elicitation/create`), which vaultd refuses by design: the call cannot wait there for a
 //!   person. Questions asked in `input_required` rounds (2026-07-28) are put to a person in the
@@ -84,11 +91,12 @@ impl Run {
         assert!(self.exit_ok, "{}", self.report);
     }
 
-    /// The result of the call to `tool` (`mcp__c__TOOL`) in the processed note.
+    /// The (last) result of the call to `tool` (`mcp__c__TOOL`) in the processed note.
     fn result(&self, tool: &str) -> Value {
         let name = format!("mcp__c__{tool}");
         results_in(&self.note)
             .into_iter()
+            .rev()
             .find(|r| r["name"] == name.as_str())
             .unwrap_or_else(|| {
                 panic!(
@@ -134,17 +142,24 @@ fn scenario(name: &str, version: &str, calls: Value) -> Run {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    // results/<scenario>-<timestamp>/{checks.json, stdout.txt, stderr.txt}
+    // results/<scenario>-<timestamp>/{checks.json, stdout.txt, stderr.txt}; an `auth/…`
+    // scenario's one folder deeper, under results/auth/.
     let mut checks = Vec::new();
-    for run in std::fs::read_dir(&results)
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(&results)
         .unwrap_or_else(|e| panic!("no results in {}: {e}\n{report}", results.display()))
         .flatten()
-    {
-        if let Ok(bytes) = std::fs::read(run.path().join("checks.json")) {
+        .map(|e| e.path())
+        .collect();
+    if let Some(auth) = runs.iter().position(|p| p.ends_with("auth")) {
+        let auth = runs.remove(auth);
+        runs.extend(std::fs::read_dir(auth).unwrap().flatten().map(|e| e.path()));
+    }
+    for run in runs {
+        if let Ok(bytes) = std::fs::read(run.join("checks.json")) {
             checks.extend(serde_json::from_slice::<Vec<Value>>(&bytes).unwrap());
         }
         for f in ["stdout.txt", "stderr.txt"] {
-            let text = std::fs::read_to_string(run.path().join(f)).unwrap_or_default();
+            let text = std::fs::read_to_string(run.join(f)).unwrap_or_default();
             report.push_str(&format!("\n--- client {f}\n{text}"));
         }
     }
@@ -357,4 +372,89 @@ fn json_schema_ref_no_deref_at_2026_07_28() {
     );
     run.assert_passed();
     assert_eq!(run.status_of("sep-2106-no-network-ref-deref"), ["SUCCESS"]);
+}
+
+/// Runs auth scenarios at `versions`: the suite's authorization server and an MCP server that
+/// wants its tokens; tests/conformance/client.mjs logs in with `vaultd mcp login` (its
+/// "browser" follows the redirects, tests/conformance/browser.mjs), then runs a note calling
+/// the server's `test-tool` with `vaultd once`. Every check must pass; where the login is
+/// meant to succeed (`ok`), the call must have run with the kept tokens.
+fn auth_scenarios(names: &[(&str, bool)], versions: &[&str]) {
+    for version in versions {
+        for (name, ok) in names {
+            let run = scenario(name, version, json!([["test-tool", {}]]));
+            run.assert_passed();
+            if *ok {
+                let r = run.result("test-tool");
+                assert_eq!(r["ok"], true, "{name} at {version}: {r}\n{}", run.report);
+                assert_eq!(r["data"]["content"][0]["text"], "test", "{name}: {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn oauth_metadata_discovery() {
+    auth_scenarios(
+        &[
+            ("auth/metadata-default", true),
+            ("auth/metadata-var1", true),
+            ("auth/metadata-var2", true),
+            ("auth/metadata-var3", true),
+        ],
+        &["2025-11-25", "2026-07-28"],
+    );
+}
+
+#[test]
+fn oauth_scopes_and_step_up() {
+    // scope-step-up: the call is refused (403) for a scope the login lacks; the note says
+    // which `vaultd mcp login c --scope …` grants it, the person runs it (the scopes granted
+    // before kept, SEP-2350) and the agent writes the call again.
+    auth_scenarios(
+        &[
+            ("auth/scope-from-www-authenticate", true),
+            ("auth/scope-from-scopes-supported", true),
+            ("auth/scope-omitted-when-undefined", true),
+            ("auth/scope-step-up", true),
+            ("auth/scope-retry-limit", false),
+        ],
+        &["2025-11-25", "2026-07-28"],
+    );
+}
+
+#[test]
+fn oauth_client_registration_and_token_endpoint_auth() {
+    auth_scenarios(
+        &[
+            ("auth/basic-cimd", true),
+            ("auth/pre-registration", true),
+            ("auth/token-endpoint-auth-basic", true),
+            ("auth/token-endpoint-auth-post", true),
+            ("auth/token-endpoint-auth-none", true),
+        ],
+        &["2025-11-25", "2026-07-28"],
+    );
+}
+
+#[test]
+fn oauth_issuer_and_resource_checks_at_2026_07_28() {
+    // The iss-* scenarios whose issuer is wrong, missing or unexpected must end without a
+    // token: the login fails, and so does the call.
+    auth_scenarios(
+        &[
+            ("auth/resource-mismatch", false),
+            ("auth/offline-access-scope", true),
+            ("auth/offline-access-not-supported", true),
+            ("auth/authorization-server-migration", true),
+            ("auth/iss-supported", true),
+            ("auth/iss-not-advertised", true),
+            ("auth/iss-supported-missing", false),
+            ("auth/iss-wrong-issuer", false),
+            ("auth/iss-unexpected", false),
+            ("auth/iss-normalized", false),
+            ("auth/metadata-issuer-mismatch", false),
+        ],
+        &["2026-07-28"],
+    );
 }

@@ -134,7 +134,8 @@ fn every_key_vaultd_config_prints_is_documented() {
              [tools.send_notification.slack.webhooks]\nops = \"env:DOCS_TEST_HOOK\"\n\
              [notify]\non_hold = {{ method = \"email\", recipient = \"me@example.com\" }}\n\
              [mcp.{NAME}]\ncommand = [\"true\"]\nallow = [\"*\"]\n\
-             [mcp.{NAME}.tools.some_tool]\ntimeout = \"5s\"\n"
+             [mcp.{NAME}.tools.some_tool]\ntimeout = \"5s\"\n\
+             [mcp.{NAME}_url]\nurl = \"http://127.0.0.1:9/mcp\"\noauth = {{ client_id = \"a\" }}\n"
         ),
     );
     let out = h.vaultd(&["config"]);
@@ -143,7 +144,7 @@ fn every_key_vaultd_config_prints_is_documented() {
     let mut keys = BTreeSet::new();
     all_keys(&printed, &mut keys);
     // Names the user chose, and `source` (where the file was found, not a key of it).
-    for chosen in [NAME, "some_tool", "ops", "source"] {
+    for chosen in [NAME, &format!("{NAME}_url"), "some_tool", "ops", "source"] {
         keys.remove(chosen);
     }
     let undocumented: Vec<_> = keys.difference(&documented).collect();

@@ -523,3 +523,127 @@ fn tools_all_and_status_show_not_allowed_tools_and_a_server_that_never_ran() {
         "{stdout}"
     );
 }
+
+/// `vaultd mcp login` / `logout` around the edges the conformance suite does not reach (its
+/// auth scenarios run the login itself: tests/conformance.rs): which servers can log in,
+/// what a missing secret says, and what `status` and `config` show of a login: never a token.
+#[test]
+fn oauth_login_edges_status_and_logout() {
+    let vault = TestVault::new(NO_SEARCH, "");
+    vault.write_config(
+        NO_SEARCH,
+        "[mcp.gh]\nurl = \"http://127.0.0.1:9/mcp\"\noauth = { client_id = \"vaultd-app\", client_secret = \"env:VAULTD_TEST_GH_SECRET\", scopes = [\"repo\"] }\n[mcp.local]\ncommand = [\"vaultd-mcp-test-server\"]\n",
+    );
+    let run = |args: &[&str]| {
+        let out = vault
+            .cmd()
+            .args(args)
+            .env_remove("VAULTD_TEST_GH_SECRET")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, _, err) = run(&["mcp", "login", "local"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("stdio server") && err.contains("only a `url` server"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["mcp", "login", "nope"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("no MCP server `nope`") && err.contains("gh, local"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["mcp", "login", "gh"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("mcp.gh.oauth.client_secret") && err.contains("env:VAULTD_TEST_GH_SECRET"),
+        "{err}"
+    );
+
+    // A login's tokens, as `vaultd mcp login` keeps them.
+    let tokens = vault.state.join("oauth/gh.json");
+    std::fs::create_dir_all(tokens.parent().unwrap()).unwrap();
+    std::fs::write(
+        &tokens,
+        json!({
+            "url": "http://127.0.0.1:9/mcp",
+            "redirect_uri": "http://127.0.0.1:1/callback",
+            "credentials": {
+                "client_id": "vaultd-app",
+                "token_response": {"access_token": "secret-access-1234", "token_type": "bearer",
+                    "expires_in": 3600, "refresh_token": "secret-refresh-5678"},
+                "granted_scopes": ["repo"],
+                "token_received_at": 1_900_000_000u64,
+            },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (code, out, err) = run(&["status"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(
+            "OAuth: logged in, access token until 2030-03-17T18:46:40Z (refreshed by vaultd)"
+        ),
+        "{out}"
+    );
+    let (_, json_out, _) = run(&["status", "--json"]);
+    let (_, config_out, _) = run(&["config"]);
+    for shown in [&out, &json_out, &config_out] {
+        assert!(
+            !shown.contains("secret-access") && !shown.contains("secret-refresh"),
+            "{shown}"
+        );
+    }
+    assert!(
+        config_out.contains("env:VAULTD_TEST_GH_SECRET [redacted]"),
+        "{config_out}"
+    );
+
+    let (code, out, _) = run(&["mcp", "logout", "gh"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("logged out of gh"), "{out}");
+    assert!(!tokens.exists());
+    let (_, out, _) = run(&["mcp", "logout", "gh"]);
+    assert!(out.contains("gh had no login"), "{out}");
+}
+
+#[test]
+fn an_oauth_table_is_checked_at_start() {
+    let vault = TestVault::new(NO_SEARCH, "");
+    for (table, key) in [
+        (
+            "oauth = { client_secret = \"env:X\" }",
+            "mcp.s.oauth.client_secret",
+        ),
+        (
+            "oauth = { client_metadata_url = \"http://x/doc.json\" }",
+            "mcp.s.oauth.client_metadata_url",
+        ),
+        ("oauth = { scope = \"repo\" }", "scope"),
+    ] {
+        vault.write_config(
+            NO_SEARCH,
+            &format!("[mcp.s]\nurl = \"http://127.0.0.1:9/mcp\"\n{table}\n"),
+        );
+        let out = vault.cmd().arg("config").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(key), "{table}: {err}");
+    }
+    vault.write_config(
+        NO_SEARCH,
+        "[mcp.s]\ncommand = [\"x\"]\noauth = { client_id = \"a\" }\n",
+    );
+    let out = vault.cmd().arg("config").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("mcp.s.oauth") && err.contains("only a `url` server"),
+        "{err}"
+    );
+}

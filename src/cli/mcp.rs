@@ -41,6 +41,17 @@ pub enum McpAction {
         after_help = "Examples:\n  vaultd mcp import ~/.config/Claude/claude_desktop_config.json --dry-run\n  vaultd mcp import .mcp.json --only github --only memory\n  vaultd mcp import ~/.config/goose/config.yaml"
     )]
     Import(ImportArgs),
+    /// Log in to a streamable-HTTP server with OAuth (GitHub's, Linear's, Notion's, …)
+    ///
+    /// Finds the server's authorization server, registers vaultd there (or uses
+    /// `[mcp.NAME.oauth] client_id`), opens a browser for you to approve, and keeps the tokens
+    /// in the state directory (0600); the daemon sends them and refreshes them as they expire.
+    #[command(
+        after_help = "Examples:\n  vaultd mcp login linear\n  vaultd mcp login github --scope repo --scope read:org\n  vaultd mcp login notion --no-browser      (prints the address to open elsewhere)"
+    )]
+    Login(super::login::LoginArgs),
+    /// Forget the OAuth tokens of a server (`vaultd mcp login` gets new ones)
+    Logout(super::login::LogoutArgs),
     /// Offer the vault's tools to an MCP client over stdio: Claude Code, goose, Cursor, …
     ///
     /// Every call runs as a call note through the daemon (journaled, at most once, held for a
@@ -110,6 +121,8 @@ pub(super) fn run(g: &GlobalArgs, action: McpAction) -> Result<i32> {
     match action {
         McpAction::Add(args) => add(g, args),
         McpAction::Import(args) => import_file(g, args),
+        McpAction::Login(args) => super::login::login(g, args),
+        McpAction::Logout(args) => super::login::logout(g, args),
         // Dispatched by the caller (cli.rs): the gateway lists tools as `vaultd tools` does.
         McpAction::Serve(_) => unreachable!("`vaultd mcp serve` is dispatched in cli.rs"),
     }
@@ -563,7 +576,9 @@ pub(super) fn server_states(
 fn transport_of(s: &McpServerConfig) -> Value {
     match &s.transport {
         Transport::Stdio { program, .. } => json!({ "stdio": program }),
-        Transport::Http { url, .. } => json!({ "url": url }),
+        Transport::Http { url, oauth, .. } => {
+            json!({ "url": url, "oauth": oauth.0.describe() })
+        }
     }
 }
 
@@ -589,6 +604,24 @@ pub(super) fn print_server_states(
             s["name"].as_str().unwrap_or(""),
             escape_controls(&how)
         )?;
+        let oauth = &s["transport"]["oauth"];
+        if oauth["logged_in"] == json!(true) {
+            let expires = oauth["expires_at"]
+                .as_u64()
+                .map(|at| {
+                    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(at);
+                    format!(", access token until {}", crate::call::rfc3339_seconds(at))
+                })
+                .unwrap_or_default();
+            let renew = if oauth["refreshable"] == json!(true) {
+                "refreshed by vaultd"
+            } else {
+                "no refresh token: `vaultd mcp login` again when it ends"
+            };
+            writeln!(out, "    OAuth: logged in{expires} ({renew})")?;
+        } else if let Some(e) = oauth["error"].as_str() {
+            writeln!(out, "    OAuth: {}", escape_controls(e))?;
+        }
         if let Some(live) = s["live"].as_object() {
             let text = |k: &str| live[k].as_str().unwrap_or("");
             let mut line = match text("state") {

@@ -785,7 +785,18 @@ impl Config {
         let mut holders = self.tools.secret_holders();
         holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
         holders.push(&self.gateway);
-        Redactor::for_holders(&holders)
+        let redactor = Redactor::for_holders(&holders);
+        // The OAuth tokens kept by `vaultd mcp login` (as they are at start).
+        let tokens: Vec<crate::secret::Secret> = self
+            .mcp
+            .iter()
+            .flat_map(|s| match &s.transport {
+                crate::tools::mcp::config::Transport::Http { oauth, .. } => oauth.0.secrets(),
+                crate::tools::mcp::config::Transport::Stdio { .. } => Vec::new(),
+            })
+            .collect();
+        redactor.learn(&Redactor::new(&tokens, &[]));
+        redactor
     }
 }
 

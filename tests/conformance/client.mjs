@@ -10,7 +10,7 @@
 // argument written "<inputSchema of TOOL>" is what an agent reads in `vaultd tools --json`:
 // then vaultd runs once first to list the server's tools, and the value is TOOL's schema as
 // vaultd keeps it.
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -23,6 +23,7 @@ if (!url || !bin || !out) {
   process.exit(2);
 }
 const context = JSON.parse(process.env.MCP_CONFORMANCE_CONTEXT || "{}");
+const scenario = process.env.MCP_CONFORMANCE_SCENARIO ?? "";
 let calls = JSON.parse(process.env.VAULTD_CONFORMANCE_CALLS || "[]");
 if (Array.isArray(context.toolCalls)) {
   calls = context.toolCalls.map((c) => [c.name, c.arguments ?? {}]);
@@ -39,9 +40,20 @@ function finish(code) {
 }
 
 // Every tool may run and none waits for approval: the scenarios test the wire, not policy.
+// A pre-registered client of an auth scenario (its context names it) goes in [mcp.c.oauth],
+// its secret through the environment as a person would keep it.
 function writeConfig(tools) {
   let text = `vault = ${JSON.stringify(vault)}\nstate_dir = ${JSON.stringify(join(work, "state"))}\n`;
   text += `[mcp.c]\nurl = ${JSON.stringify(url)}\nallow = ["*"]\nstart_timeout = "60s"\n`;
+  // The client ID metadata document the suite's CIMD scenario expects vaultd to be given.
+  if (scenario === "auth/basic-cimd") {
+    text += `oauth = { client_metadata_url = "https://conformance-test.local/client-metadata.json" }\n`;
+  }
+  if (context.client_id) {
+    text += `oauth = { client_id = ${JSON.stringify(context.client_id)}`;
+    if (context.client_secret) text += `, client_secret = "env:CONFORMANCE_CLIENT_SECRET"`;
+    text += ` }\n`;
+  }
   for (const t of tools) text += `[mcp.c.tools.${JSON.stringify(t)}]\napproval = "never"\n`;
   writeFileSync(config, text);
 }
@@ -49,7 +61,13 @@ function writeConfig(tools) {
 function vaultd(...args) {
   const r = spawnSync(bin, ["--config", config, ...args], {
     encoding: "utf8",
-    env: { ...process.env, RUST_LOG: "vaultd=debug,rmcp=info" },
+    env: {
+      ...process.env,
+      RUST_LOG: "vaultd=debug,rmcp=info",
+      CONFORMANCE_CLIENT_SECRET: context.client_secret ?? "",
+      // `vaultd mcp login` opens the authorization address with this "browser".
+      BROWSER: `${process.execPath} ${join(import.meta.dirname, "browser.mjs")}`,
+    },
   });
   process.stderr.write(r.stderr ?? "");
   if (r.status !== 0) {
@@ -87,6 +105,40 @@ if (wanted.size > 0) {
 }
 
 writeConfig(calls.map(([name]) => name));
+// An auth scenario: the person logs in once, then vaultd runs with the kept tokens.
+if (scenario === "auth/metadata-var1") {
+  await loginPasting();
+} else if (scenario.startsWith("auth/")) {
+  vaultd("mcp", "login", "c", "--wait", "60s");
+}
+
+// `vaultd mcp login --no-browser` as on a machine without one: the person opens the printed
+// address elsewhere and pastes the address the browser ended on (here: the redirects followed
+// by hand up to the one for 127.0.0.1, which is not loaded).
+async function loginPasting() {
+  const child = spawn(bin, ["--config", config, "mcp", "login", "c", "--no-browser", "--wait", "60s"], {
+    stdio: ["pipe", "inherit", "pipe"],
+  });
+  let err = "";
+  const done = new Promise((resolve) => child.on("close", resolve));
+  await new Promise((resolve) =>
+    child.stderr.on("data", (d) => {
+      err += d;
+      if (err.includes("paste that address")) resolve();
+    }),
+  );
+  let at = err.match(/^\s+(http\S+authorize\S+)$/m)[1];
+  while (!at.startsWith("http://127.0.0.1")) {
+    at = new URL((await fetch(at, { redirect: "manual" })).headers.get("location"), at).href;
+  }
+  child.stdin.write(at + "\n");
+  const code = await done;
+  process.stderr.write(err);
+  if (code !== 0) {
+    console.error(`vaultd mcp login --no-browser exited with ${code}`);
+    finish(code ?? 1);
+  }
+}
 if (calls.length > 0) {
   let text = "# Conformance\n";
   for (const [name, parameters] of calls) {
@@ -98,6 +150,23 @@ if (calls.length > 0) {
   renameSync(tmp, join(vault, "Needs_Action", "conformance.md"));
 }
 vaultd("once");
+// A call refused at the server's door (more scope wanted, tokens refused) names the login
+// that fixes it: the person logs in again and the agent writes the call again (the note back
+// in Needs_Action/).
+for (let round = 0; round < 2; round++) {
+  const failed = join(vault, "Failed", "conformance.md");
+  const text = existsSync(failed) ? readFileSync(failed, "utf8") : "";
+  const wanted = text.match(/`vaultd mcp login c( --scope (\S+?))?`/);
+  if (!wanted) break;
+  vaultd("mcp", "login", "c", ...(wanted[2] ? ["--scope", wanted[2]] : []), "--wait", "60s");
+  let again = text;
+  for (const [name, parameters] of calls) {
+    again += "\n```json\n" + JSON.stringify({ tool_call: { name: `mcp__c__${name}`, parameters } }, null, 2) + "\n```\n";
+  }
+  writeFileSync(failed, again);
+  renameSync(failed, join(vault, "Needs_Action", "conformance.md"));
+  vaultd("once");
+}
 // A server that asks a person (an elicitation in an `input_required` round) leaves the note
 // in Pending_Approval with a `tool_answer` block per question: answered as a person would,
 // every field `true` (the suite asks yes/no confirmations), approved, run again.

@@ -32,6 +32,8 @@ pub struct RawServer {
     /// HTTP headers of a `url` server: name -> secret reference.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// How a `url` server's OAuth login identifies vaultd (`vaultd mcp login`).
+    pub oauth: Option<super::oauth::RawOAuth>,
     /// Tool names that may be called; `["*"]` allows all. Empty (the default) allows none.
     #[serde(default)]
     pub allow: Vec<String>,
@@ -138,6 +140,8 @@ pub enum Transport {
     Http {
         url: String,
         headers: Vec<(String, Secret)>,
+        /// The tokens of `vaultd mcp login` (sent when there are any) and the client it uses.
+        oauth: Box<(super::oauth::TokenFile, super::oauth::OAuthClient)>,
     },
 }
 
@@ -205,7 +209,11 @@ impl crate::secret::SecretHolder for McpServerConfig {
                     EnvValue::Plain(_) => None,
                 })
                 .collect(),
-            Transport::Http { headers, .. } => headers.iter().map(|(_, s)| s).collect(),
+            Transport::Http { headers, oauth, .. } => headers
+                .iter()
+                .map(|(_, s)| s)
+                .chain(oauth.1.client_secret.as_ref())
+                .collect(),
         }
     }
 }
@@ -263,6 +271,12 @@ pub fn from_raw(
                 ));
             }
             (Some(command), None) => {
+                if server.oauth.is_some() {
+                    return Err(invalid(
+                        "oauth",
+                        "only a `url` server logs in with OAuth".into(),
+                    ));
+                }
                 if !server.headers.is_empty() {
                     return Err(invalid(
                         "headers",
@@ -322,7 +336,36 @@ pub fn from_raw(
                         secret(key(&format!("headers.{header}")), reference)?,
                     ));
                 }
-                Transport::Http { url, headers }
+                let raw = server.oauth.unwrap_or_default();
+                if raw.client_secret.is_some() && raw.client_id.is_none() {
+                    return Err(invalid(
+                        "oauth.client_secret",
+                        "a client_secret goes with the client_id it was issued for".into(),
+                    ));
+                }
+                if let Some(doc) = &raw.client_metadata_url
+                    && !doc.starts_with("https://")
+                {
+                    return Err(invalid(
+                        "oauth.client_metadata_url",
+                        format!("`{doc}` must be an https:// URL (a client ID metadata document)"),
+                    ));
+                }
+                let client = super::oauth::OAuthClient {
+                    client_secret: match &raw.client_secret {
+                        Some(r) => Some(secret(key("oauth.client_secret"), r)?),
+                        None => None,
+                    },
+                    client_id: raw.client_id,
+                    scopes: raw.scopes,
+                    client_metadata_url: raw.client_metadata_url,
+                };
+                let tokens = super::oauth::TokenFile::new(cx.state_dir, &name, &url);
+                Transport::Http {
+                    url,
+                    headers,
+                    oauth: Box::new((tokens, client)),
+                }
             }
         };
         let allow = if server.allow.iter().any(|a| a == "*") {
@@ -444,7 +487,23 @@ pub fn describe(servers: &[McpServerConfig]) -> serde_json::Value {
                 "cwd": cwd.as_ref().map(|c| c.display().to_string()),
                 "sandbox": sandbox.describe(),
             }),
-            Transport::Http { url, headers } => json!({ "url": url, "headers": secrets(headers) }),
+            Transport::Http {
+                url,
+                headers,
+                oauth,
+            } => {
+                let client = &oauth.1;
+                json!({
+                    "url": url,
+                    "headers": secrets(headers),
+                    "oauth": {
+                        "client_id": client.client_id,
+                        "client_secret": client.client_secret.as_ref().map(|s| format!("{} [redacted]", s.reference())),
+                        "scopes": client.scopes,
+                        "client_metadata_url": client.client_metadata_url,
+                    },
+                })
+            }
         };
         v["allow"] = match &s.allow {
             Allow::All => json!(["*"]),

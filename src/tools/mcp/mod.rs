@@ -8,6 +8,7 @@ mod discover;
 pub mod edit;
 mod ids;
 pub mod import;
+pub mod oauth;
 pub mod pin;
 pub mod question;
 pub mod server;
@@ -147,11 +148,12 @@ impl McpSource {
                     ));
                 }
                 if registered.is_empty() && !s.is_up() {
+                    let why = s.down_reason().map(|w| format!(" ({w})")).unwrap_or_default();
                     return Some(
                         CallError::new(
                             ErrorCode::ExecutionError,
                             format!(
-                                "MCP server `{srv}` is not running and has never listed its tools, so `{tool}` is not known yet; vaultd keeps starting it, try again later"
+                                "MCP server `{srv}` is not running{why} and has never listed its tools, so `{tool}` is not known yet; vaultd keeps starting it, try again later"
                             ),
                         )
                         .retryable(true),

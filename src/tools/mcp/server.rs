@@ -158,6 +158,11 @@ impl McpServer {
         &self.config.name
     }
 
+    /// Why the server is down, when it is and vaultd knows.
+    pub fn down_reason(&self) -> Option<String> {
+        self.link.borrow().error.clone()
+    }
+
     /// Fills the tool list from the journal's catalog (what the server listed last time).
     fn load_catalog(&self) {
         match self.journal.mcp_catalog(self.name()) {
@@ -455,7 +460,11 @@ impl McpServer {
                 };
                 (service, Some(spawned))
             }
-            Transport::Http { url, headers } => {
+            Transport::Http {
+                url,
+                headers,
+                oauth,
+            } => {
                 use rmcp::transport::StreamableHttpClientTransport;
                 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
                 let mut map = HashMap::new();
@@ -471,10 +480,8 @@ impl McpServer {
                     value.set_sensitive(true);
                     map.insert(name, value);
                 }
-                let transport = StreamableHttpClientTransport::with_client(
-                    self.http.clone(),
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map),
-                );
+                let config =
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map);
                 let mode = match start {
                     Start::Discover => lifecycle(),
                     Start::InitializeOnly => {
@@ -482,9 +489,37 @@ impl McpServer {
                         ClientLifecycleMode::Initialize
                     }
                 };
-                let service = handler
-                    .serve_with_lifecycle(FreshIds::new(transport), mode)
-                    .await?;
+                let login = || format!("run `vaultd mcp login {}`", self.name());
+                let (tokens, client) = oauth.as_ref();
+                let service = if tokens.logged_in() {
+                    // The tokens of `vaultd mcp login`: sent, and refreshed as they expire.
+                    let manager = super::oauth::authorized(url, tokens.clone(), client)
+                        .await
+                        .map_err(|e| {
+                            HandshakeError::Other(format!(
+                                "its OAuth tokens cannot be used ({e}): {}",
+                                login()
+                            ))
+                        })?;
+                    let transport = StreamableHttpClientTransport::with_client(
+                        rmcp::transport::auth::AuthClient::new(self.http.clone(), manager),
+                        config,
+                    );
+                    handler
+                        .serve_with_lifecycle(FreshIds::new(transport), mode)
+                        .await
+                } else {
+                    let transport =
+                        StreamableHttpClientTransport::with_client(self.http.clone(), config);
+                    handler
+                        .serve_with_lifecycle(FreshIds::new(transport), mode)
+                        .await
+                };
+                let service =
+                    service.map_err(|e| match super::oauth::refusal(self.name(), &e) {
+                        Some(why) => HandshakeError::Other(why),
+                        None => e.into(),
+                    })?;
                 (service, None)
             }
         };
@@ -498,10 +533,10 @@ impl McpServer {
 
     /// Lists every tool (all pages), records the allowed ones in the catalog and their pins.
     async fn relist(&self, peer: &Peer<RoleClient>) -> Result<(), String> {
-        let all = peer
-            .list_all_tools()
-            .await
-            .map_err(|e| format!("tools/list failed: {e}"))?;
+        let all = peer.list_all_tools().await.map_err(|e| {
+            super::oauth::refusal(self.name(), &e)
+                .unwrap_or_else(|| format!("tools/list failed: {e}"))
+        })?;
         let mut listed = Vec::new();
         let mut others = Vec::new();
         let mut defs = HashMap::new();
@@ -635,6 +670,19 @@ impl McpServer {
             match self.call_rounds(&peer, tool, &arguments, answer).await {
                 Ok(result) => return Ok(result),
                 Err(Round::Refused(e)) => return Err(e),
+                // Refused at the door (401, or 403 for more scope): not run, and a person has
+                // to log in again before it can be.
+                Err(Round::Service(e))
+                    if let Some(why) = super::oauth::refusal(self.name(), &e) =>
+                {
+                    return Err(CallError::new(
+                        ErrorCode::ExecutionError,
+                        format!(
+                            "MCP server `{}` refused the call, which did not run: {why}",
+                            self.name()
+                        ),
+                    ));
+                }
                 Err(Round::Service(e)) => match e {
                     ServiceError::McpError(e) => {
                         return Err(CallError::new(
