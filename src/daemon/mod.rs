@@ -29,12 +29,15 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 
 pub(crate) mod claim;
+mod execute;
 mod folders;
 pub(crate) mod intake;
 mod lock;
+mod preview;
 pub(crate) mod recover;
 pub(crate) mod reload;
 pub(crate) mod storage;
+pub(crate) mod write_back;
 
 pub use lock::{VaultLock, lock_vault, running_daemon};
 pub use reload::BuildTools;
@@ -90,16 +93,7 @@ pub enum Mode {
     Once,
 }
 
-/// What a note task is doing with a note.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pass {
-    /// Claimed from Needs_Action.
-    Fresh,
-    /// Claimed from Approved: the held calls run.
-    Approved,
-    /// Found in In_Progress at start-up; `known` when the journal has its run.
-    Recover { known: bool },
-}
+pub(crate) use crate::pipeline::Pass;
 
 /// Who a claimed note is and what the journal knows of its calls (docs/design.md §9.2, §9.3, §9.6).
 #[derive(Debug, Clone, Default)]

@@ -1,0 +1,406 @@
+//! Running a claimed note: its journal facts read, its calls planned
+//! ([`plan`](crate::pipeline::plan)), their decisions spent, what may run run (a worker permit
+//! taken before each call task is spawned; results in call order) and the outcome handed to
+//! the write back. The decisions are the pipeline's ([`crate::pipeline::execute`]); this is
+//! the daemon doing them.
+
+use crate::call::CallResult;
+use crate::daemon::claim::{Claimed, Stamp};
+use crate::daemon::intake::stamp;
+use crate::daemon::reload::Live;
+use crate::daemon::write_back::Finished;
+use crate::daemon::{Daemon, DaemonError, Identity, Pass};
+use crate::guard::budget;
+use crate::guard::hold_alert::HeldSummary;
+use crate::journal::RunId;
+use crate::note::{self, ParsedNote, parse_note};
+use crate::pipeline::next_state::{Ending, next_state, outcome_reason, place_as_written};
+use crate::pipeline::plan::{self, Facts, Plan, Step};
+use crate::tools::Effect;
+use crate::vault::State;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+
+use crate::pipeline::execute::{Outcome, asked_a_person, rules, stamp_at_claim};
+
+impl Daemon {
+    /// Runs the pending calls of a claimed note, writes the results, moves the note on.
+    pub(crate) async fn execute(
+        self: &Arc<Self>,
+        run: RunId,
+        path: &Path,
+        pass: Pass,
+        mut ident: Identity,
+        read: Option<Claimed>,
+    ) -> Result<(), DaemonError> {
+        // The config and tools this run keeps to its end, whatever a reload does meanwhile.
+        let live = self.live();
+        let Some(mut text) = self.read_claimed(run, path, read).await? else {
+            return Ok(());
+        };
+        let mut parsed = parse_note(&text);
+        let mut facts = self.facts_for(&parsed, pass, &mut ident).await?;
+        facts.journal_lost = self.journal_lost(&text, &facts)?;
+        let rules = rules(&live.config, pass);
+        let mut plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
+        let id_on_note = note::frontmatter_property(&text, "tool_note");
+        if stamp_at_claim(&plan, pass, &facts) || id_on_note.is_some_and(|id| id != ident.note_id) {
+            match self.write_identity(run, path, &ident.note_id).await? {
+                Stamp::Gone => return Ok(()),
+                Stamp::NotYet => {}
+                Stamp::Written(stamped) => {
+                    // Planned again on the note as written: the same calls and facts, but
+                    // line numbers of INVALID_JSON now count the frontmatter the stamp added.
+                    text = stamped;
+                    parsed = parse_note(&text);
+                    plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
+                }
+            }
+        }
+        self.spend_decisions(&plan).await?;
+        self.report_left_pending(path, plan.left_pending, rules.max_calls)
+            .await;
+        let calls = self
+            .start_calls(&live, run, path, &ident.note_id, &plan.steps)
+            .await;
+        let ran: HashSet<String> = plan
+            .steps
+            .iter()
+            .filter(|(_, step)| matches!(step, Step::Run(_)))
+            .map(|(call_id, _)| call_id.clone())
+            .collect();
+        let outcome = self.gather(run, &text, plan.steps, calls, &ident).await?;
+        if outcome
+            .results
+            .iter()
+            .any(crate::runner::start_not_recorded)
+        {
+            // The journal's storage failed, not the note (docs/design.md §9.12).
+            return self
+                .wait_for_storage(run, path, &ident.note_id, &ran, outcome.results)
+                .await;
+        }
+        self.write_and_move(run, path, &text, &parsed, &ident, outcome)
+            .await
+    }
+
+    /// The claimed note's text, read once its writer is done; None when there is nothing to
+    /// run (gone, not UTF-8 any more, unreadable for now).
+    async fn read_claimed(
+        &self,
+        run: RunId,
+        path: &Path,
+        read: Option<Claimed>,
+    ) -> Result<Option<String>, DaemonError> {
+        let read = match read {
+            Some(read) => read,
+            None => {
+                let path = path.to_path_buf();
+                tokio::task::spawn_blocking(move || note::read_settled(&path))
+                    .await
+                    .expect("read task does not panic")
+            }
+        };
+        match read {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(s) => Ok(Some(s)),
+                Err(e) => {
+                    // Became non-UTF-8 after the claim: give it back untouched.
+                    let (len, mtime) = stamp(path);
+                    self.problem(
+                        path,
+                        len,
+                        mtime,
+                        format!(
+                            "note is not UTF-8 (invalid byte at offset {}); left untouched",
+                            e.utf8_error().valid_up_to()
+                        ),
+                    );
+                    self.finish_run(
+                        run,
+                        path,
+                        State::Failed,
+                        Vec::new(),
+                        "the note is not UTF-8",
+                    )
+                    .await?;
+                    Ok(None)
+                }
+            },
+            Err(note::WriteError::Gone(_)) => {
+                self.abandon(run, path).await?;
+                Ok(None)
+            }
+            Err(e) => {
+                // Unreadable now (permissions changed?): leave it, the run stays open and is
+                // retried at the next scan.
+                tracing::error!(note = %self.vault.relative(path), "cannot read the claimed note: {e}");
+                Ok(None)
+            }
+        }
+    }
+
+    /// What planning needs from the journal, read now (docs/design.md §9.3, §12.2, §4).
+    async fn facts_for(
+        &self,
+        parsed: &ParsedNote,
+        pass: Pass,
+        ident: &mut Identity,
+    ) -> Result<Facts, DaemonError> {
+        let decisions = if self.approval_via_cli() {
+            let questions = Facts::questions(parsed);
+            self.read_journal(|j| {
+                let mut found = HashMap::new();
+                for (call_id, hash) in questions {
+                    if let Some(d) = j.approval(&call_id, &hash)? {
+                        found.insert((call_id, hash), d);
+                    }
+                }
+                Ok(found)
+            })?
+        } else {
+            HashMap::new()
+        };
+        let calls_started = self.read_journal(|j| budget::calls_started(j, &ident.note_id))?;
+        Ok(Facts {
+            prior: std::mem::take(&mut ident.prior),
+            stale: ident.stale.as_ref().map(|s| s.within_grace),
+            unknown_to_journal: pass == (Pass::Recover { known: false }),
+            // Read by `execute` from the note's text (`journal_lost`).
+            journal_lost: None,
+            decisions,
+            calls_started,
+        })
+    }
+
+    /// Consumes the decisions the plan acts on, so each counts once (with `approval_via =
+    /// "folder"` a `vaultd approve` record, if any, is spent with the move that decided).
+    async fn spend_decisions(&self, plan: &Plan) -> Result<(), DaemonError> {
+        for (call_id, hash) in plan.spend.clone() {
+            self.blocking(move |j| j.consume_approval(&call_id, &hash))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn report_left_pending(&self, path: &Path, left_pending: usize, max: usize) {
+        if left_pending == 0 {
+            return;
+        }
+        let message = format!(
+            "{left_pending} more pending calls left for a later round (at most {max} run and {max} get QUOTA_EXCEEDED per claim, max_calls_per_note)"
+        );
+        tracing::warn!(note = %self.vault.relative(path), "{message}");
+        let rel = self.vault.relative(path);
+        let _ = self
+            .blocking(move |j| j.record_problem(&rel, &message))
+            .await;
+    }
+
+    /// Starts every call that may run, each with its worker permit taken before its task is
+    /// spawned. Vault changes (`state_change`) of one note run one after another in call
+    /// order, so a note can create a note and then append to it.
+    async fn start_calls(
+        &self,
+        live: &Arc<Live>,
+        run: RunId,
+        path: &Path,
+        note_id: &str,
+        steps: &[(String, Step)],
+    ) -> Vec<Option<JoinHandle<CallResult>>> {
+        let mut handles = Vec::with_capacity(steps.len());
+        let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
+        for (_, step) in steps {
+            let Step::Run(call) = step else {
+                handles.push(None);
+                continue;
+            };
+            let (after, finished) = if call.effect() == Effect::StateChange {
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                (previous_change.replace(rx), Some(tx))
+            } else {
+                (None, None)
+            };
+            let permit = live.runner.permit().await;
+            let (live, call) = (live.clone(), call.clone());
+            let (note, note_id) = (self.vault.relative(path), note_id.to_string());
+            handles.push(Some(tokio::spawn(async move {
+                if let Some(previous) = after {
+                    // Resolves when the previous change finished (its sender dropped).
+                    let _ = previous.await;
+                }
+                let result = live
+                    .runner
+                    .run_call(run, &note, &note_id, &call, permit)
+                    .await;
+                drop(finished);
+                result
+            })));
+        }
+        handles
+    }
+
+    /// Collects the steps' results in call order; the results of calls that never ran are
+    /// journaled together, in one commit.
+    async fn gather(
+        &self,
+        run: RunId,
+        text: &str,
+        steps: Vec<(String, Step)>,
+        calls: Vec<Option<JoinHandle<CallResult>>>,
+        ident: &Identity,
+    ) -> Result<Outcome, DaemonError> {
+        let mut out = Outcome::default();
+        // Where in `out.results` the results planned from `text` now are (not run, not
+        // recorded before): journaled here, after their INVALID_JSON lines are placed.
+        let mut unrecorded: Vec<usize> = Vec::new();
+        for ((_, step), call) in steps.into_iter().zip(calls) {
+            match (step, call) {
+                (step, Some(h)) => match h.await {
+                    Ok(r) => match asked_a_person(&step, &r) {
+                        Some(mut held) => {
+                            held.reason = format!("{}\n{}", held.reason, self.how_to_decide());
+                            out.held.push(held);
+                            out.waiting = true;
+                        }
+                        None => out.results.push(r),
+                    },
+                    Err(e) => tracing::error!("call task failed: {e}"),
+                },
+                (Step::Fail(r) | Step::Denied(r), None) => {
+                    unrecorded.push(out.results.len());
+                    out.results.push(self.redact_result(r))
+                }
+                (Step::Recorded(r), None) => {
+                    if ident.stale.is_some() {
+                        out.foreign.insert(r.call_id.clone());
+                    }
+                    out.results.push(r)
+                }
+                (Step::Ask(mut h), None) => {
+                    h.reason = if h.question.is_some() {
+                        // As the run that asked wrote it (`asked_a_person`).
+                        format!("{}\n{}", h.reason, self.how_to_decide())
+                    } else {
+                        format!("{}. {}", h.reason, self.how_to_decide())
+                    };
+                    out.held.push(h);
+                    out.waiting = true;
+                }
+                (Step::Waiting(_), None) => out.waiting = true,
+                (Step::Run(_), None) => unreachable!("every Run step has a handle"),
+            }
+        }
+        if !unrecorded.is_empty() {
+            place_as_written(
+                text,
+                &ident.note_id,
+                self.runners.me.as_str(),
+                &mut out.results,
+                &unrecorded,
+                &out.held,
+            );
+            let unrecorded: Vec<CallResult> =
+                unrecorded.iter().map(|i| out.results[*i].clone()).collect();
+            let recorded = self
+                .blocking(move |j| j.calls_finished(run, &unrecorded))
+                .await;
+            // The journal's storage failing is not the note's failure (§9.12): the results
+            // are still written into the note, or planned again at its next claim.
+            if let Err(e) = recorded {
+                if !self.storage_paused() {
+                    return Err(e);
+                }
+                tracing::warn!("{e}");
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes the outcome into the note and moves it to its next state.
+    async fn write_and_move(
+        &self,
+        run: RunId,
+        path: &Path,
+        text: &str,
+        parsed: &ParsedNote,
+        ident: &Identity,
+        outcome: Outcome,
+    ) -> Result<(), DaemonError> {
+        let Outcome {
+            results,
+            held,
+            waiting,
+            foreign,
+        } = outcome;
+        // Results this run wrote before a crash count for Done or Failed (§8.5) as much as the
+        // ones written now: a kill between the write and the move must not turn Failed into Done.
+        let failed_before_crash = parsed
+            .results
+            .iter()
+            .any(|r| !r.ok && ident.this_run.contains(&r.call_id));
+        let next = next_state(waiting, failed_before_crash, &results);
+        let reason = outcome_reason(&results, &held, waiting);
+        let results = self.fit_results(path, text, &ident.note_id, results);
+        let newly_held: Vec<HeldSummary> = held
+            .iter()
+            .map(|h| HeldSummary {
+                call_id: h.call_id.clone(),
+                name: h.name.clone(),
+                reason: h.reason.clone(),
+            })
+            .collect();
+        match self
+            .write_back_and_finish(
+                run,
+                path,
+                &ident.note_id,
+                (results, held),
+                Ending {
+                    next,
+                    reason: &reason,
+                    foreign: &foreign,
+                },
+            )
+            .await?
+        {
+            Finished::Moved(finished) => {
+                if let Ok(dest) = &finished
+                    && !newly_held.is_empty()
+                {
+                    let note = self.vault.relative(dest);
+                    self.hold_alerts
+                        .note_held(
+                            &self.live().runner.registry,
+                            &note,
+                            &newly_held,
+                            &self.how_to_decide(),
+                        )
+                        .await;
+                }
+                if let Err(e) = finished {
+                    // A read-only destination, say: the results are in the note; the run stays
+                    // open and the move is retried at the next scan.
+                    let rel = self.vault.relative(path);
+                    let message = format!("{e}; retried at the next scan");
+                    let _ = self
+                        .blocking(move |j| j.record_problem(&rel, &message))
+                        .await;
+                    return Err(e);
+                }
+            }
+            Finished::Gone => self.abandon(run, path).await?,
+            // The note stays in In_Progress with its run open; the next periodic scan (or
+            // start-up) writes the recorded results from the journal and moves it on.
+            Finished::Failed => {}
+        }
+        Ok(())
+    }
+
+    pub(crate) fn redact_result(&self, mut r: CallResult) -> CallResult {
+        r.outcome = r.outcome.map_err(|e| self.live().runner.redact_error(e));
+        r
+    }
+}

@@ -1,0 +1,400 @@
+//! Write back and next state, done: the results and questions are appended to the note (one
+//! atomic write), the note is moved to Done, Failed, Pending_Approval or Rejected, and the
+//! run is closed in the journal. What is written and where the note goes are decided in
+//! [`crate::pipeline::next_state`].
+
+use crate::call::{CallResult, HeldCall};
+use crate::daemon::Daemon;
+use crate::daemon::DaemonError;
+use crate::journal::RunId;
+use crate::note::{self, parse_note};
+use crate::pipeline::plan;
+use crate::vault::State;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::pipeline::next_state::{Ending, WriteBack, append_results};
+
+/// How [`Daemon::write_back_and_finish`] went.
+#[derive(Debug)]
+pub(crate) enum Finished {
+    /// Written, then moved on and recorded: where the note is now, or why not.
+    Moved(Result<PathBuf, DaemonError>),
+    /// The note is no longer where the run left it.
+    Gone,
+    /// Not written: retried later.
+    Failed,
+}
+
+/// A run's results, to append to its note in the blocking pool.
+struct Appender {
+    /// The vault root: the note's folder is reached from it without a symlink (§9.13).
+    root: PathBuf,
+    path: PathBuf,
+    note_id: String,
+    results: Vec<CallResult>,
+    held: Vec<HeldCall>,
+    next: State,
+    runner: crate::synced::RunnerId,
+    now: SystemTime,
+    /// The note moves on right after: the rename's folder fsync is left to that move.
+    moves_on: bool,
+}
+
+impl Appender {
+    /// The results write; `Gone` when the note at the path carries another `tool_note`.
+    fn write(self) -> Result<String, note::WriteError> {
+        let other_note = std::cell::Cell::new(false);
+        let update = if self.moves_on {
+            note::update_note_then_move
+        } else {
+            note::update_note_beneath
+        };
+        let written = update(&self.root, &self.path, &|current: &str| {
+            let appended = append_results(
+                current,
+                &self.note_id,
+                &self.results,
+                &self.held,
+                self.next,
+                self.runner.as_str(),
+                self.now,
+            );
+            other_note.set(appended.is_none());
+            appended.unwrap_or_else(|| current.to_string())
+        });
+        if other_note.get() {
+            return Err(note::WriteError::Gone(self.path));
+        }
+        written
+    }
+}
+
+/// Where a finished note is, whether this trip moved it, and whether the journal took the record.
+struct Moved {
+    dest: PathBuf,
+    moved: bool,
+    recorded: Result<(), crate::journal::JournalError>,
+}
+
+/// The note's move to `next` (unless it is already there or gone) and its journal record: the
+/// written ids and the end of the run, in one commit. Blocking.
+fn move_and_record(
+    vault: &crate::vault::Vault,
+    journal: &crate::journal::Journal,
+    run: RunId,
+    p: PathBuf,
+    next: State,
+    written: &[String],
+) -> Result<Moved, DaemonError> {
+    let here = vault.locate(&p).map(|(s, _)| s);
+    let moves = here != Some(next) && p.exists();
+    let dest = if moves {
+        match vault.move_to(&p, next) {
+            Ok(dest) => dest,
+            Err(e) => {
+                if let Some(folder) = p.parent() {
+                    // The results write left this folder's fsync to the move (`write_back`).
+                    crate::vault::fsync_dir(folder);
+                }
+                return Err(DaemonError::from(e));
+            }
+        }
+    } else {
+        p
+    };
+    let ids: Vec<&str> = written.iter().map(String::as_str).collect();
+    let recorded = journal.written_and_moved(run, &ids, &vault.relative(&dest), true);
+    Ok(Moved {
+        dest,
+        moved: moves,
+        recorded,
+    })
+}
+
+impl Daemon {
+    /// docs/design.md §9.8: vaultd's additions never push a note past `max_note_bytes`. The biggest
+    /// results' data go, whole, to `Tool_Results/<note id>/<call id>.md` (the §10.6 shape)
+    /// until the note fits; the callout keeps a preview and a link.
+    pub(crate) fn fit_results(
+        &self,
+        path: &Path,
+        text: &str,
+        note_id: &str,
+        mut results: Vec<CallResult>,
+    ) -> Vec<CallResult> {
+        let limit = usize::try_from(self.live().config.max_note_bytes).unwrap_or(usize::MAX);
+        // Callout framing, meta and frontmatter: generously 1 KiB per result.
+        let size = |r: &CallResult| {
+            1024 + match &r.outcome {
+                Ok(out) => out.data.to_string().len() * 2 + out.summary.len(),
+                Err(e) => {
+                    e.message.len() * 2 + e.details.as_ref().map_or(0, |d| d.to_string().len() * 2)
+                }
+            }
+        };
+        let mut total = text.len() + results.iter().map(size).sum::<usize>();
+        if total <= limit {
+            return results;
+        }
+        let mut order: Vec<usize> = (0..results.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(size(&results[i])));
+        for i in order {
+            if total <= limit {
+                break;
+            }
+            let r = &mut results[i];
+            let before = size(r);
+            let Ok(out) = &mut r.outcome else { continue };
+            match self.results.save_whole(note_id, &r.call_id, &out.data) {
+                Ok(stand_in) => out.data = stand_in,
+                Err(e) => {
+                    tracing::error!(note = %self.vault.relative(path), "{e}");
+                    continue;
+                }
+            }
+            total = total - before + size(r);
+        }
+        results
+    }
+
+    /// The last sentence of a `[!question]`: how a person decides, in this vault's mode.
+    pub(crate) fn how_to_decide(&self) -> String {
+        if self.approval_via_cli() {
+            "To send it, run `vaultd approve NOTE` with this note's path; to refuse, `vaultd reject NOTE`. Moving the note does not approve it.".to_string()
+        } else {
+            format!(
+                "To send it, move this note to `{}/`; to refuse, move it to `{}/`.",
+                self.vault.folder_name(State::Approved),
+                self.vault.folder_name(State::Rejected)
+            )
+        }
+    }
+
+    /// The note left In_Progress during its run (a person deleted or moved it): the run is
+    /// closed as abandoned and nothing is recreated.
+    pub(crate) async fn abandon(&self, run: RunId, path: &Path) -> Result<(), DaemonError> {
+        let rel = self.vault.relative(path);
+        tracing::warn!(
+            note = %rel,
+            "note was deleted or moved out of In_Progress while its calls ran; their results are in the journal (vaultd log), not in a note"
+        );
+        self.blocking(move |j| {
+            j.abandon_run(
+                run,
+                "note deleted or moved out of In_Progress during its run; results not written",
+            )
+        })
+        .await
+    }
+
+    /// Appends the results and notices into the note (atomically, keeping any edit made
+    /// meanwhile). Returns the ids written, for `finish_run` to record.
+    /// A note at `path` that carries another `tool_note` than `note_id` is another note (this
+    /// one was moved away and another claimed to the same path): nothing is written, `Gone`.
+    pub(crate) async fn write_back(
+        &self,
+        path: &Path,
+        note_id: &str,
+        results: Vec<CallResult>,
+        held: Vec<HeldCall>,
+        next: State,
+    ) -> Result<WriteBack, DaemonError> {
+        let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
+        let append = self.appender(path, note_id, results, held, next);
+        let written = tokio::task::spawn_blocking(move || append.write())
+            .await
+            .expect("write task does not panic");
+        self.written(path, ids, written).await
+    }
+
+    /// [`write_back`](Self::write_back), then [`finish_run`](Self::finish_run) once the results
+    /// are in, in one trip to the blocking pool (the note's last two steps, for every run).
+    /// `Finished` carries what `finish_run` returned.
+    pub(crate) async fn write_back_and_finish(
+        &self,
+        run: RunId,
+        path: &Path,
+        note_id: &str,
+        (results, held): (Vec<CallResult>, Vec<HeldCall>),
+        ending: Ending<'_>,
+    ) -> Result<Finished, DaemonError> {
+        let Ending {
+            next,
+            reason,
+            foreign,
+        } = ending;
+        let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
+        let recorded_ids: Vec<String> = ids
+            .iter()
+            .filter(|id| !foreign.contains(*id))
+            .cloned()
+            .collect();
+        let append = self.appender(path, note_id, results, held, next);
+        let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
+        let (written, moved) = tokio::task::spawn_blocking(move || {
+            let written = append.write();
+            let moved = written
+                .is_ok()
+                .then(|| move_and_record(&vault, &journal, run, p, next, &recorded_ids));
+            (written, moved)
+        })
+        .await
+        .expect("write task does not panic");
+        match self.written(path, ids, written).await? {
+            WriteBack::Written(_) => {
+                let moved = moved.expect("a written note was moved on");
+                Ok(Finished::Moved(self.after_move(moved, next, reason)))
+            }
+            WriteBack::Gone => Ok(Finished::Gone),
+            WriteBack::Failed => Ok(Finished::Failed),
+        }
+    }
+
+    /// What appends this run's results to the note at `path`, ready to run off the workers.
+    fn appender(
+        &self,
+        path: &Path,
+        note_id: &str,
+        results: Vec<CallResult>,
+        held: Vec<HeldCall>,
+        next: State,
+    ) -> Appender {
+        Appender {
+            root: self.vault.root().to_path_buf(),
+            path: path.to_path_buf(),
+            note_id: note_id.to_string(),
+            results,
+            held,
+            next,
+            runner: self.runners.me.clone(),
+            now: SystemTime::now(),
+            // Moved on right after (`finish_run`): that move's folder fsyncs cover this rename.
+            moves_on: self
+                .vault
+                .locate(path)
+                .is_some_and(|(here, _)| here != next),
+        }
+    }
+
+    /// The results write's outcome as a [`WriteBack`]; a failure is logged and recorded.
+    async fn written(
+        &self,
+        path: &Path,
+        ids: Vec<String>,
+        written: Result<String, note::WriteError>,
+    ) -> Result<WriteBack, DaemonError> {
+        match written {
+            // Recorded with the move that follows (`finish_run`), in one journal commit.
+            Ok(_) => {
+                self.runners.wrote(path);
+                Ok(WriteBack::Written(ids))
+            }
+            Err(note::WriteError::Gone(_)) => Ok(WriteBack::Gone),
+            Err(e) => {
+                if e.is_symlink_refusal() {
+                    // §9.13: claiming pauses (logged once) until the folder is real again.
+                    self.pause_if_symlinked(&crate::vault::VaultError::SymlinkedFolder {
+                        path: path.parent().unwrap_or(path).to_path_buf(),
+                        why: "was swapped for a symlink while vaultd ran".into(),
+                    });
+                }
+                let rel = self.vault.relative(path);
+                let message = format!(
+                    "results not written yet ({e}); the note stays in {}/ and is retried at the next scan",
+                    self.vault.folder_name(State::InProgress)
+                );
+                tracing::error!(note = %rel, "{message}");
+                let _ = self
+                    .blocking(move |j| j.record_problem(&rel, &message))
+                    .await;
+                Ok(WriteBack::Failed)
+            }
+        }
+    }
+
+    /// Moves the note to `next` (unless it is already there) and closes the run.
+    pub(crate) async fn finish_run(
+        &self,
+        run: RunId,
+        path: &Path,
+        next: State,
+        written: Vec<String>,
+        reason: &str,
+    ) -> Result<PathBuf, DaemonError> {
+        let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
+        // The move and its journal record in one trip to the blocking pool.
+        let moved = tokio::task::spawn_blocking(move || {
+            move_and_record(&vault, &journal, run, p, next, &written)
+        })
+        .await
+        .expect("move task does not panic");
+        self.after_move(moved, next, reason)
+    }
+
+    /// The log line of a finished note, with its outcome and why; the move's or the record's
+    /// error, if any.
+    fn after_move(
+        &self,
+        moved: Result<Moved, DaemonError>,
+        next: State,
+        reason: &str,
+    ) -> Result<PathBuf, DaemonError> {
+        let Moved {
+            dest,
+            moved,
+            recorded,
+        } = moved?;
+        if moved {
+            self.runners.wrote(&dest);
+        }
+        let rel = self.vault.relative(&dest);
+        // One line per finished note, with its outcome and why, so the log alone tells what
+        // became of each note; a held note's line says what to do next (§13).
+        match next {
+            State::Failed => {
+                tracing::warn!(note = %rel, state = next.as_str(), "note failed: {reason}")
+            }
+            State::PendingApproval => {
+                // Every refusal says what to do next (§13); a held call's reason already does.
+                let how = self.how_to_decide();
+                let why = if reason.contains(&how) {
+                    reason.to_string()
+                } else {
+                    format!("{reason}. {how}")
+                };
+                tracing::warn!(note = %rel, state = next.as_str(), "note held for approval: {why}")
+            }
+            _ => tracing::info!(note = %rel, state = next.as_str(), "note processed: {reason}"),
+        }
+        recorded?;
+        Ok(dest)
+    }
+
+    /// A note moved into Rejected: its held calls get REJECTED results; it stays there.
+    pub(crate) async fn reject_held(self: &Arc<Self>, path: &Path) -> Result<(), DaemonError> {
+        let Some(text) = self.read_note(path) else {
+            return Ok(());
+        };
+        let parsed = parse_note(&text);
+        let rejected = plan::rejections(&parsed);
+        if rejected.is_empty() {
+            return Ok(());
+        }
+        let note = self.vault.relative(path);
+        let run = self.blocking(move |j| j.begin_run(&note)).await?;
+        if let WriteBack::Written(ids) = self
+            .write_back(path, "", rejected, Vec::new(), State::Rejected)
+            .await?
+        {
+            let reason = format!("{} held call(s) rejected", ids.len());
+            self.finish_run(run, path, State::Rejected, ids, &reason)
+                .await?;
+        } else {
+            let reason = "results not written into the rejected note";
+            self.blocking(move |j| j.abandon_run(run, reason)).await?;
+        }
+        Ok(())
+    }
+}
