@@ -419,14 +419,7 @@ fn parse_duration(
     default: Duration,
     path: &Path,
 ) -> Result<Duration, ConfigError> {
-    match value {
-        None => Ok(default),
-        Some(s) => humantime::parse_duration(s).map_err(|e| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            key: key.into(),
-            message: format!("`{s}` is not a duration like \"30s\" or \"5m\": {e}"),
-        }),
-    }
+    table::duration(value.as_deref(), key, default, path)
 }
 
 /// Validates a raw config into a `Config`. `source` names the file in errors.

@@ -168,15 +168,12 @@ pub fn config_from_raw(
             "must be at least 1".into(),
         ));
     }
-    let open_for = match &breaker.open_for {
-        None => d.breaker.open_for,
-        Some(s) => humantime::parse_duration(s).map_err(|e| {
-            invalid(
-                "circuit_breaker.open_for",
-                format!("`{s}` is not a duration like \"60s\": {e}"),
-            )
-        })?,
-    };
+    let open_for = crate::config::table::duration(
+        breaker.open_for.as_deref(),
+        "circuit_breaker.open_for",
+        d.breaker.open_for,
+        path,
+    )?;
     Ok(GuardConfig {
         note_budget,
         on_hold,

@@ -16,6 +16,19 @@ use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, Error as TlsError, SignatureScheme};
 
+/// Whether a URL's host (`localhost`, `127.0.0.1`, `[::1]`: brackets or not) is this machine:
+/// the one place plain `http://` (no TLS) is allowed to carry a credential (docs/design.md §8.12).
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
 /// The client: one connection pool for every tool. Building it reads no certificate.
 pub fn client() -> Result<reqwest::Client, reqwest::Error> {
     client_with(Arc::new(PlatformRoots::new(Vec::new())))
@@ -204,5 +217,31 @@ mod tests {
         let err = get(&client, port).expect_err("an unknown issuer must be refused");
         assert!(err.contains("UnknownIssuer"), "{err}");
         assert!(roots.loaded());
+    }
+}
+
+#[cfg(test)]
+mod loopback_tests {
+    #[test]
+    fn loopback_hosts_bare_or_bracketed() {
+        for host in [
+            "localhost",
+            "LOCALHOST",
+            "127.0.0.1",
+            "127.9.9.9",
+            "::1",
+            "[::1]",
+        ] {
+            assert!(super::is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "example.com",
+            "10.0.0.1",
+            "[::2]",
+            "localhost.example.com",
+            "",
+        ] {
+            assert!(!super::is_loopback_host(host), "{host}");
+        }
     }
 }

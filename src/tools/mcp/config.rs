@@ -548,13 +548,7 @@ fn check_url(url: &str) -> Result<(), String> {
     match parsed.scheme() {
         "https" => Ok(()),
         "http" => {
-            let host = parsed.host_str().unwrap_or("");
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let loopback = host.eq_ignore_ascii_case("localhost")
-                || host
-                    .parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback());
-            if loopback {
+            if crate::tools::http::is_loopback_host(parsed.host_str().unwrap_or("")) {
                 Ok(())
             } else {
                 Err("plain http:// is allowed only to a loopback address; use https://".into())

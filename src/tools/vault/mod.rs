@@ -111,14 +111,8 @@ impl VaultToolsConfig {
             key: key.to_string(),
             message,
         };
-        let duration = |v: &Option<String>, key: &str, default: Duration| match v {
-            None => Ok(default),
-            Some(s) => humantime::parse_duration(s).map_err(|e| {
-                invalid(
-                    key,
-                    format!("`{s}` is not a duration like \"30s\" or \"30d\": {e}"),
-                )
-            }),
+        let duration = |v: &Option<String>, key: &str, default: Duration| {
+            crate::config::table::duration(v.as_deref(), key, default, path)
         };
         let read = raw.read.unwrap_or_else(|| vec!["**".to_string()]);
         let write = raw.write.unwrap_or_default();

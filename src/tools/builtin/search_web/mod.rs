@@ -288,14 +288,8 @@ fn parse_default(url: &str) -> Url {
 }
 
 fn is_loopback(url: &Url) -> bool {
-    let Some(host) = url.host_str() else {
-        return false;
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    url.host_str()
+        .is_some_and(crate::tools::http::is_loopback_host)
 }
 
 /// Markup-free text of an HTML fragment: tags removed (`<br>`, `<p>` and `<div>` become a

@@ -83,7 +83,7 @@ fn plan_smtp(url: &str, starttls: StartTls, has_credentials: bool) -> Result<Smt
     let (security, default_port) = match (parsed.scheme(), starttls) {
         ("smtps", _) => (Security::Implicit, SMTPS_PORT),
         ("smtp", StartTls::Required) => (Security::StartTlsRequired, SUBMISSION_PORT),
-        ("smtp", StartTls::Opportunistic) if has_credentials && !is_loopback(&host) => {
+        ("smtp", StartTls::Opportunistic) if has_credentials && !crate::tools::http::is_loopback_host(&host) => {
             (Security::StartTlsRequired, SUBMISSION_PORT)
         }
         ("smtp", StartTls::Opportunistic) => (Security::StartTlsOpportunistic, SUBMISSION_PORT),
@@ -94,23 +94,6 @@ fn plan_smtp(url: &str, starttls: StartTls, has_credentials: bool) -> Result<Smt
         port: parsed.port().unwrap_or(default_port),
         security,
     })
-}
-
-/// 127.0.0.0/8, ::1 and `localhost`; IPv6 hosts bare or bracketed.
-pub(super) fn is_loopback_host(host: &str) -> bool {
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    is_loopback(host)
-}
-
-/// 127.0.0.0/8, ::1 and `localhost`.
-fn is_loopback(host: &str) -> bool {
-    match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.is_loopback(),
-        Err(_) => host.eq_ignore_ascii_case("localhost"),
-    }
 }
 
 impl Email {

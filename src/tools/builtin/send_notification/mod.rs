@@ -384,7 +384,7 @@ impl Webhooks {
             }
             // The URL is the credential: it never crosses an unencrypted connection to
             // another machine (docs/design.md §8.12).
-            if url.scheme() == "http" && !url.host_str().is_some_and(email::is_loopback_host) {
+            if url.scheme() == "http" && !url.host_str().is_some_and(crate::tools::http::is_loopback_host) {
                 return Err(setup(
                     "must be an https:// URL (plain http:// is allowed only to a loopback address)"
                         .to_string(),
