@@ -14,6 +14,14 @@ use std::time::Duration;
 // ---------------------------------------------------------------------------------------------
 // Raw: exactly the file's shape.
 
+/// `watch = "events" | "poll"`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawWatch {
+    Events,
+    Poll,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
@@ -22,23 +30,32 @@ pub struct RawConfig {
     pub workers: Option<usize>,
     pub max_calls_per_note: Option<usize>,
     pub max_note_bytes: Option<u64>,
-    pub shutdown_grace: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub shutdown_grace: Option<Duration>,
     /// "events" (inotify, default) or "poll".
-    pub watch: Option<String>,
-    pub poll_interval: Option<String>,
-    pub rescan_interval: Option<String>,
+    pub watch: Option<RawWatch>,
+    #[serde(default, with = "humantime_serde")]
+    pub poll_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub rescan_interval: Option<Duration>,
     /// docs/design.md §9.1: quiet time after a note written in place before it is read.
-    pub settle: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub settle: Option<Duration>,
     /// How long a note that arrived by rename waits before it is claimed (`mv` of several).
-    pub moved_in_grace: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub moved_in_grace: Option<Duration>,
     /// docs/design.md §9.1: how long a note whose last call block is unfinished is waited for.
-    pub settle_max: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub settle_max: Option<Duration>,
     /// docs/design.md §9.6: a copy of a claimed note within this is that note.
-    pub stale_copy_grace: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub stale_copy_grace: Option<Duration>,
     /// docs/design.md §9.6: up to this, a copy's started side effects are held.
-    pub stale_copy_window: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub stale_copy_window: Option<Duration>,
     /// docs/design.md §9.9: another runner's notes this recent stop start-up.
-    pub runner_window: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub runner_window: Option<Duration>,
     /// Who may approve held calls, for every tool (docs/design.md §4).
     pub approval_via: Option<ApprovalVia>,
     #[serde(default)]
@@ -413,15 +430,6 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, before[line_start..].chars().count() + 1)
 }
 
-fn parse_duration(
-    value: &Option<String>,
-    key: &str,
-    default: Duration,
-    path: &Path,
-) -> Result<Duration, ConfigError> {
-    table::duration(value.as_deref(), key, default, path)
-}
-
 /// Validates a raw config into a `Config`. `source` names the file in errors.
 pub fn from_raw(
     mut raw: RawConfig,
@@ -513,66 +521,22 @@ pub fn from_raw(
     if max_note_bytes == 0 {
         return Err(invalid("max_note_bytes", "must be at least 1".into()));
     }
-    let shutdown_grace = parse_duration(
-        &raw.shutdown_grace,
-        "shutdown_grace",
-        Duration::from_secs(10),
-        &path,
-    )?;
-    let poll_interval = parse_duration(
-        &raw.poll_interval,
-        "poll_interval",
-        Duration::from_secs(2),
-        &path,
-    )?;
-    let watch = match raw.watch.as_deref() {
-        None | Some("events") => WatchMode::Events,
-        Some("poll") => WatchMode::Poll(poll_interval),
-        Some(other) => {
-            return Err(invalid(
-                "watch",
-                format!("`{other}` is not one of \"events\", \"poll\""),
-            ));
-        }
+    let shutdown_grace = raw.shutdown_grace.unwrap_or(Duration::from_secs(10));
+    let poll_interval = raw.poll_interval.unwrap_or(Duration::from_secs(2));
+    let watch = match raw.watch {
+        None | Some(RawWatch::Events) => WatchMode::Events,
+        Some(RawWatch::Poll) => WatchMode::Poll(poll_interval),
     };
-    let rescan_interval = parse_duration(
-        &raw.rescan_interval,
-        "rescan_interval",
-        Duration::from_secs(300),
-        &path,
-    )?;
+    let rescan_interval = raw.rescan_interval.unwrap_or(Duration::from_secs(300));
 
-    let settle = parse_duration(&raw.settle, "settle", Duration::from_secs(2), &path)?;
-    let moved_in_grace = parse_duration(
-        &raw.moved_in_grace,
-        "moved_in_grace",
-        Duration::from_millis(100),
-        &path,
-    )?;
-    let settle_max = parse_duration(
-        &raw.settle_max,
-        "settle_max",
-        Duration::from_secs(60),
-        &path,
-    )?;
-    let stale_copy_grace = parse_duration(
-        &raw.stale_copy_grace,
-        "stale_copy_grace",
-        Duration::from_secs(600),
-        &path,
-    )?;
-    let stale_copy_window = parse_duration(
-        &raw.stale_copy_window,
-        "stale_copy_window",
-        Duration::from_secs(7 * 86_400),
-        &path,
-    )?;
-    let runner_window = parse_duration(
-        &raw.runner_window,
-        "runner_window",
-        Duration::from_secs(86_400),
-        &path,
-    )?;
+    let settle = raw.settle.unwrap_or(Duration::from_secs(2));
+    let moved_in_grace = raw.moved_in_grace.unwrap_or(Duration::from_millis(100));
+    let settle_max = raw.settle_max.unwrap_or(Duration::from_secs(60));
+    let stale_copy_grace = raw.stale_copy_grace.unwrap_or(Duration::from_secs(600));
+    let stale_copy_window = raw
+        .stale_copy_window
+        .unwrap_or(Duration::from_secs(7 * 86_400));
+    let runner_window = raw.runner_window.unwrap_or(Duration::from_secs(86_400));
 
     // `approve_tool_use` is a built-in tool, but its rules are the gateway's: written in
     // `[gateway.permissions]` only.

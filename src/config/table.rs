@@ -108,25 +108,6 @@ impl ApprovalVia {
     }
 }
 
-/// A duration a person wrote (`"30s"`, `"5m"`, `"30d"`), or `default` when absent; a bad one is
-/// an error naming the file and the key. The one duration reader of every table written as
-/// text.
-pub fn duration(
-    value: Option<&str>,
-    key: &str,
-    default: std::time::Duration,
-    path: &Path,
-) -> Result<std::time::Duration, ConfigError> {
-    match value {
-        None => Ok(default),
-        Some(s) => humantime::parse_duration(s).map_err(|e| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            key: key.into(),
-            message: format!("`{s}` is not a duration like \"30s\", \"5m\" or \"30d\": {e}"),
-        }),
-    }
-}
-
 /// What a tool source needs to validate its table: the file (named in messages), the folder
 /// relative paths are resolved against, the state dir, and whether to read secrets.
 pub struct TableContext<'a> {

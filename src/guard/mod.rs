@@ -46,7 +46,8 @@ pub struct RawCircuitBreaker {
     /// Consecutive retryable failures that open a circuit (default 5).
     pub failures: Option<u32>,
     /// How long an open circuit fails calls at once (default "60s").
-    pub open_for: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub open_for: Option<Duration>,
 }
 
 /// The validated guardrail settings.
@@ -168,12 +169,7 @@ pub fn config_from_raw(
             "must be at least 1".into(),
         ));
     }
-    let open_for = crate::config::table::duration(
-        breaker.open_for.as_deref(),
-        "circuit_breaker.open_for",
-        d.breaker.open_for,
-        path,
-    )?;
+    let open_for = breaker.open_for.unwrap_or(d.breaker.open_for);
     Ok(GuardConfig {
         note_budget,
         on_hold,

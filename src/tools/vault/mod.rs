@@ -51,7 +51,8 @@ pub struct RawVault {
     pub enabled: Option<bool>,
     pub read: Option<Vec<String>>,
     pub write: Option<Vec<String>>,
-    pub undo_keep: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub undo_keep: Option<Duration>,
 }
 
 /// `[tools.vault_search]`, `[tools.vault_delete]`, …: one tool's policy.
@@ -60,8 +61,9 @@ pub struct RawVault {
 pub struct RawVaultTool {
     pub enabled: Option<bool>,
     /// `never` | `always`.
-    pub approval: Option<String>,
-    pub timeout: Option<String>,
+    pub approval: Option<ApprovalRule>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
     pub rate_limit: Option<RawRateLimit>,
 }
 
@@ -111,9 +113,6 @@ impl VaultToolsConfig {
             key: key.to_string(),
             message,
         };
-        let duration = |v: &Option<String>, key: &str, default: Duration| {
-            crate::config::table::duration(v.as_deref(), key, default, path)
-        };
         let read = raw.read.unwrap_or_else(|| vec!["**".to_string()]);
         let write = raw.write.unwrap_or_default();
         let reserved: Vec<String> = [
@@ -136,24 +135,16 @@ impl VaultToolsConfig {
         let enabled = raw.enabled.unwrap_or(true);
         let mut tools = BTreeMap::new();
         for (name, t) in per_tool {
-            let key = |k: &str| format!("tools.{name}.{k}");
-            let approval = match t.approval.as_deref() {
+            let approval = match t.approval {
                 None if name == "vault_delete" => ApprovalRule::Always,
                 None => ApprovalRule::default_for(Effect::StateChange),
-                Some("never") => ApprovalRule::Never,
-                Some("always") => ApprovalRule::Always,
-                Some(other) => {
-                    return Err(invalid(
-                        &key("approval"),
-                        format!("`{other}` is not one of never, always"),
-                    ));
-                }
+                Some(rule) => rule,
             };
             tools.insert(
                 name.to_string(),
                 Policy {
                     enabled: enabled && t.enabled.unwrap_or(true),
-                    timeout: duration(&t.timeout, &key("timeout"), Duration::from_secs(30))?,
+                    timeout: t.timeout.unwrap_or(Duration::from_secs(30)),
                     rate_limit: t.rate_limit.map_or(RateLimit::default(), |r| RateLimit {
                         per_hour: r.per_hour,
                         per_day: r.per_day,
@@ -168,11 +159,7 @@ impl VaultToolsConfig {
             reserved,
             read,
             write,
-            undo_keep: duration(
-                &raw.undo_keep,
-                "tools.vault.undo_keep",
-                Duration::from_secs(30 * 86_400),
-            )?,
+            undo_keep: raw.undo_keep.unwrap_or(Duration::from_secs(30 * 86_400)),
             tools,
         })
     }
