@@ -90,13 +90,15 @@ impl Runner {
     }
 
     /// Runs one validated call of `run` under `permit` and returns its result (never an
-    /// `Err`: failures are results).
+    /// `Err`: failures are results). `spend`: the parameters hash of the approval the call
+    /// runs on, spent with its start record (or with its refusal when a circuit is open).
     pub async fn run_call(
         &self,
         run: RunId,
         note: &str,
         note_id: &str,
         call: &ValidCall,
+        spend: Option<&str>,
         permit: OwnedSemaphorePermit,
     ) -> CallResult {
         let (tool, call_id, name, parameters) = (
@@ -113,13 +115,23 @@ impl Runner {
             Ok(gate) => gate,
             Err(e) => {
                 drop(permit);
+                if let Some(hash) = spend {
+                    let (journal, id, hash) =
+                        (self.journal.clone(), call_id.to_string(), hash.to_string());
+                    let spent =
+                        tokio::task::spawn_blocking(move || journal.consume_approval(&id, &hash))
+                            .await;
+                    if let Ok(Err(e)) = spent {
+                        tracing::error!(call_id, "journal could not spend the approval: {e}");
+                    }
+                }
                 return self
                     .record(run, CallResult::failed_now(call_id, name, e))
                     .await;
             }
         };
 
-        let started = self.record_start(run, call).await;
+        let started = self.record_start(run, call, spend).await;
         if gate == Gate::Trial && started.is_err() {
             self.breakers.release_trial(&circuit);
         }
@@ -171,13 +183,18 @@ impl Runner {
     /// The rate limit check and the durable start, in one journal transaction, so two calls
     /// cannot both take the last slot and a crash after it never runs the call twice. `Err`:
     /// not started, with the call's result (a RATE_LIMITED one recorded).
-    async fn record_start(&self, run: RunId, call: &ValidCall) -> Result<(), CallResult> {
+    async fn record_start(
+        &self,
+        run: RunId,
+        call: &ValidCall,
+        spend: Option<&str>,
+    ) -> Result<(), CallResult> {
         let (call_id, name) = (call.call_id.as_str(), call.name());
         let limits = rate_windows(call.tool.policy.rate_limit);
         let redacted = self.redact_value(Value::Object(call.parameters.clone()));
         let admitted = self
             .journal
-            .call_started_within_async(run, call_id, name, call.effect(), &redacted, &limits)
+            .call_started_within_async(run, call_id, name, call.effect(), &redacted, &limits, spend)
             .await;
         let error = match admitted {
             Ok(StartAdmission::Started) => return Ok(()),

@@ -3,7 +3,7 @@
 
 use super::Daemon;
 use crate::daemon::intake::stamp;
-use crate::daemon::{DaemonError, Identity, Pass, StaleCopy};
+use crate::daemon::{DaemonError, Identity, NoteRun, Pass, StaleCopy};
 use crate::journal::{Claim, JournalCall, RunId};
 use crate::note::{self, ParsedNote, parse_note};
 use crate::vault::{FileKey, LeftBehind, LinkError, State, VaultError};
@@ -230,8 +230,14 @@ impl Daemon {
             }
         };
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
-        self.execute(run, claimed, pass, std::mem::take(ident), Some(read))
-            .await
+        let run = NoteRun {
+            run,
+            path: claimed.to_path_buf(),
+            pass,
+            ident: std::mem::take(ident),
+            live: self.live(),
+        };
+        self.execute(run, Some(read)).await
     }
 
     /// Undoes a claim the journal could not record (§9.12). A link claim's first name still

@@ -7,15 +7,13 @@
 use crate::call::CallResult;
 use crate::daemon::claim::{Claimed, Stamp};
 use crate::daemon::intake::stamp;
-use crate::daemon::reload::Live;
 use crate::daemon::write_back::Finished;
-use crate::daemon::{Daemon, DaemonError, Identity, Pass};
+use crate::daemon::{Daemon, DaemonError, NoteRun, Pass};
 use crate::guard::budget;
 use crate::guard::hold_alert::HeldSummary;
-use crate::journal::RunId;
-use crate::note::{self, ParsedNote, parse_note};
+use crate::note::{ParsedNote, parse_note};
 use crate::pipeline::next_state::{Ending, next_state, outcome_reason, place_as_written};
-use crate::pipeline::plan::{self, Facts, Plan, Step};
+use crate::pipeline::plan::{self, Facts, Step};
 use crate::tools::Effect;
 use crate::vault::State;
 use std::collections::{HashMap, HashSet};
@@ -29,25 +27,26 @@ impl Daemon {
     /// Runs the pending calls of a claimed note, writes the results, moves the note on.
     pub(crate) async fn execute(
         self: &Arc<Self>,
-        run: RunId,
-        path: &Path,
-        pass: Pass,
-        mut ident: Identity,
+        mut note: NoteRun,
         read: Option<Claimed>,
     ) -> Result<(), DaemonError> {
-        // The config and tools this run keeps to its end, whatever a reload does meanwhile.
-        let live = self.live();
-        let Some(mut text) = self.read_claimed(run, path, read).await? else {
+        let Some(mut text) = self.read_claimed(&note, read).await? else {
             return Ok(());
         };
+        let (live, pass) = (note.live.clone(), note.pass);
         let mut parsed = parse_note(&text);
-        let mut facts = self.facts_for(&parsed, pass, &mut ident).await?;
+        let mut facts = self.facts_for(&parsed, &mut note).await?;
         facts.journal_lost = self.journal_lost(&text, &facts)?;
         let rules = rules(&live.config, pass);
         let mut plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
-        let id_on_note = note::frontmatter_property(&text, "tool_note");
-        if stamp_at_claim(&plan, pass, &facts) || id_on_note.is_some_and(|id| id != ident.note_id) {
-            match self.write_identity(run, path, &ident.note_id).await? {
+        let id_on_note = crate::note::frontmatter_property(&text, "tool_note");
+        if stamp_at_claim(&plan, pass, &facts)
+            || id_on_note.is_some_and(|id| id != note.ident.note_id)
+        {
+            match self
+                .write_identity(note.run, &note.path, &note.ident.note_id)
+                .await?
+            {
                 Stamp::Gone => return Ok(()),
                 Stamp::NotYet => {}
                 Stamp::Written(stamped) => {
@@ -59,19 +58,29 @@ impl Daemon {
                 }
             }
         }
-        self.spend_decisions(&plan).await?;
-        self.report_left_pending(path, plan.left_pending, rules.max_calls)
+        // A call that runs spends its decision with its start record, in one transaction
+        // (docs/design.md §4); the others' decisions are spent here, before their results.
+        let runs: HashSet<&str> = plan
+            .steps
+            .iter()
+            .filter(|(_, step)| matches!(step, Step::Run(_)))
+            .map(|(call_id, _)| call_id.as_str())
+            .collect();
+        let (with_start, alone): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.spend)
+            .into_iter()
+            .partition(|(call_id, _)| runs.contains(call_id.as_str()));
+        let with_start: HashMap<String, String> = with_start.into_iter().collect();
+        self.spend_decisions(alone).await?;
+        self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
-        let calls = self
-            .start_calls(&live, run, path, &ident.note_id, &plan.steps)
-            .await;
+        let calls = self.start_calls(&note, &plan.steps, &with_start).await;
         let ran: HashSet<String> = plan
             .steps
             .iter()
             .filter(|(_, step)| matches!(step, Step::Run(_)))
             .map(|(call_id, _)| call_id.clone())
             .collect();
-        let outcome = self.gather(run, &text, plan.steps, calls, &ident).await?;
+        let outcome = self.gather(&note, &text, plan.steps, calls).await?;
         if outcome
             .results
             .iter()
@@ -79,26 +88,31 @@ impl Daemon {
         {
             // The journal's storage failed, not the note (docs/design.md §9.12).
             return self
-                .wait_for_storage(run, path, &ident.note_id, &ran, outcome.results)
+                .wait_for_storage(
+                    note.run,
+                    &note.path,
+                    &note.ident.note_id,
+                    &ran,
+                    outcome.results,
+                )
                 .await;
         }
-        self.write_and_move(run, path, &text, &parsed, &ident, outcome)
-            .await
+        self.write_and_move(&note, &text, &parsed, outcome).await
     }
 
     /// The claimed note's text, read once its writer is done; None when there is nothing to
     /// run (gone, not UTF-8 any more, unreadable for now).
     async fn read_claimed(
         &self,
-        run: RunId,
-        path: &Path,
+        note: &NoteRun,
         read: Option<Claimed>,
     ) -> Result<Option<String>, DaemonError> {
+        let (run, path) = (note.run, note.path.as_path());
         let read = match read {
             Some(read) => read,
             None => {
                 let path = path.to_path_buf();
-                tokio::task::spawn_blocking(move || note::read_settled(&path))
+                tokio::task::spawn_blocking(move || crate::note::read_settled(&path))
                     .await
                     .expect("read task does not panic")
             }
@@ -129,7 +143,7 @@ impl Daemon {
                     Ok(None)
                 }
             },
-            Err(note::WriteError::Gone(_)) => {
+            Err(crate::note::WriteError::Gone(_)) => {
                 self.abandon(run, path).await?;
                 Ok(None)
             }
@@ -146,9 +160,9 @@ impl Daemon {
     async fn facts_for(
         &self,
         parsed: &ParsedNote,
-        pass: Pass,
-        ident: &mut Identity,
+        note: &mut NoteRun,
     ) -> Result<Facts, DaemonError> {
+        let (pass, ident) = (note.pass, &mut note.ident);
         let decisions = if self.approval_via_cli() {
             let questions = Facts::questions(parsed);
             self.read_journal(|j| {
@@ -177,8 +191,8 @@ impl Daemon {
 
     /// Consumes the decisions the plan acts on, so each counts once (with `approval_via =
     /// "folder"` a `vaultd approve` record, if any, is spent with the move that decided).
-    async fn spend_decisions(&self, plan: &Plan) -> Result<(), DaemonError> {
-        for (call_id, hash) in plan.spend.clone() {
+    async fn spend_decisions(&self, spend: Vec<(String, String)>) -> Result<(), DaemonError> {
+        for (call_id, hash) in spend {
             self.blocking(move |j| j.consume_approval(&call_id, &hash))
                 .await?;
         }
@@ -204,12 +218,11 @@ impl Daemon {
     /// order, so a note can create a note and then append to it.
     async fn start_calls(
         &self,
-        live: &Arc<Live>,
-        run: RunId,
-        path: &Path,
-        note_id: &str,
+        run_of: &NoteRun,
         steps: &[(String, Step)],
+        spend: &HashMap<String, String>,
     ) -> Vec<Option<JoinHandle<CallResult>>> {
+        let (live, run) = (&run_of.live, run_of.run);
         let mut handles = Vec::with_capacity(steps.len());
         let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
         for (_, step) in steps {
@@ -225,7 +238,9 @@ impl Daemon {
             };
             let permit = live.runner.permit().await;
             let (live, call) = (live.clone(), call.clone());
-            let (note, note_id) = (self.vault.relative(path), note_id.to_string());
+            let note = self.vault.relative(&run_of.path);
+            let note_id = run_of.ident.note_id.clone();
+            let spend = spend.get(&call.call_id).cloned();
             handles.push(Some(tokio::spawn(async move {
                 if let Some(previous) = after {
                     // Resolves when the previous change finished (its sender dropped).
@@ -233,7 +248,7 @@ impl Daemon {
                 }
                 let result = live
                     .runner
-                    .run_call(run, &note, &note_id, &call, permit)
+                    .run_call(run, &note, &note_id, &call, spend.as_deref(), permit)
                     .await;
                 drop(finished);
                 result
@@ -246,12 +261,12 @@ impl Daemon {
     /// journaled together, in one commit.
     async fn gather(
         &self,
-        run: RunId,
+        note: &NoteRun,
         text: &str,
         steps: Vec<(String, Step)>,
         calls: Vec<Option<JoinHandle<CallResult>>>,
-        ident: &Identity,
     ) -> Result<Outcome, DaemonError> {
+        let (run, ident) = (note.run, &note.ident);
         let mut out = Outcome::default();
         // Where in `out.results` the results planned from `text` now are (not run, not
         // recorded before): journaled here, after their INVALID_JSON lines are placed.
@@ -322,13 +337,12 @@ impl Daemon {
     /// Writes the outcome into the note and moves it to its next state.
     async fn write_and_move(
         &self,
-        run: RunId,
-        path: &Path,
+        note: &NoteRun,
         text: &str,
         parsed: &ParsedNote,
-        ident: &Identity,
         outcome: Outcome,
     ) -> Result<(), DaemonError> {
+        let (run, path, ident) = (note.run, note.path.as_path(), &note.ident);
         let Outcome {
             results,
             held,

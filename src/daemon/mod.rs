@@ -114,6 +114,22 @@ pub(crate) struct Identity {
     pub(crate) wait_for: Option<String>,
 }
 
+/// One claimed note's run, carried through the stages (claim, execute, write back) as one
+/// value beside the shared [`Daemon`], instead of its parts threaded by hand (mini-redis keeps
+/// the per-connection `Handler` apart from the shared `Listener`).
+pub(crate) struct NoteRun {
+    /// The journal's run of this claim: every start, outcome and move is recorded under it.
+    pub(crate) run: crate::journal::RunId,
+    /// Where the note is now: its name in In_Progress/.
+    pub(crate) path: PathBuf,
+    /// Why it runs now (a new claim, an approval, recovery): planning differs by it.
+    pub(crate) pass: Pass,
+    /// Who the note is and what the journal knew of its calls at the claim.
+    pub(crate) ident: Identity,
+    /// The config and tools this run keeps to its end, whatever a reload does meanwhile.
+    pub(crate) live: Arc<reload::Live>,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct StaleCopy {
     /// The claim it is a copy of.

@@ -3,7 +3,7 @@
 
 use super::Daemon;
 use crate::daemon::claim::{Stamp, by_call_id, new_note_id, valid_note_id};
-use crate::daemon::{DaemonError, Identity, Pass};
+use crate::daemon::{DaemonError, Identity, NoteRun, Pass};
 use crate::note::{self};
 use crate::vault::State;
 use std::collections::HashSet;
@@ -126,8 +126,14 @@ impl Daemon {
                 stale,
                 wait_for: None,
             };
-            self.execute(run, path, Pass::Recover { known }, ident, None)
-                .await
+            let run = NoteRun {
+                run,
+                path: path.to_path_buf(),
+                pass: Pass::Recover { known },
+                ident,
+                live: self.live(),
+            };
+            self.execute(run, None).await
         }
         .await;
         self.deactivate(&note_id);

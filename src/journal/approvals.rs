@@ -102,16 +102,28 @@ impl Journal {
             let (call_id, params_hash) = (call_id.as_str(), params_hash.as_str());
             let decision = lookup_approval(tx, call_id, params_hash)?;
             if decision.is_some() {
-                exec(
-                    tx,
-                    "UPDATE approvals SET consumed_at_ms = ?1
-                     WHERE call_id = ?2 AND params_hash = ?3",
-                    params![now_ms(), call_id, params_hash],
-                )?;
+                spend_approval(tx, call_id, params_hash, now_ms())?;
             }
             Ok(decision)
         })
     }
+}
+
+/// Marks the unspent decision on `call_id` with these parameters spent, if there is one: in
+/// the transaction of whatever acts on it (a call's start record, `consume_approval`).
+pub(super) fn spend_approval(
+    tx: &Tx<'_>,
+    call_id: &str,
+    params_hash: &str,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
+    exec(
+        tx,
+        "UPDATE approvals SET consumed_at_ms = ?1
+         WHERE call_id = ?2 AND params_hash = ?3 AND consumed_at_ms IS NULL",
+        params![now_ms, call_id, params_hash],
+    )
+    .map(|_| ())
 }
 
 fn lookup_approval(

@@ -55,7 +55,7 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
-        match start_write(run, call_id, tool, effect, params, limits) {
+        match start_write(run, call_id, tool, effect, params, limits, None) {
             StartWrite::Queued(insert) => self.queue_start(insert),
             StartWrite::Admit(Wait::Durable, admit) => self.write(admit),
             StartWrite::Admit(Wait::Executed, admit) => self.write_executed(admit),
@@ -69,6 +69,10 @@ impl Journal {
     }
 
     /// [`call_started_within`](Self::call_started_within) for async callers (the runner).
+    /// `spend`: the parameters hash of the approval this start acts on, consumed in the same
+    /// transaction (admitted or rate limited), so a crash can neither spend a decision whose
+    /// call never started nor start a call whose decision is still there to be used again.
+    #[allow(clippy::too_many_arguments)]
     pub async fn call_started_within_async(
         &self,
         run: RunId,
@@ -77,8 +81,9 @@ impl Journal {
         effect: Effect,
         params: &Value,
         limits: &[RateWindow],
+        spend: Option<&str>,
     ) -> Result<StartAdmission, JournalError> {
-        match start_write(run, call_id, tool, effect, params, limits) {
+        match start_write(run, call_id, tool, effect, params, limits, spend) {
             StartWrite::Queued(insert) => self.queue_start(insert),
             StartWrite::Admit(wait, admit) => self.write_async(wait, admit).await,
         }
@@ -304,17 +309,24 @@ fn start_write(
     effect: Effect,
     params: &Value,
     limits: &[RateWindow],
+    spend: Option<&str>,
 ) -> StartWrite {
     let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
-    let limits = limits.to_vec();
+    let (limits, spend) = (limits.to_vec(), spend.map(str::to_owned));
     let now = now_ms();
     if !needs_durable_start(effect) && limits.is_empty() {
         return StartWrite::Queued(Box::new(move |tx| {
+            if let Some(hash) = &spend {
+                super::approvals::spend_approval(tx, &call_id, hash, now)?;
+            }
             insert_start(tx, now, run, &call_id, &tool, effect, &params)
         }));
     }
     let admit = move |tx: &Tx<'_>| {
         let (call_id, tool, params) = (call_id.as_str(), tool.as_str(), params.as_str());
+        if let Some(hash) = &spend {
+            super::approvals::spend_approval(tx, call_id, hash, now)?;
+        }
         let mut worst: Option<(RateWindow, i64)> = None;
         for &window in &limits {
             if let Some(reset_at) = window_reset(tx, tool, window, now)?
@@ -485,6 +497,49 @@ mod tests {
                 .unwrap(),
             StartAdmission::Started
         );
+    }
+
+    /// An approved call's decision is spent in its start record's transaction: a start that
+    /// is not recorded leaves the decision unspent (it was spent on its own before, so a crash
+    /// or a failed start between the two lost the person's approval).
+    #[tokio::test]
+    async fn a_start_spends_its_approval_in_the_same_transaction() {
+        use crate::journal::Decision;
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let params = json!({ "to": "x" });
+        for id in ["c-1", "c-2"] {
+            journal
+                .record_approval("Pending_Approval/a.md", id, "h", Decision::Approved)
+                .unwrap();
+        }
+        let start = |run: RunId, id: &'static str| {
+            let (journal, params) = (&journal, params.clone());
+            async move {
+                journal
+                    .call_started_within_async(
+                        run,
+                        id,
+                        "send_notification",
+                        Effect::ExternalSideEffect,
+                        &params,
+                        &[],
+                        Some("h"),
+                    )
+                    .await
+            }
+        };
+        // A run that does not exist: the start fails, and the decision stays.
+        assert!(start(run + 1000, "c-1").await.is_err());
+        assert_eq!(
+            journal.approval("c-1", "h").unwrap(),
+            Some(Decision::Approved),
+            "a start that failed spent the decision"
+        );
+        // A start recorded spends it.
+        assert_eq!(start(run, "c-2").await.unwrap(), StartAdmission::Started);
+        assert_eq!(journal.approval("c-2", "h").unwrap(), None);
+        assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 1);
     }
 
     fn hourly(max: u64) -> RateWindow {

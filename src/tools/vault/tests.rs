@@ -85,7 +85,7 @@ impl Fixture {
         }
         let permit = self.runner.permit().await;
         self.runner
-            .run_call(self.run, NOTE, "n-000000000001", &call, permit)
+            .run_call(self.run, NOTE, "n-000000000001", &call, None, permit)
             .await
     }
 
