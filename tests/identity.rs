@@ -392,7 +392,8 @@ async fn an_unclosed_last_block_waits_for_its_writer_instead_of_failing() {
     let text = note_with_calls("One", &[search_call("late")]);
     let half = text.rfind("\"num_results\"").unwrap();
     vault.write_in_place("Needs_Action", "one.md", &text[..half]);
-    std::thread::sleep(Duration::from_secs(3));
+    // Looked at once settled, and left for its writer: the log says until when.
+    daemon.wait_for_log("its last call block is unfinished");
     assert!(vault.exists("Needs_Action", "one.md"), "not judged yet");
     std::fs::write(vault.path("Needs_Action", "one.md"), &text).unwrap();
     let done = vault.wait_until_in("Done", "one.md");
