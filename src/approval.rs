@@ -48,7 +48,7 @@ pub struct DecidedCall {
 
 /// What `approve` or `reject` did.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub struct Decided {
     pub decided: Vec<DecidedCall>,
     /// Held calls edited since their question was written: not approved; the daemon asks
     /// about them again when the note next runs.
@@ -137,7 +137,7 @@ fn decided(h: HeldInNote) -> DecidedCall {
 }
 
 /// `vaultd approve NOTE`.
-pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
+pub fn approve(config: &Config, note: &Path) -> Result<Decided, ApprovalError> {
     let target = open_target(config, note)?;
     let held = held_calls(&target.text);
     if held.is_empty() {
@@ -170,7 +170,7 @@ pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
     } else {
         target.vault.move_to(&target.path, State::Approved)?
     };
-    Ok(Outcome {
+    Ok(Decided {
         decided: shown.into_iter().map(decided).collect(),
         changed,
         note: target.vault.relative(&dest),
@@ -179,7 +179,7 @@ pub fn approve(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
 }
 
 /// `vaultd reject NOTE`: every held call gets its REJECTED result now.
-pub fn reject(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
+pub fn reject(config: &Config, note: &Path) -> Result<Decided, ApprovalError> {
     let target = open_target(config, note)?;
     let held = held_calls(&target.text);
     if held.is_empty() {
@@ -236,7 +236,7 @@ pub fn reject(config: &Config, note: &Path) -> Result<Outcome, ApprovalError> {
     let dest = target.vault.move_to(&target.path, State::Rejected)?;
     let dest_rel = target.vault.relative(&dest);
     journal.note_moved(run, &dest_rel, true)?;
-    Ok(Outcome {
+    Ok(Decided {
         decided: held.into_iter().map(decided).collect(),
         changed: Vec::new(),
         note: dest_rel,

@@ -2,7 +2,7 @@
 //! (`tool_note`, docs/design.md §9.2) and what the journal knows of its calls (§9.3, §9.6), then run.
 
 use super::Daemon;
-use crate::daemon::intake::stamp;
+use crate::daemon::intake::size_and_mtime;
 use crate::daemon::{DaemonError, Identity, NoteRun, Pass, StaleCopy};
 use crate::journal::{Claim, JournalCall, RunId};
 use crate::note::{self, ParsedNote, parse_note};
@@ -156,7 +156,7 @@ impl Daemon {
             }
             Err(e) if self.pause_if_symlinked(&e) => None, // §9.13: the note stays where it is
             Err(e) => {
-                let (len, mtime) = stamp(path);
+                let (len, mtime) = size_and_mtime(path);
                 self.problem(path, len, mtime, format!("cannot claim the note: {e}"));
                 None
             }
@@ -296,7 +296,7 @@ impl Daemon {
         run: RunId,
         path: &Path,
         note_id: &str,
-    ) -> Result<Stamp, DaemonError> {
+    ) -> Result<IdentityWrite, DaemonError> {
         let (p, id) = (path.to_path_buf(), note_id.to_string());
         let runner = self.runners.me.to_string();
         let root = self.vault.root().to_path_buf();
@@ -310,15 +310,15 @@ impl Daemon {
         match written {
             Ok(text) => {
                 self.runners.wrote(path);
-                Ok(Stamp::Written(text))
+                Ok(IdentityWrite::Written(text))
             }
             Err(note::WriteError::Gone(_)) => {
                 self.abandon(run, path).await?;
-                Ok(Stamp::Gone)
+                Ok(IdentityWrite::Gone)
             }
             Err(e) => {
                 tracing::warn!(note = %self.vault.relative(path), "cannot add tool_note yet: {e}");
-                Ok(Stamp::NotYet)
+                Ok(IdentityWrite::NotYet)
             }
         }
     }
@@ -633,7 +633,7 @@ impl Daemon {
 pub(crate) type Claimed = Result<Vec<u8>, note::WriteError>;
 
 /// What [`Daemon::write_identity`] came to.
-pub(crate) enum Stamp {
+pub(crate) enum IdentityWrite {
     /// The note as written, stamped.
     Written(String),
     /// The note is gone: its run was abandoned.

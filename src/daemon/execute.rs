@@ -5,8 +5,8 @@
 //! the daemon doing them.
 
 use crate::call::CallResult;
-use crate::daemon::claim::{Claimed, Stamp};
-use crate::daemon::intake::stamp;
+use crate::daemon::claim::{Claimed, IdentityWrite};
+use crate::daemon::intake::size_and_mtime;
 use crate::daemon::write_back::Finished;
 use crate::daemon::{Daemon, DaemonError, NoteRun, Pass};
 use crate::guard::budget;
@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 
-use crate::pipeline::execute::{Outcome, asked_a_person, rules, stamp_at_claim};
+use crate::pipeline::execute::{Gathered, asked_a_person, rules, stamp_at_claim};
 
 impl Daemon {
     /// Runs the pending calls of a claimed note, writes the results, moves the note on.
@@ -47,9 +47,9 @@ impl Daemon {
                 .write_identity(note.run, &note.path, &note.ident.note_id)
                 .await?
             {
-                Stamp::Gone => return Ok(()),
-                Stamp::NotYet => {}
-                Stamp::Written(stamped) => {
+                IdentityWrite::Gone => return Ok(()),
+                IdentityWrite::NotYet => {}
+                IdentityWrite::Written(stamped) => {
                     // Planned again on the note as written: the same calls and facts, but
                     // line numbers of INVALID_JSON now count the frontmatter the stamp added.
                     text = stamped;
@@ -122,7 +122,7 @@ impl Daemon {
                 Ok(s) => Ok(Some(s)),
                 Err(e) => {
                     // Became non-UTF-8 after the claim: give it back untouched.
-                    let (len, mtime) = stamp(path);
+                    let (len, mtime) = size_and_mtime(path);
                     self.problem(
                         path,
                         len,
@@ -265,9 +265,9 @@ impl Daemon {
         text: &str,
         steps: Vec<(String, Step)>,
         calls: Vec<Option<JoinHandle<CallResult>>>,
-    ) -> Result<Outcome, DaemonError> {
+    ) -> Result<Gathered, DaemonError> {
         let (run, ident) = (note.run, &note.ident);
-        let mut out = Outcome::default();
+        let mut out = Gathered::default();
         // Where in `out.results` the results planned from `text` now are (not run, not
         // recorded before): journaled here, after their INVALID_JSON lines are placed.
         let mut unrecorded: Vec<usize> = Vec::new();
@@ -340,10 +340,10 @@ impl Daemon {
         note: &NoteRun,
         text: &str,
         parsed: &ParsedNote,
-        outcome: Outcome,
+        outcome: Gathered,
     ) -> Result<(), DaemonError> {
         let (run, path, ident) = (note.run, note.path.as_path(), &note.ident);
-        let Outcome {
+        let Gathered {
             results,
             held,
             waiting,

@@ -329,7 +329,7 @@ impl Daemon {
     /// Logs why the note at `path` is left where it is for now, once per version of it (size
     /// and mtime): a rescan or another look at the same note does not repeat it.
     pub(crate) fn explain_once(&self, path: &Path, why: &str) {
-        let (len, mtime) = stamp(path);
+        let (len, mtime) = size_and_mtime(path);
         if !self
             .explained
             .lock()
@@ -571,7 +571,7 @@ impl Daemon {
 }
 
 /// Size and mtime of a file, for de-duplicating problem reports.
-pub(crate) fn stamp(path: &Path) -> (u64, SystemTime) {
+pub(crate) fn size_and_mtime(path: &Path) -> (u64, SystemTime) {
     std::fs::symlink_metadata(path)
         .map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
         .unwrap_or((0, SystemTime::UNIX_EPOCH))

@@ -32,7 +32,7 @@ pub(crate) fn file_safe(name: &str) -> String {
 }
 
 /// `2026-11-25 10-45-00`: a UTC time that sorts and is a valid file name everywhere.
-pub(crate) fn stamp(at: SystemTime) -> String {
+pub(crate) fn session_time(at: SystemTime) -> String {
     let text = humantime::format_rfc3339_seconds(at).to_string();
     text.trim_end_matches('Z')
         .replace('T', " ")
@@ -62,7 +62,7 @@ impl Session {
         let stem = format!(
             "{} {} {:08x}",
             file_safe(client),
-            stamp(SystemTime::now()),
+            session_time(SystemTime::now()),
             random & 0xffff_ffff
         );
         Session {
@@ -100,7 +100,7 @@ impl Session {
         let link = call_note.trim_end_matches(".md");
         entry.push_str(&format!(
             "\n## {} `{tool}`\n\n- call note: [[{link}]]\n- outcome: {outcome}\n\n",
-            stamp(SystemTime::now())
+            session_time(SystemTime::now())
         ));
         for line in format!("```json\n{call_json}\n```").lines() {
             entry.push_str("> ");
@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn a_stamp_is_a_file_name() {
         let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_764_067_500);
-        assert_eq!(stamp(at), "2025-11-25 10-45-00");
+        assert_eq!(session_time(at), "2025-11-25 10-45-00");
     }
 
     #[test]

@@ -552,7 +552,7 @@ struct FoundCall {
 }
 
 /// A well-formed `tool_call` value.
-struct ValidCall {
+struct WellFormedCall {
     id: String,
     name: String,
     parameters: Map<String, Value>,
@@ -686,7 +686,7 @@ fn readable_name(block: Option<&Value>) -> Option<String> {
 }
 
 /// §8.2. Every problem is reported at once, so the agent can fix the call in one round.
-fn validate_tool_call(tool_call: &Value) -> Result<ValidCall, String> {
+fn validate_tool_call(tool_call: &Value) -> Result<WellFormedCall, String> {
     let Value::Object(obj) = tool_call else {
         return Err(format!(
             "`tool_call` must be an object, not {}",
@@ -741,7 +741,7 @@ fn validate_tool_call(tool_call: &Value) -> Result<ValidCall, String> {
         }
     }
     match name {
-        Some(name) if problems.is_empty() => Ok(ValidCall {
+        Some(name) if problems.is_empty() => Ok(WellFormedCall {
             id: id.unwrap_or_else(|| hash_id(canonical_json(tool_call).as_bytes())),
             name,
             parameters,

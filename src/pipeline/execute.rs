@@ -1,5 +1,5 @@
 //! Execute, decided: whether a claimed note is stamped before its calls run
-//! ([`stamp_at_claim`]), what a run's steps came to ([`Outcome`]), which result is a question
+//! ([`stamp_at_claim`]), what a run's steps came to ([`Gathered`]), which result is a question
 //! for a person ([`asked_a_person`]), the rules a run plans with ([`rules`]). The daemon runs
 //! the note (`daemon::execute`).
 
@@ -12,7 +12,7 @@ use std::collections::HashSet;
 
 /// What the steps of a note came to, in call order.
 #[derive(Default)]
-pub(crate) struct Outcome {
+pub(crate) struct Gathered {
     pub(crate) results: Vec<CallResult>,
     /// Calls asked about now: their `[!question]` is written.
     pub(crate) held: Vec<HeldCall>,

@@ -38,7 +38,7 @@ pub fn tool() -> ToolDef {
 
 /// One step that puts a file back.
 #[derive(Debug, Clone, PartialEq)]
-enum Step {
+enum UndoStep {
     /// The recorded content is there under another name: rename it back.
     Rename { from: String, to: String },
     /// Write the pre-image (over the current file, or as a new file).
@@ -49,10 +49,10 @@ enum Step {
 
 /// What undoing one entry would do, and which files no longer match their post-image.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub struct UndoPlan {
     pub entry_id: i64,
     pub call_id: String,
-    steps: Vec<Step>,
+    steps: Vec<UndoStep>,
     /// What the steps change (the undo's own undo data), from the state they start from.
     changes: Vec<VaultChange>,
     /// Paths edited since the change (their current content is not the post-image).
@@ -61,7 +61,7 @@ pub struct Plan {
     pub diff: String,
 }
 
-impl Plan {
+impl UndoPlan {
     /// The vault-relative paths the undo writes, renames or trashes.
     pub fn paths(&self) -> Vec<&str> {
         self.changes.iter().map(|c| c.path.as_str()).collect()
@@ -72,8 +72,8 @@ impl Plan {
         self.steps
             .iter()
             .map(|s| match s {
-                Step::Rename { to, .. } => to.clone(),
-                Step::Write { path, .. } | Step::Trash { path, .. } => path.clone(),
+                UndoStep::Rename { to, .. } => to.clone(),
+                UndoStep::Write { path, .. } | UndoStep::Trash { path, .. } => path.clone(),
             })
             .collect()
     }
@@ -126,7 +126,7 @@ impl<'a> Overlay<'a> {
 
 /// Plans the undo of `entry` against the vault as `overlay` says it will be, and updates the
 /// overlay with the plan's effect.
-pub fn plan(overlay: &mut Overlay<'_>, entry: &UndoEntry) -> Result<Plan, CallError> {
+pub fn plan(overlay: &mut Overlay<'_>, entry: &UndoEntry) -> Result<UndoPlan, CallError> {
     let mut edited = Vec::new();
     let mut now = Vec::new();
     for c in &entry.changes {
@@ -171,7 +171,7 @@ pub fn plan(overlay: &mut Overlay<'_>, entry: &UndoEntry) -> Result<Plan, CallEr
                 });
                 overlay.set(&c.path, now[j].clone());
                 overlay.set(&from, None);
-                steps.push(Step::Rename {
+                steps.push(UndoStep::Rename {
                     from,
                     to: c.path.clone(),
                 });
@@ -191,7 +191,7 @@ pub fn plan(overlay: &mut Overlay<'_>, entry: &UndoEntry) -> Result<Plan, CallEr
             after_sha256: Some(sha256_hex(before)),
         });
         overlay.set(&c.path, Some(before.clone()));
-        steps.push(Step::Write {
+        steps.push(UndoStep::Write {
             path: c.path.clone(),
             bytes: before.clone(),
         });
@@ -220,12 +220,12 @@ pub fn plan(overlay: &mut Overlay<'_>, entry: &UndoEntry) -> Result<Plan, CallEr
         });
         overlay.set(&slot, Some(current.clone()));
         overlay.set(&c.path, None);
-        steps.push(Step::Trash {
+        steps.push(UndoStep::Trash {
             path: c.path.clone(),
             slot,
         });
     }
-    Ok(Plan {
+    Ok(UndoPlan {
         entry_id: entry.id,
         call_id: entry.call_id.clone(),
         steps,
@@ -255,15 +255,15 @@ fn unified(path: &str, old: &[u8], new: &[u8], created: bool, removed: bool) -> 
 }
 
 /// Carries the plan out; returns what was changed (the undo's own undo data).
-fn apply(root: &Path, plan: &Plan) -> Result<Vec<VaultChange>, CallError> {
+fn apply(root: &Path, plan: &UndoPlan) -> Result<Vec<VaultChange>, CallError> {
     for s in &plan.steps {
         let io = |what: &str, e: std::io::Error| execution(format!("undo: cannot {what}: {e}"));
         match s {
-            Step::Rename { from, to } => move_file(&root.join(from), &root.join(to))
+            UndoStep::Rename { from, to } => move_file(&root.join(from), &root.join(to))
                 .map_err(|e| io(&format!("move {from} back to {to}"), e))?,
-            Step::Trash { path, slot } => move_file(&root.join(path), &root.join(slot))
+            UndoStep::Trash { path, slot } => move_file(&root.join(path), &root.join(slot))
                 .map_err(|e| io(&format!("move {path} to the trash"), e))?,
-            Step::Write { path, bytes } => {
+            UndoStep::Write { path, bytes } => {
                 let abs = root.join(path);
                 if abs.exists() {
                     let text = String::from_utf8(bytes.clone()).map_err(|_| {
@@ -282,13 +282,17 @@ fn apply(root: &Path, plan: &Plan) -> Result<Vec<VaultChange>, CallError> {
 
 /// Plans every entry, newest first; refuses (CANNOT_UNDO, with the diff) when a file was
 /// edited since, unless `force`.
-pub fn plan_all(root: &Path, entries: &[UndoEntry], force: bool) -> Result<Vec<Plan>, CallError> {
+pub fn plan_all(
+    root: &Path,
+    entries: &[UndoEntry],
+    force: bool,
+) -> Result<Vec<UndoPlan>, CallError> {
     let mut overlay = Overlay::new(root);
-    let plans: Vec<Plan> = entries
+    let plans: Vec<UndoPlan> = entries
         .iter()
         .map(|e| plan(&mut overlay, e))
         .collect::<Result<_, _>>()?;
-    let edited: Vec<&Plan> = plans.iter().filter(|p| !p.edited.is_empty()).collect();
+    let edited: Vec<&UndoPlan> = plans.iter().filter(|p| !p.edited.is_empty()).collect();
     if !force && !edited.is_empty() {
         let paths: Vec<&str> = edited
             .iter()
@@ -315,7 +319,7 @@ pub fn execute(
     root: &Path,
     call_id: &str,
     note: &str,
-    plans: &[Plan],
+    plans: &[UndoPlan],
 ) -> Result<UndoRecord, CallError> {
     let planned = collapse(plans.iter().flat_map(|p| p.changes.iter().cloned()));
     journal
@@ -411,7 +415,7 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
             }
         }
     }
-    let restored: Vec<String> = plans.iter().flat_map(Plan::restored).collect();
+    let restored: Vec<String> = plans.iter().flat_map(UndoPlan::restored).collect();
     let record = execute(journal, root, &call.call_id, &call.note, &plans)?;
     let n = restored.len();
     Ok(ToolOutput {
@@ -519,7 +523,7 @@ pub fn undo_from_cli(
         Err(e) => return Err(e),
     };
     let diff: String = plans.iter().map(|p| p.diff.as_str()).collect();
-    let restored: Vec<String> = plans.iter().flat_map(Plan::restored).collect();
+    let restored: Vec<String> = plans.iter().flat_map(UndoPlan::restored).collect();
     if dry_run {
         return Ok(CliUndo {
             call_id: None,
