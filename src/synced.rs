@@ -161,9 +161,9 @@ pub fn runner_stamp(text: &str) -> Option<RunnerStamp> {
         if trimmed == "---" || trimmed == "..." {
             break;
         }
-        if let Some(v) = property_value(line, "tool_runner") {
+        if let Some(v) = crate::note::frontmatter::line_value(line, "tool_runner") {
             runner = Some(v.to_string());
-        } else if let Some(v) = property_value(line, "tool_updated") {
+        } else if let Some(v) = crate::note::frontmatter::line_value(line, "tool_updated") {
             updated = humantime::parse_rfc3339_weak(v).ok();
         }
     }
@@ -171,18 +171,6 @@ pub fn runner_stamp(text: &str) -> Option<RunnerStamp> {
         runner: runner?,
         updated,
     })
-}
-
-/// The value of a top-level `key: value` line, unquoted.
-fn property_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-    let v = rest.trim();
-    let v = v
-        .strip_prefix('"')
-        .and_then(|v| v.strip_suffix('"'))
-        .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
-        .unwrap_or(v);
-    (!v.is_empty()).then_some(v)
 }
 
 /// Whether a stamp is another runner's activity that counts: not ours, updated inside the

@@ -2,6 +2,7 @@
 //! rendering result callouts and frontmatter edits (`render`), and the one atomic write
 //! (`write`). `parse` and `render` are pure: `&str` in, values out.
 
+pub mod frontmatter;
 pub mod parse;
 pub mod render;
 pub mod text;
@@ -10,9 +11,10 @@ pub mod write;
 #[cfg(test)]
 mod proptests;
 
+pub use frontmatter::frontmatter_property;
 pub use parse::{
-    CallBlock, CallBody, HeldRef, LineEnding, NOTHING_PENDING, ParsedNote, frontmatter_property,
-    json_block_contents, params_hash, parse_note, question_hash,
+    CallBlock, CallBody, HeldRef, LineEnding, NOTHING_PENDING, ParsedNote, json_block_contents,
+    params_hash, parse_note, question_hash,
 };
 pub use render::{Block, append_and_set, append_blocks, set_note_id, set_runner, stamp_claim};
 pub use write::{

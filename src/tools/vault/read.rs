@@ -1,9 +1,9 @@
 //! `vault_read` (read_only): one note's properties, body, hash and size.
 
 use super::paths::Access;
-use super::properties::read_properties;
 use super::{ToolDef, VaultCall, VaultContext, param, read_text, sha256_hex};
 use crate::call::{CallError, ToolOutput};
+use crate::note::frontmatter::read_properties;
 use crate::tools::Effect;
 use serde_json::json;
 

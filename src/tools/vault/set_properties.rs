@@ -2,12 +2,12 @@
 //! touching only their lines.
 
 use super::paths::Access;
-use super::properties::set_properties;
 use super::{
     Planned, ToolDef, VaultCall, VaultContext, changed, check_if_sha256, edit_note, param,
     path_and_hash, read_text,
 };
 use crate::call::{CallError, ErrorCode, ToolOutput};
+use crate::note::frontmatter::set_properties;
 use crate::tools::Effect;
 use serde_json::{Map, Value, json};
 

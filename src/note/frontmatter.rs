@@ -1,4 +1,5 @@
-//! Pure: a note's frontmatter properties read into JSON, and edits that touch only the named
+//! Pure: a note's frontmatter, found, read and edited (docs/design.md §15.3): its span, one
+//! property's one-line value, every property as JSON, and edits that touch only the named
 //! properties' lines (every other byte — line endings, BOM, comments, odd YAML, a missing
 //! final newline — stays as it was).
 //!
@@ -8,14 +9,87 @@
 //! the raw text of its first line. Values are written as JSON, which is valid YAML (lists of
 //! scalars as `- item` lines, as Obsidian writes them).
 
-use crate::note::parse::parse_note;
+use crate::note::text::detect_line_ending;
 use serde_json::{Map, Value};
+use std::ops::Range;
+
+/// The length of a UTF-8 BOM at the start of `text` (0 or 3).
+fn bom_len(text: &str) -> usize {
+    if text.starts_with('\u{FEFF}') { 3 } else { 0 }
+}
+
+/// Byte span of the frontmatter of `text` (after a BOM), from the opening `---` to the end of
+/// the closing line including its line break.
+pub fn span(text: &str) -> Option<Range<usize>> {
+    let at = bom_len(text);
+    find_frontmatter(&text[at..]).map(|r| r.start + at..r.end + at)
+}
+
+/// The next line at `pos`: (line without its line break, start of the following line).
+fn next_line(s: &str, pos: usize) -> Option<(&str, usize)> {
+    if pos >= s.len() {
+        return None;
+    }
+    let end = s[pos..].find('\n').map_or(s.len(), |i| pos + i + 1);
+    let line = s[pos..end].strip_suffix('\n').unwrap_or(&s[pos..end]);
+    Some((line.strip_suffix('\r').unwrap_or(line), end))
+}
+
+/// YAML frontmatter at the start of `s` (BOM already removed): a `---` line, at least one
+/// line, a closing `---` or `...` line. Agrees with pulldown-cmark's YAML metadata rule at
+/// the top of a document (the first inner line may not be blank), except that an empty
+/// `---`/`---` pair also counts, as it does in Obsidian.
+pub(crate) fn find_frontmatter(s: &str) -> Option<Range<usize>> {
+    let (first, mut pos) = next_line(s, 0)?;
+    let opener = first.strip_prefix("---")?;
+    if !opener.bytes().all(|b| b.is_ascii_whitespace()) {
+        return None;
+    }
+    let mut first_inner = true;
+    while let Some((line, next)) = next_line(s, pos) {
+        let trimmed = line.trim_end_matches([' ', '\t']);
+        if trimmed == "---" || trimmed == "..." {
+            return Some(0..next);
+        }
+        if first_inner && line.trim().is_empty() {
+            return None;
+        }
+        first_inner = false;
+        pos = next;
+    }
+    None
+}
+
+/// The value of the top-level frontmatter property `key` (one line, trimmed; quotes
+/// removed), if the note has frontmatter with that key. For vaultd's own one-word values
+/// (`tool_note`), not a YAML parser.
+pub fn frontmatter_property<'t>(text: &'t str, key: &str) -> Option<&'t str> {
+    let start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
+    let span = find_frontmatter(&text[start..])?;
+    let fm = &text[start..start + span.end];
+    fm.lines().skip(1).find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+        let v = rest.trim().trim_matches(|c| c == '"' || c == '\'');
+        (!v.is_empty()).then_some(v)
+    })
+}
+
+/// The value of a top-level `key: value` line, unquoted.
+pub fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+    let v = rest.trim();
+    let v = v
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+        .unwrap_or(v);
+    (!v.is_empty()).then_some(v)
+}
 
 /// The frontmatter properties of `text` (empty when it has none).
 pub fn read_properties(text: &str) -> Map<String, Value> {
     let mut out = Map::new();
-    let note = parse_note(text);
-    let Some(span) = note.frontmatter else {
+    let Some(span) = span(text) else {
         return out;
     };
     let lines: Vec<&str> = text[span].split_inclusive('\n').collect();
@@ -138,15 +212,14 @@ fn scalar(s: &str) -> Value {
 /// their lines; a note without frontmatter gets one (after a BOM). New keys go before the
 /// closing `---`, in the order given.
 pub fn set_properties(text: &str, props: &Map<String, Value>) -> String {
-    let note = parse_note(text);
-    let eol = note.line_ending.as_str();
+    let eol = detect_line_ending(text).as_str();
     let mut out = String::with_capacity(text.len() + 64);
-    let Some(span) = note.frontmatter else {
+    let Some(span) = span(text) else {
         let adds: Vec<(&String, &Value)> = props.iter().filter(|(_, v)| !v.is_null()).collect();
         if adds.is_empty() {
             return text.to_string();
         }
-        let at = if note.bom { 3 } else { 0 };
+        let at = bom_len(text);
         out.push_str(&text[..at]);
         out.push_str("---");
         out.push_str(eol);
@@ -243,6 +316,78 @@ fn yaml_scalar(v: &Value) -> String {
     }
 }
 
+/// Replaces the line of each property (and its indented continuation lines), inserts the
+/// missing ones before the closing `---`; every other byte stays as it was.
+pub(crate) fn set_frontmatter(text: &str, props: &[(&str, String)]) -> String {
+    let eol = detect_line_ending(text).as_str();
+    let mut out = String::with_capacity(text.len() + 160);
+    let Some(span) = span(text) else {
+        let at = bom_len(text);
+        out.push_str(&text[..at]);
+        out.push_str("---");
+        out.push_str(eol);
+        for (key, value) in props {
+            push_line(&mut out, key, value, eol);
+        }
+        out.push_str("---");
+        out.push_str(eol);
+        out.push_str(&text[at..]);
+        return out;
+    };
+
+    let lines: Vec<&str> = text[span.clone()].split_inclusive('\n').collect();
+    let closer = lines.len() - 1;
+    let mut written = vec![false; props.len()];
+    out.push_str(&text[..span.start]);
+    out.push_str(lines[0]);
+    let mut i = 1;
+    while i < closer {
+        let line = lines[i];
+        let hit = props.iter().position(|(key, _)| {
+            line.strip_prefix(key)
+                .is_some_and(|rest| rest.starts_with(':'))
+        });
+        match hit {
+            Some(k) => {
+                push_line(&mut out, props[k].0, &props[k].1, eol);
+                written[k] = true;
+                i += 1;
+                while i < closer && is_continuation_line(lines[i]) {
+                    i += 1;
+                }
+            }
+            None => {
+                out.push_str(line);
+                i += 1;
+            }
+        }
+    }
+    for ((key, value), done) in props.iter().zip(&written) {
+        if !done {
+            push_line(&mut out, key, value, eol);
+        }
+    }
+    out.push_str(lines[closer]);
+    out.push_str(&text[span.end..]);
+    out
+}
+
+fn push_line(out: &mut String, key: &str, value: &str, eol: &str) {
+    out.push_str(key);
+    out.push_str(": ");
+    out.push_str(value);
+    out.push_str(eol);
+}
+
+/// A line that belongs to the YAML value above it: indented, or a `- item` of a sequence.
+fn is_continuation_line(line: &str) -> bool {
+    line.starts_with([' ', '\t'])
+        || line == "-\n"
+        || line == "-\r\n"
+        || line.starts_with("- ")
+        || line.starts_with("-\t")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,5 +445,36 @@ mod tests {
             let out = set_properties("---\n---\n", &map(json!({ "k": s })));
             assert_eq!(read_properties(&out)["k"], s, "{out}");
         }
+    }
+
+    #[test]
+    fn frontmatter_property_reads_one_line_values() {
+        let text = "---\ntitle: x\ntool_note: n-0123456789ab\n---\n# body\ntool_note: no\n";
+        assert_eq!(
+            frontmatter_property(text, "tool_note"),
+            Some("n-0123456789ab")
+        );
+        assert_eq!(frontmatter_property(text, "tool"), None, "whole keys only");
+        assert_eq!(
+            frontmatter_property("# no frontmatter\ntool_note: n-1\n", "tool_note"),
+            None
+        );
+        assert_eq!(
+            frontmatter_property("\u{FEFF}---\r\ntool_note: \"n-1\"\r\n---\r\n", "tool_note"),
+            Some("n-1")
+        );
+    }
+
+    #[test]
+    fn frontmatter_variants() {
+        assert_eq!(span("---\na: 1\n...\nbody"), Some(0..13));
+        assert_eq!(span("---\na: 1\n---"), Some(0..12));
+        assert_eq!(span("---\r\na: 1\r\n---  \r\nx"), Some(0..18));
+        assert_eq!(span("---\n---\nx"), Some(0..8));
+        assert_eq!(span("---\na: 1\n"), None, "never closed");
+        assert_eq!(span("---\n\na: 1\n---\n"), None, "blank first line");
+        assert_eq!(span("----\na: 1\n----\n"), None);
+        assert_eq!(span("x\n---\na: 1\n---\n"), None, "not at the top");
+        assert_eq!(span(" ---\na: 1\n---\n"), None, "indented");
     }
 }
