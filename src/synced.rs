@@ -148,28 +148,14 @@ pub struct RunnerStamp {
 }
 
 /// `tool_runner` and `tool_updated` of a note's frontmatter; None without a `tool_runner`.
+/// `text` may be only the note's first bytes ([`read_head`]): a frontmatter cut short there
+/// is read as far as it goes.
 pub fn runner_stamp(text: &str) -> Option<RunnerStamp> {
-    let body = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut lines = body.lines();
-    if lines.next()?.trim_end() != "---" {
-        return None;
-    }
-    let mut runner = None;
-    let mut updated = None;
-    for line in lines {
-        let trimmed = line.trim_end();
-        if trimmed == "---" || trimmed == "..." {
-            break;
-        }
-        if let Some(v) = crate::note::frontmatter::line_value(line, "tool_runner") {
-            runner = Some(v.to_string());
-        } else if let Some(v) = crate::note::frontmatter::line_value(line, "tool_updated") {
-            updated = humantime::parse_rfc3339_weak(v).ok();
-        }
-    }
+    use crate::note::frontmatter::head_property;
     Some(RunnerStamp {
-        runner: runner?,
-        updated,
+        runner: head_property(text, "tool_runner")?.to_string(),
+        updated: head_property(text, "tool_updated")
+            .and_then(|v| humantime::parse_rfc3339_weak(v).ok()),
     })
 }
 

@@ -1,7 +1,9 @@
-//! Pure: a note's frontmatter, found, read and edited (docs/design.md §15.3): its span, one
-//! property's one-line value, every property as JSON, and edits that touch only the named
-//! properties' lines (every other byte — line endings, BOM, comments, odd YAML, a missing
-//! final newline — stays as it was).
+//! Pure: the one reader and editor of a note's frontmatter (docs/design.md §15.3). It finds
+//! the frontmatter, reads one property's value or every property as JSON, and sets
+//! properties touching only their lines (every other byte — line endings, BOM, comments, odd
+//! YAML, a missing final newline — stays as it was). The vault tools' JSON values and
+//! vaultd's own one-line values (`tool_status`, `tool_note`, …) are read and written by the
+//! same rules; only how a value is rendered differs ([`NewValue`]).
 //!
 //! There is no YAML library among vaultd's dependencies, and Obsidian properties are a small
 //! subset of YAML: top-level `key: value` lines, with lists either `[a, b]` or `- item` lines
@@ -22,7 +24,7 @@ fn bom_len(text: &str) -> usize {
 /// the closing line including its line break.
 pub fn span(text: &str) -> Option<Range<usize>> {
     let at = bom_len(text);
-    find_frontmatter(&text[at..]).map(|r| r.start + at..r.end + at)
+    find(&text[at..], false).map(|(r, _)| r.start + at..r.end + at)
 }
 
 /// The next line at `pos`: (line without its line break, start of the following line).
@@ -38,8 +40,10 @@ fn next_line(s: &str, pos: usize) -> Option<(&str, usize)> {
 /// YAML frontmatter at the start of `s` (BOM already removed): a `---` line, at least one
 /// line, a closing `---` or `...` line. Agrees with pulldown-cmark's YAML metadata rule at
 /// the top of a document (the first inner line may not be blank), except that an empty
-/// `---`/`---` pair also counts, as it does in Obsidian.
-pub(crate) fn find_frontmatter(s: &str) -> Option<Range<usize>> {
+/// `---`/`---` pair also counts, as it does in Obsidian. With `head` (`s` is only the first
+/// bytes of a note), a frontmatter not closed within `s` reaches to its end. Returns the span
+/// and whether it has its closing line.
+fn find(s: &str, head: bool) -> Option<(Range<usize>, bool)> {
     let (first, mut pos) = next_line(s, 0)?;
     let opener = first.strip_prefix("---")?;
     if !opener.bytes().all(|b| b.is_ascii_whitespace()) {
@@ -49,7 +53,7 @@ pub(crate) fn find_frontmatter(s: &str) -> Option<Range<usize>> {
     while let Some((line, next)) = next_line(s, pos) {
         let trimmed = line.trim_end_matches([' ', '\t']);
         if trimmed == "---" || trimmed == "..." {
-            return Some(0..next);
+            return Some((0..next, true));
         }
         if first_inner && line.trim().is_empty() {
             return None;
@@ -57,27 +61,83 @@ pub(crate) fn find_frontmatter(s: &str) -> Option<Range<usize>> {
         first_inner = false;
         pos = next;
     }
-    None
+    head.then_some((0..s.len(), false))
 }
 
-/// The value of the top-level frontmatter property `key` (one line, trimmed; quotes
-/// removed), if the note has frontmatter with that key. For vaultd's own one-word values
-/// (`tool_note`), not a YAML parser.
+/// The lines between the opening and the closing line of the frontmatter of `text` (each
+/// with its line break); empty without frontmatter.
+fn inner_lines(text: &str, head: bool) -> Vec<&str> {
+    let at = bom_len(text);
+    let Some((span, closed)) = find(&text[at..], head) else {
+        return Vec::new();
+    };
+    let mut lines: Vec<&str> = text[at + span.start..at + span.end]
+        .split_inclusive('\n')
+        .skip(1)
+        .collect();
+    if closed {
+        lines.pop();
+    }
+    lines
+}
+
+/// One top-level property: its key, the text after its colon on the key's line (without the
+/// line break), and the lines it takes (the key's and the continuation lines below it), as
+/// indices into the frontmatter's inner lines.
+struct Entry<'t> {
+    key: &'t str,
+    value: &'t str,
+    lines: Range<usize>,
+}
+
+/// The top-level properties of the frontmatter's inner lines, in order (a key written twice
+/// is there twice).
+fn entries<'t>(inner: &[&'t str]) -> Vec<Entry<'t>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < inner.len() {
+        let start = i;
+        let line = inner[i].trim_end_matches(['\n', '\r']);
+        i += 1;
+        let Some((key, value)) = top_level_key(line) else {
+            continue;
+        };
+        while i < inner.len() && is_continuation(inner[i]) {
+            i += 1;
+        }
+        out.push(Entry {
+            key,
+            value,
+            lines: start..i,
+        });
+    }
+    out
+}
+
+/// The value of the top-level frontmatter property `key` as one line: its key's line after
+/// the colon, trimmed, without a trailing comment, one pair of quotes removed; None when the
+/// note has no frontmatter, no such key or an empty value. A key written twice: the last
+/// one counts, as in [`read_properties`]. For vaultd's own one-word values (`tool_note`).
 pub fn frontmatter_property<'t>(text: &'t str, key: &str) -> Option<&'t str> {
-    let start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
-    let span = find_frontmatter(&text[start..])?;
-    let fm = &text[start..start + span.end];
-    fm.lines().skip(1).find_map(|line| {
-        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-        let v = rest.trim().trim_matches(|c| c == '"' || c == '\'');
-        (!v.is_empty()).then_some(v)
-    })
+    one_line_value(&inner_lines(text, false), key)
 }
 
-/// The value of a top-level `key: value` line, unquoted.
-pub fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-    let v = rest.trim();
+/// [`frontmatter_property`] of `head`, the first bytes of a note (a read cut short): a
+/// frontmatter not closed within the head reaches to its end.
+pub fn head_property<'t>(head: &'t str, key: &str) -> Option<&'t str> {
+    one_line_value(&inner_lines(head, true), key)
+}
+
+/// Whether the frontmatter of `text` has the top-level property `key` (empty or not).
+pub fn has_property(text: &str, key: &str) -> bool {
+    entries(&inner_lines(text, false))
+        .iter()
+        .any(|e| e.key == key)
+}
+
+fn one_line_value<'t>(inner: &[&'t str], key: &str) -> Option<&'t str> {
+    let entry = entries(inner).into_iter().rev().find(|e| e.key == key)?;
+    let v = uncommented(entry.value.trim());
     let v = v
         .strip_prefix('"')
         .and_then(|v| v.strip_suffix('"'))
@@ -89,45 +149,24 @@ pub fn line_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 /// The frontmatter properties of `text` (empty when it has none).
 pub fn read_properties(text: &str) -> Map<String, Value> {
     let mut out = Map::new();
-    let Some(span) = span(text) else {
-        return out;
-    };
-    let lines: Vec<&str> = text[span].split_inclusive('\n').collect();
-    if lines.len() < 2 {
-        return out;
-    }
-    let body = &lines[1..lines.len() - 1];
-    let mut i = 0;
-    while i < body.len() {
-        let line = body[i].trim_end_matches(['\n', '\r']);
-        i += 1;
-        let Some((key, value)) = top_level_key(line) else {
-            continue;
-        };
-        let value = value.trim();
-        if value.is_empty() {
-            let mut items = Vec::new();
-            while i < body.len() && is_continuation(body[i]) {
-                let item = body[i].trim();
-                if let Some(rest) = item.strip_prefix('-') {
-                    items.push(scalar(rest.trim()));
-                }
-                i += 1;
+    let inner = inner_lines(text, false);
+    for entry in entries(&inner) {
+        let value = entry.value.trim();
+        let value = if value.is_empty() {
+            let items: Vec<Value> = inner[entry.lines.start + 1..entry.lines.end]
+                .iter()
+                .filter_map(|line| line.trim().strip_prefix('-'))
+                .map(|rest| scalar(rest.trim()))
+                .collect();
+            if items.is_empty() {
+                Value::Null
+            } else {
+                Value::Array(items)
             }
-            out.insert(
-                key.to_string(),
-                if items.is_empty() {
-                    Value::Null
-                } else {
-                    Value::Array(items)
-                },
-            );
         } else {
-            while i < body.len() && is_continuation(body[i]) {
-                i += 1;
-            }
-            out.insert(key.to_string(), flow(value));
-        }
+            flow(value)
+        };
+        out.insert(entry.key.to_string(), value);
     }
     out
 }
@@ -176,12 +215,16 @@ fn flow(value: &str) -> Value {
     scalar(value)
 }
 
-fn scalar(s: &str) -> Value {
-    // A trailing comment (` #…`) is not part of a plain scalar.
-    let s = match s.find(" #") {
+/// A trimmed scalar without its trailing comment (` #…`), which is not part of a plain one.
+fn uncommented(s: &str) -> &str {
+    match s.find(" #") {
         Some(at) if !s.starts_with(['"', '\'']) => s[..at].trim_end(),
         _ => s,
-    };
+    }
+}
+
+fn scalar(s: &str) -> Value {
+    let s = uncommented(s);
     if s.starts_with('"')
         && let Ok(v) = serde_json::from_str::<String>(s)
     {
@@ -208,23 +251,39 @@ fn scalar(s: &str) -> Value {
     Value::String(s.to_string())
 }
 
-/// Sets (or, for `null`, removes) the named top-level properties of `text`, touching only
-/// their lines; a note without frontmatter gets one (after a BOM). New keys go before the
-/// closing `---`, in the order given.
-pub fn set_properties(text: &str, props: &Map<String, Value>) -> String {
+/// A property's new value, as [`set`] renders it.
+#[derive(Debug, Clone, Copy)]
+pub enum NewValue<'a> {
+    /// One of vaultd's own values (`tool_status: done`): one line, written as it is.
+    Line(&'a str),
+    /// A vault tool's value, written as YAML (a list of scalars as `- item` lines, a string
+    /// quoted when it would read back as something else); `null` removes the property.
+    Json(&'a Value),
+}
+
+impl NewValue<'_> {
+    fn removes(&self) -> bool {
+        matches!(self, NewValue::Json(Value::Null))
+    }
+}
+
+/// Sets (or, for a JSON `null`, removes) the named top-level properties of `text`, touching
+/// only their lines: every line of a key written twice, with the continuation lines below it.
+/// New keys go before the closing line, in the order given, with the note's line ending; a
+/// note without frontmatter gets one (after a BOM) when something is to be added.
+pub fn set(text: &str, props: &[(&str, NewValue<'_>)]) -> String {
     let eol = detect_line_ending(text).as_str();
-    let mut out = String::with_capacity(text.len() + 64);
+    let mut out = String::with_capacity(text.len() + 160);
     let Some(span) = span(text) else {
-        let adds: Vec<(&String, &Value)> = props.iter().filter(|(_, v)| !v.is_null()).collect();
-        if adds.is_empty() {
+        if props.iter().all(|(_, v)| v.removes()) {
             return text.to_string();
         }
         let at = bom_len(text);
         out.push_str(&text[..at]);
         out.push_str("---");
         out.push_str(eol);
-        for (k, v) in adds {
-            push_property(&mut out, k, v, eol);
+        for (key, value) in props {
+            push_property(&mut out, key, value, eol);
         }
         out.push_str("---");
         out.push_str(eol);
@@ -233,35 +292,26 @@ pub fn set_properties(text: &str, props: &Map<String, Value>) -> String {
     };
     let lines: Vec<&str> = text[span.clone()].split_inclusive('\n').collect();
     let closer = lines.len() - 1;
-    let mut done: Vec<&str> = Vec::new();
+    let inner = &lines[1..closer];
+    let mut written = vec![false; props.len()];
     out.push_str(&text[..span.start]);
     out.push_str(lines[0]);
-    let mut i = 1;
-    while i < closer {
-        let line = lines[i];
-        let key = top_level_key(line.trim_end_matches(['\n', '\r'])).map(|(k, _)| k);
-        match key.and_then(|k| props.get_key_value(k)) {
-            Some((k, v)) if !done.contains(&k.as_str()) => {
-                if !v.is_null() {
-                    push_property(&mut out, k, v, eol);
-                }
-                done.push(k);
-                i += 1;
-                while i < closer && is_continuation(lines[i]) {
-                    i += 1;
-                }
-            }
-            _ => {
-                out.push_str(line);
-                i += 1;
-            }
-        }
+    let mut copied = 0;
+    for entry in entries(inner) {
+        let Some(k) = props.iter().position(|(key, _)| *key == entry.key) else {
+            continue;
+        };
+        inner[copied..entry.lines.start]
+            .iter()
+            .for_each(|l| out.push_str(l));
+        copied = entry.lines.end;
+        push_property(&mut out, props[k].0, &props[k].1, eol);
+        written[k] = true;
     }
-    // A frontmatter whose last line has no line break before the closer cannot happen (the
-    // closer is its own line); new keys go right before the closer.
-    for (k, v) in props {
-        if !v.is_null() && !done.contains(&k.as_str()) {
-            push_property(&mut out, k, v, eol);
+    inner[copied..].iter().for_each(|l| out.push_str(l));
+    for ((key, value), done) in props.iter().zip(&written) {
+        if !done {
+            push_property(&mut out, key, value, eol);
         }
     }
     out.push_str(lines[closer]);
@@ -269,7 +319,28 @@ pub fn set_properties(text: &str, props: &Map<String, Value>) -> String {
     out
 }
 
-fn push_property(out: &mut String, key: &str, value: &Value, eol: &str) {
+/// [`set`] with a vault tool's JSON values.
+pub fn set_json(text: &str, props: &Map<String, Value>) -> String {
+    let props: Vec<(&str, NewValue<'_>)> = props
+        .iter()
+        .map(|(k, v)| (k.as_str(), NewValue::Json(v)))
+        .collect();
+    set(text, &props)
+}
+
+/// The lines of one property (none for a removal).
+fn push_property(out: &mut String, key: &str, value: &NewValue<'_>, eol: &str) {
+    let value = match value {
+        NewValue::Line(line) => {
+            out.push_str(key);
+            out.push_str(": ");
+            out.push_str(line);
+            out.push_str(eol);
+            return;
+        }
+        NewValue::Json(Value::Null) => return,
+        NewValue::Json(value) => *value,
+    };
     out.push_str(key);
     out.push(':');
     match value {
@@ -316,78 +387,6 @@ fn yaml_scalar(v: &Value) -> String {
     }
 }
 
-/// Replaces the line of each property (and its indented continuation lines), inserts the
-/// missing ones before the closing `---`; every other byte stays as it was.
-pub(crate) fn set_frontmatter(text: &str, props: &[(&str, String)]) -> String {
-    let eol = detect_line_ending(text).as_str();
-    let mut out = String::with_capacity(text.len() + 160);
-    let Some(span) = span(text) else {
-        let at = bom_len(text);
-        out.push_str(&text[..at]);
-        out.push_str("---");
-        out.push_str(eol);
-        for (key, value) in props {
-            push_line(&mut out, key, value, eol);
-        }
-        out.push_str("---");
-        out.push_str(eol);
-        out.push_str(&text[at..]);
-        return out;
-    };
-
-    let lines: Vec<&str> = text[span.clone()].split_inclusive('\n').collect();
-    let closer = lines.len() - 1;
-    let mut written = vec![false; props.len()];
-    out.push_str(&text[..span.start]);
-    out.push_str(lines[0]);
-    let mut i = 1;
-    while i < closer {
-        let line = lines[i];
-        let hit = props.iter().position(|(key, _)| {
-            line.strip_prefix(key)
-                .is_some_and(|rest| rest.starts_with(':'))
-        });
-        match hit {
-            Some(k) => {
-                push_line(&mut out, props[k].0, &props[k].1, eol);
-                written[k] = true;
-                i += 1;
-                while i < closer && is_continuation_line(lines[i]) {
-                    i += 1;
-                }
-            }
-            None => {
-                out.push_str(line);
-                i += 1;
-            }
-        }
-    }
-    for ((key, value), done) in props.iter().zip(&written) {
-        if !done {
-            push_line(&mut out, key, value, eol);
-        }
-    }
-    out.push_str(lines[closer]);
-    out.push_str(&text[span.end..]);
-    out
-}
-
-fn push_line(out: &mut String, key: &str, value: &str, eol: &str) {
-    out.push_str(key);
-    out.push_str(": ");
-    out.push_str(value);
-    out.push_str(eol);
-}
-
-/// A line that belongs to the YAML value above it: indented, or a `- item` of a sequence.
-fn is_continuation_line(line: &str) -> bool {
-    line.starts_with([' ', '\t'])
-        || line == "-\n"
-        || line == "-\r\n"
-        || line.starts_with("- ")
-        || line.starts_with("-\t")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -416,7 +415,7 @@ mod tests {
     #[test]
     fn edits_touch_only_the_named_keys_with_crlf_bom_and_no_final_newline() {
         let text = "\u{feff}---\r\ntitle: Old\r\n# keep me\r\nweird:   {a: [1, 2]}   \r\ntags:\r\n  - x\r\nstatus: draft\r\n---\r\nBody  \r\nend";
-        let out = set_properties(
+        let out = set_json(
             text,
             &map(json!({ "status": "final", "tags": ["y", "z w"], "title": null, "new": 7 })),
         );
@@ -433,16 +432,16 @@ mod tests {
     #[test]
     fn a_note_without_frontmatter_gets_one() {
         assert_eq!(
-            set_properties("Hello", &map(json!({ "a": "b: c" }))),
+            set_json("Hello", &map(json!({ "a": "b: c" }))),
             "---\na: \"b: c\"\n---\nHello"
         );
-        assert_eq!(set_properties("Hello", &map(json!({ "a": null }))), "Hello");
+        assert_eq!(set_json("Hello", &map(json!({ "a": null }))), "Hello");
     }
 
     #[test]
     fn strings_that_would_read_back_differently_are_quoted() {
         for s in ["true", "12", "", "a: b", "#x", "- x", "null", "x #y"] {
-            let out = set_properties("---\n---\n", &map(json!({ "k": s })));
+            let out = set_json("---\n---\n", &map(json!({ "k": s })));
             assert_eq!(read_properties(&out)["k"], s, "{out}");
         }
     }
@@ -476,5 +475,43 @@ mod tests {
         assert_eq!(span("----\na: 1\n----\n"), None);
         assert_eq!(span("x\n---\na: 1\n---\n"), None, "not at the top");
         assert_eq!(span(" ---\na: 1\n---\n"), None, "indented");
+    }
+
+    #[test]
+    fn a_head_cut_short_is_read_as_far_as_it_goes() {
+        let head = "---\ntool_runner: a-1\ntitle: a long";
+        assert_eq!(head_property(head, "tool_runner"), Some("a-1"));
+        assert_eq!(
+            frontmatter_property(head, "tool_runner"),
+            None,
+            "not closed"
+        );
+        assert_eq!(
+            head_property("# x\ntool_runner: a-1\n", "tool_runner"),
+            None
+        );
+    }
+
+    #[test]
+    fn every_line_of_a_key_written_twice_is_set_and_the_last_is_read() {
+        let text = "---\na: 1\nb: 2\na: 3\n---\n";
+        assert_eq!(frontmatter_property(text, "a"), Some("3"));
+        assert_eq!(read_properties(text)["a"], 3);
+        let out = set(text, &[("a", NewValue::Line("x"))]);
+        assert_eq!(out, "---\na: x\nb: 2\na: x\n---\n");
+        assert_eq!(
+            set_json(text, &map(json!({ "a": null }))),
+            "---\nb: 2\n---\n"
+        );
+    }
+
+    #[test]
+    fn own_values_and_json_values_find_the_same_key_lines() {
+        // A quoted key and a space before the colon are the key's line; `k:v` is not YAML's.
+        let text = "---\n\"k\": 1\nk : 2\nk:v\n---\n";
+        let line = set(text, &[("k", NewValue::Line("x"))]);
+        assert_eq!(line, "---\nk: x\nk: x\nk:v\n---\n");
+        assert_eq!(set_json(text, &map(json!({ "k": "x" }))), line);
+        assert!(has_property(text, "k") && !has_property(text, "k:v"));
     }
 }

@@ -1,6 +1,7 @@
-//! Everything about one markdown note: finding its tool calls and results (`parse`),
-//! rendering result callouts and frontmatter edits (`render`), and the one atomic write
-//! (`write`). `parse` and `render` are pure: `&str` in, values out.
+//! Everything about one markdown note: finding its tool calls and results (`parse`), reading
+//! and editing its frontmatter properties (`frontmatter`, the only place that does),
+//! rendering result callouts and vaultd's own properties (`render`), and the one atomic write
+//! (`write`). `parse`, `frontmatter` and `render` are pure: `&str` in, values out.
 
 pub mod frontmatter;
 pub mod parse;

@@ -1,8 +1,9 @@
 //! Pure: note text -> the tool calls it holds (with ids, lines, byte spans), the results and
-//! approval notices already written, and the frontmatter span. Parsed with pulldown-cmark.
+//! approval notices already written, and the frontmatter span (found by `frontmatter`).
+//! Parsed with pulldown-cmark.
 
 use crate::call::{CallError, ErrorCode};
-use crate::note::frontmatter::find_frontmatter;
+use crate::note::frontmatter;
 pub use crate::note::text::LineEnding;
 use crate::note::text::detect_line_ending;
 use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
@@ -137,8 +138,7 @@ pub fn parse_note(text: &str) -> ParsedNote {
 /// from; public for differential tests against other CommonMark implementations.
 pub fn json_block_contents(text: &str) -> Vec<String> {
     let content_start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
-    let body_start =
-        find_frontmatter(&text[content_start..]).map_or(content_start, |r| r.end + content_start);
+    let body_start = frontmatter::span(text).map_or(content_start, |r| r.end);
     scan_blocks(&text[body_start..])
         .fences
         .into_iter()
@@ -165,8 +165,7 @@ pub(crate) fn analyze(text: &str) -> Analysis {
     // pulldown-cmark's YAML option find it: that option also turns a `---` hr in the middle
     // of a note (followed later by another `---`) into a "metadata block" and would hide
     // every call between them. Obsidian only knows frontmatter at the very top.
-    let frontmatter = find_frontmatter(&text[content_start..])
-        .map(|r| r.start + content_start..r.end + content_start);
+    let frontmatter = frontmatter::span(text);
     let body_start = frontmatter.as_ref().map_or(content_start, |r| r.end);
     let body = &text[body_start..];
     let lines = LineIndex::new(text);

@@ -1,8 +1,9 @@
 //! Pure: results and approval notices -> callout text, appended to a note; the four
-//! frontmatter properties set without touching any other line.
+//! frontmatter properties (and `tool_note`, `tool_runner`) set through `frontmatter`, without
+//! touching any other line.
 
 use crate::call::{CallError, CallResult, HeldCall, rfc3339_millis, rfc3339_seconds};
-use crate::note::frontmatter::set_frontmatter;
+use crate::note::frontmatter::{self, NewValue};
 use crate::note::parse::{Analysis, ParsedNote, analyze, parse_note};
 use crate::note::text::escape_untrusted;
 use serde::Serialize;
@@ -165,34 +166,29 @@ fn set_parsed(
     ];
     // Calls waiting for a person (a `[!question]` each, no result yet): shown once a note
     // has any, and kept up to date (back to 0) from then on.
-    let has_held_line = note.frontmatter.as_ref().is_some_and(|span| {
-        text[span.clone()]
-            .lines()
-            .any(|l| l.starts_with("tool_held:"))
-    });
-    if held > 0 || has_held_line {
+    if held > 0 || frontmatter::has_property(text, "tool_held") {
         props.push(("tool_held", held.to_string()));
     }
     props.push(("tool_updated", rfc3339_seconds(now)));
     props.extend(extra.iter().map(|(key, value)| (*key, one_line(value))));
-    set_frontmatter(text, &props)
+    set_lines(text, &props)
 }
 
 /// Sets the `tool_note` property (docs/design.md §9.2), creating the frontmatter when the note has
 /// none; every other byte stays as it was.
 pub fn set_note_id(text: &str, note_id: &str) -> String {
-    set_frontmatter(text, &[("tool_note", one_line(note_id))])
+    set_lines(text, &[("tool_note", one_line(note_id))])
 }
 
 /// Sets `tool_runner` (docs/design.md §9.9): which daemon wrote the note last.
 pub fn set_runner(text: &str, runner: &str) -> String {
-    set_frontmatter(text, &[("tool_runner", one_line(runner))])
+    set_lines(text, &[("tool_runner", one_line(runner))])
 }
 
 /// What a claim writes (docs/design.md §9.2, §9.9): `tool_note`, `tool_runner`, and `tool_updated`
 /// (so a replica's daemon sees a fresh claim, not the note's last round).
 pub fn stamp_claim(text: &str, note_id: &str, runner: &str, now: SystemTime) -> String {
-    set_frontmatter(
+    set_lines(
         text,
         &[
             ("tool_note", one_line(note_id)),
@@ -200,6 +196,15 @@ pub fn stamp_claim(text: &str, note_id: &str, runner: &str, now: SystemTime) -> 
             ("tool_updated", rfc3339_seconds(now)),
         ],
     )
+}
+
+/// Sets vaultd's own one-line properties (each value already one line).
+fn set_lines(text: &str, props: &[(&str, String)]) -> String {
+    let props: Vec<(&str, NewValue<'_>)> = props
+        .iter()
+        .map(|(key, value)| (*key, NewValue::Line(value)))
+        .collect();
+    frontmatter::set(text, &props)
 }
 
 /// Titles and property values are one line.

@@ -8,7 +8,7 @@ use super::{
     path_and_hash, prepare, refuse_look_alike, sha256_hex,
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
-use crate::note::frontmatter::set_properties;
+use crate::note::frontmatter::set_json;
 use crate::tools::Effect;
 use serde_json::json;
 
@@ -67,7 +67,7 @@ fn content(call: &VaultCall) -> Result<String, CallError> {
         .and_then(|p| p.as_object())
     {
         check_keys(props)?;
-        text = set_properties(&text, props);
+        text = set_json(&text, props);
     }
     Ok(text)
 }

@@ -27,8 +27,7 @@ pub fn tool() -> ToolDef {
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {
     let note = context.paths.note(param(call, "path"), Access::Read)?;
     let text = read_text(&note)?;
-    let parsed = crate::note::parse::parse_note(&text);
-    let content = match &parsed.frontmatter {
+    let content = match crate::note::frontmatter::span(&text) {
         Some(span) => text[span.end..].trim_start_matches(['\r', '\n']),
         None => text.trim_start_matches('\u{feff}'),
     };
