@@ -148,41 +148,15 @@ pub struct RunnerStamp {
 }
 
 /// `tool_runner` and `tool_updated` of a note's frontmatter; None without a `tool_runner`.
+/// `text` may be only the note's first bytes ([`read_head`]): a frontmatter cut short there
+/// is read as far as it goes.
 pub fn runner_stamp(text: &str) -> Option<RunnerStamp> {
-    let body = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut lines = body.lines();
-    if lines.next()?.trim_end() != "---" {
-        return None;
-    }
-    let mut runner = None;
-    let mut updated = None;
-    for line in lines {
-        let trimmed = line.trim_end();
-        if trimmed == "---" || trimmed == "..." {
-            break;
-        }
-        if let Some(v) = property_value(line, "tool_runner") {
-            runner = Some(v.to_string());
-        } else if let Some(v) = property_value(line, "tool_updated") {
-            updated = humantime::parse_rfc3339_weak(v).ok();
-        }
-    }
+    use crate::note::frontmatter::head_property;
     Some(RunnerStamp {
-        runner: runner?,
-        updated,
+        runner: head_property(text, "tool_runner")?.to_string(),
+        updated: head_property(text, "tool_updated")
+            .and_then(|v| humantime::parse_rfc3339_weak(v).ok()),
     })
-}
-
-/// The value of a top-level `key: value` line, unquoted.
-fn property_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-    let v = rest.trim();
-    let v = v
-        .strip_prefix('"')
-        .and_then(|v| v.strip_suffix('"'))
-        .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
-        .unwrap_or(v);
-    (!v.is_empty()).then_some(v)
 }
 
 /// Whether a stamp is another runner's activity that counts: not ours, updated inside the

@@ -168,7 +168,7 @@ impl Arrivals {
 /// for its group commit: looked for again for up to 2 s.
 pub(crate) async fn outcome(journal: &Journal, note: &Path) -> Option<CallResult> {
     let text = tokio::fs::read_to_string(note).await.ok()?;
-    let note_id = crate::note::parse::frontmatter_property(&text, "tool_note")?.to_string();
+    let note_id = crate::note::frontmatter_property(&text, "tool_note")?.to_string();
     for _ in 0..100 {
         if let Ok(calls) = journal.note_calls(&note_id)
             && let Some(result) = calls.into_iter().find_map(|c| c.recorded)

@@ -1,26 +1,15 @@
 //! Pure: note text -> the tool calls it holds (with ids, lines, byte spans), the results and
-//! approval notices already written, and the frontmatter span. Parsed with pulldown-cmark.
+//! approval notices already written, and the frontmatter span (found by `frontmatter`).
+//! Parsed with pulldown-cmark.
 
 use crate::call::{CallError, ErrorCode};
+use crate::note::frontmatter;
+pub use crate::note::text::LineEnding;
+use crate::note::text::detect_line_ending;
 use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::ops::Range;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LineEnding {
-    Lf,
-    CrLf,
-}
-
-impl LineEnding {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LineEnding::Lf => "\n",
-            LineEnding::CrLf => "\r\n",
-        }
-    }
-}
 
 /// One `json` fenced block that is (or tried to be) a tool call.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,28 +132,13 @@ pub fn parse_note(text: &str) -> ParsedNote {
     analyze(text).note
 }
 
-/// The value of the top-level frontmatter property `key` (one line, trimmed; quotes
-/// removed), if the note has frontmatter with that key. For vaultd's own one-word values
-/// (`tool_note`), not a YAML parser.
-pub fn frontmatter_property<'t>(text: &'t str, key: &str) -> Option<&'t str> {
-    let start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
-    let span = find_frontmatter(&text[start..])?;
-    let fm = &text[start..start + span.end];
-    fm.lines().skip(1).find_map(|line| {
-        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-        let v = rest.trim().trim_matches(|c| c == '"' || c == '\'');
-        (!v.is_empty()).then_some(v)
-    })
-}
-
 /// The content of every fenced block whose info string's first word is `json` (any case)
 /// outside blockquotes, in document order, closed or not, as CommonMark defines it (indent
 /// and container prefixes stripped, LF line breaks). The blocks [`parse_note`] reads calls
 /// from; public for differential tests against other CommonMark implementations.
 pub fn json_block_contents(text: &str) -> Vec<String> {
     let content_start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
-    let body_start =
-        find_frontmatter(&text[content_start..]).map_or(content_start, |r| r.end + content_start);
+    let body_start = frontmatter::span(text).map_or(content_start, |r| r.end);
     scan_blocks(&text[body_start..])
         .fences
         .into_iter()
@@ -191,8 +165,7 @@ pub(crate) fn analyze(text: &str) -> Analysis {
     // pulldown-cmark's YAML option find it: that option also turns a `---` hr in the middle
     // of a note (followed later by another `---`) into a "metadata block" and would hide
     // every call between them. Obsidian only knows frontmatter at the very top.
-    let frontmatter = find_frontmatter(&text[content_start..])
-        .map(|r| r.start + content_start..r.end + content_start);
+    let frontmatter = frontmatter::span(text);
     let body_start = frontmatter.as_ref().map_or(content_start, |r| r.end);
     let body = &text[body_start..];
     let lines = LineIndex::new(text);
@@ -257,48 +230,6 @@ pub(crate) fn analyze(text: &str) -> Analysis {
         },
         tail_closer: scan.tail_closer,
     }
-}
-
-fn detect_line_ending(text: &str) -> LineEnding {
-    match text.find('\n') {
-        Some(i) if i > 0 && text.as_bytes()[i - 1] == b'\r' => LineEnding::CrLf,
-        _ => LineEnding::Lf,
-    }
-}
-
-/// The next line at `pos`: (line without its line break, start of the following line).
-fn next_line(s: &str, pos: usize) -> Option<(&str, usize)> {
-    if pos >= s.len() {
-        return None;
-    }
-    let end = s[pos..].find('\n').map_or(s.len(), |i| pos + i + 1);
-    let line = s[pos..end].strip_suffix('\n').unwrap_or(&s[pos..end]);
-    Some((line.strip_suffix('\r').unwrap_or(line), end))
-}
-
-/// YAML frontmatter at the start of `s` (BOM already removed): a `---` line, at least one
-/// line, a closing `---` or `...` line. Agrees with pulldown-cmark's YAML metadata rule at
-/// the top of a document (the first inner line may not be blank), except that an empty
-/// `---`/`---` pair also counts, as it does in Obsidian.
-fn find_frontmatter(s: &str) -> Option<Range<usize>> {
-    let (first, mut pos) = next_line(s, 0)?;
-    let opener = first.strip_prefix("---")?;
-    if !opener.bytes().all(|b| b.is_ascii_whitespace()) {
-        return None;
-    }
-    let mut first_inner = true;
-    while let Some((line, next)) = next_line(s, pos) {
-        let trimmed = line.trim_end_matches([' ', '\t']);
-        if trimmed == "---" || trimmed == "..." {
-            return Some(0..next);
-        }
-        if first_inner && line.trim().is_empty() {
-            return None;
-        }
-        first_inner = false;
-        pos = next;
-    }
-    None
 }
 
 /// Byte offset -> 1-based line number, for the whole file.
@@ -1031,24 +962,6 @@ mod tests {
     }
 
     #[test]
-    fn frontmatter_property_reads_one_line_values() {
-        let text = "---\ntitle: x\ntool_note: n-0123456789ab\n---\n# body\ntool_note: no\n";
-        assert_eq!(
-            frontmatter_property(text, "tool_note"),
-            Some("n-0123456789ab")
-        );
-        assert_eq!(frontmatter_property(text, "tool"), None, "whole keys only");
-        assert_eq!(
-            frontmatter_property("# no frontmatter\ntool_note: n-1\n", "tool_note"),
-            None
-        );
-        assert_eq!(
-            frontmatter_property("\u{FEFF}---\r\ntool_note: \"n-1\"\r\n---\r\n", "tool_note"),
-            Some("n-1")
-        );
-    }
-
-    #[test]
     fn crlf_note() {
         let text = "intro\r\n\r\n```json\r\n{\"tool_call\": {\"name\": \"ping\"}}\r\n```\r\n";
         let note = parse_note(text);
@@ -1094,34 +1007,6 @@ mod tests {
         let note = parse_note(&text);
         assert_eq!(note.frontmatter, Some(0..27));
         assert_eq!(note.calls[0].line, 6);
-    }
-
-    #[test]
-    fn frontmatter_variants() {
-        assert_eq!(parse_note("---\na: 1\n...\nbody").frontmatter, Some(0..13));
-        assert_eq!(parse_note("---\na: 1\n---").frontmatter, Some(0..12));
-        assert_eq!(
-            parse_note("---\r\na: 1\r\n---  \r\nx").frontmatter,
-            Some(0..18)
-        );
-        assert_eq!(parse_note("---\n---\nx").frontmatter, Some(0..8));
-        assert_eq!(parse_note("---\na: 1\n").frontmatter, None, "never closed");
-        assert_eq!(
-            parse_note("---\n\na: 1\n---\n").frontmatter,
-            None,
-            "blank first line"
-        );
-        assert_eq!(parse_note("----\na: 1\n----\n").frontmatter, None);
-        assert_eq!(
-            parse_note("x\n---\na: 1\n---\n").frontmatter,
-            None,
-            "not at the top"
-        );
-        assert_eq!(
-            parse_note(" ---\na: 1\n---\n").frontmatter,
-            None,
-            "indented"
-        );
     }
 
     #[test]

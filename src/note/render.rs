@@ -1,7 +1,9 @@
 //! Pure: results and approval notices -> callout text, appended to a note; the four
-//! frontmatter properties set without touching any other line.
+//! frontmatter properties (and `tool_note`, `tool_runner`) set through `frontmatter`, without
+//! touching any other line.
 
 use crate::call::{CallError, CallResult, HeldCall, rfc3339_millis, rfc3339_seconds};
+use crate::note::frontmatter::{self, NewValue};
 use crate::note::parse::{Analysis, ParsedNote, analyze, parse_note};
 use crate::note::text::escape_untrusted;
 use serde::Serialize;
@@ -164,39 +166,30 @@ fn set_parsed(
     ];
     // Calls waiting for a person (a `[!question]` each, no result yet): shown once a note
     // has any, and kept up to date (back to 0) from then on.
-    let has_held_line = note.frontmatter.as_ref().is_some_and(|span| {
-        text[span.clone()]
-            .lines()
-            .any(|l| l.starts_with("tool_held:"))
-    });
-    if held > 0 || has_held_line {
+    if held > 0 || frontmatter::has_property(text, "tool_held") {
         props.push(("tool_held", held.to_string()));
     }
     props.push(("tool_updated", rfc3339_seconds(now)));
     props.extend(extra.iter().map(|(key, value)| (*key, one_line(value))));
-    set_frontmatter(text, note, &props)
+    set_lines(text, &props)
 }
 
 /// Sets the `tool_note` property (docs/design.md §9.2), creating the frontmatter when the note has
 /// none; every other byte stays as it was.
 pub fn set_note_id(text: &str, note_id: &str) -> String {
-    let note = parse_note(text);
-    set_frontmatter(text, &note, &[("tool_note", one_line(note_id))])
+    set_lines(text, &[("tool_note", one_line(note_id))])
 }
 
 /// Sets `tool_runner` (docs/design.md §9.9): which daemon wrote the note last.
 pub fn set_runner(text: &str, runner: &str) -> String {
-    let note = parse_note(text);
-    set_frontmatter(text, &note, &[("tool_runner", one_line(runner))])
+    set_lines(text, &[("tool_runner", one_line(runner))])
 }
 
 /// What a claim writes (docs/design.md §9.2, §9.9): `tool_note`, `tool_runner`, and `tool_updated`
 /// (so a replica's daemon sees a fresh claim, not the note's last round).
 pub fn stamp_claim(text: &str, note_id: &str, runner: &str, now: SystemTime) -> String {
-    let note = parse_note(text);
-    set_frontmatter(
+    set_lines(
         text,
-        &note,
         &[
             ("tool_note", one_line(note_id)),
             ("tool_runner", one_line(runner)),
@@ -205,76 +198,13 @@ pub fn stamp_claim(text: &str, note_id: &str, runner: &str, now: SystemTime) -> 
     )
 }
 
-/// Replaces the line of each property (and its indented continuation lines), inserts the
-/// missing ones before the closing `---`; every other byte stays as it was.
-fn set_frontmatter(text: &str, note: &ParsedNote, props: &[(&str, String)]) -> String {
-    let eol = note.line_ending.as_str();
-    let mut out = String::with_capacity(text.len() + 160);
-    let Some(span) = note.frontmatter.clone() else {
-        let at = if note.bom { 3 } else { 0 };
-        out.push_str(&text[..at]);
-        out.push_str("---");
-        out.push_str(eol);
-        for (key, value) in props {
-            push_property(&mut out, key, value, eol);
-        }
-        out.push_str("---");
-        out.push_str(eol);
-        out.push_str(&text[at..]);
-        return out;
-    };
-
-    let lines: Vec<&str> = text[span.clone()].split_inclusive('\n').collect();
-    let closer = lines.len() - 1;
-    let mut written = vec![false; props.len()];
-    out.push_str(&text[..span.start]);
-    out.push_str(lines[0]);
-    let mut i = 1;
-    while i < closer {
-        let line = lines[i];
-        let hit = props.iter().position(|(key, _)| {
-            line.strip_prefix(key)
-                .is_some_and(|rest| rest.starts_with(':'))
-        });
-        match hit {
-            Some(k) => {
-                push_property(&mut out, props[k].0, &props[k].1, eol);
-                written[k] = true;
-                i += 1;
-                while i < closer && is_continuation(lines[i]) {
-                    i += 1;
-                }
-            }
-            None => {
-                out.push_str(line);
-                i += 1;
-            }
-        }
-    }
-    for ((key, value), done) in props.iter().zip(&written) {
-        if !done {
-            push_property(&mut out, key, value, eol);
-        }
-    }
-    out.push_str(lines[closer]);
-    out.push_str(&text[span.end..]);
-    out
-}
-
-fn push_property(out: &mut String, key: &str, value: &str, eol: &str) {
-    out.push_str(key);
-    out.push_str(": ");
-    out.push_str(value);
-    out.push_str(eol);
-}
-
-/// A line that belongs to the YAML value above it: indented, or a `- item` of a sequence.
-fn is_continuation(line: &str) -> bool {
-    line.starts_with([' ', '\t'])
-        || line == "-\n"
-        || line == "-\r\n"
-        || line.starts_with("- ")
-        || line.starts_with("-\t")
+/// Sets vaultd's own one-line properties (each value already one line).
+fn set_lines(text: &str, props: &[(&str, String)]) -> String {
+    let props: Vec<(&str, NewValue<'_>)> = props
+        .iter()
+        .map(|(key, value)| (*key, NewValue::Line(value)))
+        .collect();
+    frontmatter::set(text, &props)
 }
 
 /// Titles and property values are one line.

@@ -1,5 +1,30 @@
 //! Untrusted text (docs/design.md §12.5): tool output written into a note has its bidi controls and
-//! zero-width characters escaped as `\uXXXX`, so a result cannot disguise what it says.
+//! zero-width characters escaped as `\uXXXX`, so a result cannot disguise what it says. And the
+//! note's line ending, which every addition is written with (§8.11).
+
+/// A note's line ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineEnding {
+    Lf,
+    CrLf,
+}
+
+impl LineEnding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LineEnding::Lf => "\n",
+            LineEnding::CrLf => "\r\n",
+        }
+    }
+}
+
+/// The note's line ending: that of its first line break (LF when it has none).
+pub(crate) fn detect_line_ending(text: &str) -> LineEnding {
+    match text.find('\n') {
+        Some(i) if i > 0 && text.as_bytes()[i - 1] == b'\r' => LineEnding::CrLf,
+        _ => LineEnding::Lf,
+    }
+}
 
 /// Bidi embeddings, overrides and isolates (U+202A–U+202E, U+2066–U+2069), and zero-width
 /// characters (U+200B–U+200D, U+2060, U+FEFF).

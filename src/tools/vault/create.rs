@@ -2,13 +2,13 @@
 //! is taken. Never replaces a file.
 
 use super::paths::Access;
-use super::properties::set_properties;
 use super::set_properties::check_keys;
 use super::{
     Planned, ToolDef, VaultCall, VaultContext, changed, conflict, create_file, execution, param,
     path_and_hash, prepare, refuse_look_alike, sha256_hex,
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
+use crate::note::frontmatter::set_json;
 use crate::tools::Effect;
 use serde_json::json;
 
@@ -67,7 +67,7 @@ fn content(call: &VaultCall) -> Result<String, CallError> {
         .and_then(|p| p.as_object())
     {
         check_keys(props)?;
-        text = set_properties(&text, props);
+        text = set_json(&text, props);
     }
     Ok(text)
 }

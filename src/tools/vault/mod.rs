@@ -12,7 +12,6 @@ pub mod list;
 pub mod move_note;
 pub mod paths;
 mod preview;
-pub mod properties;
 pub mod read;
 pub mod search;
 pub mod set_properties;

@@ -1,9 +1,9 @@
 //! `vault_read` (read_only): one note's properties, body, hash and size.
 
 use super::paths::Access;
-use super::properties::read_properties;
 use super::{ToolDef, VaultCall, VaultContext, param, read_text, sha256_hex};
 use crate::call::{CallError, ToolOutput};
+use crate::note::frontmatter::read_properties;
 use crate::tools::Effect;
 use serde_json::json;
 
@@ -27,8 +27,7 @@ pub fn tool() -> ToolDef {
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {
     let note = context.paths.note(param(call, "path"), Access::Read)?;
     let text = read_text(&note)?;
-    let parsed = crate::note::parse::parse_note(&text);
-    let content = match &parsed.frontmatter {
+    let content = match crate::note::frontmatter::span(&text) {
         Some(span) => text[span.end..].trim_start_matches(['\r', '\n']),
         None => text.trim_start_matches('\u{feff}'),
     };

@@ -7,9 +7,9 @@
 //! full scan of a 50 MB vault stays well inside the call budget (BENCHMARKS.md).
 
 use super::list::walk_notes;
-use super::properties::read_properties;
 use super::{ToolDef, VaultCall, VaultContext, execution, opt_param};
 use crate::call::{CallError, ErrorCode, ToolOutput};
+use crate::note::frontmatter::read_properties;
 use crate::tools::Effect;
 use grep_regex::RegexMatcherBuilder;
 use grep_searcher::sinks::Lossy;

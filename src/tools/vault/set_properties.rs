@@ -2,12 +2,12 @@
 //! touching only their lines.
 
 use super::paths::Access;
-use super::properties::set_properties;
 use super::{
     Planned, ToolDef, VaultCall, VaultContext, changed, check_if_sha256, edit_note, param,
     path_and_hash, read_text,
 };
 use crate::call::{CallError, ErrorCode, ToolOutput};
+use crate::note::frontmatter::set_json;
 use crate::tools::Effect;
 use serde_json::{Map, Value, json};
 
@@ -60,7 +60,7 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
     let props = properties(call)?;
     let (change, written) = edit_note(context, call, "vault_set_properties", &note, |current| {
         check_if_sha256(call, &note.rel, current)?;
-        Ok(set_properties(current, &props))
+        Ok(set_json(current, &props))
     })?;
     Ok(changed(
         path_and_hash(&note.rel, &written),
@@ -87,6 +87,6 @@ pub fn planned(context: &VaultContext, call: &VaultCall) -> Result<Vec<Planned>,
     let props = properties(call)?;
     let current = read_text(&note)?;
     check_if_sha256(call, &note.rel, &current)?;
-    let after = set_properties(&current, &props);
+    let after = set_json(&current, &props);
     Ok(vec![Planned::edited(&note.rel, current, after)])
 }
