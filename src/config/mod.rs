@@ -503,7 +503,7 @@ pub fn from_raw(
         (Some(s), _) => s.clone(),
         (None, Some(s)) => config_path(s),
         // One state per vault (docs/design.md §9.11): named by the id kept in the vault.
-        (None, None) => crate::state::default_state_dir(&vault)?,
+        (None, None) => crate::state::id::default_state_dir(&vault)?,
     };
 
     let workers = raw.workers.unwrap_or(10);

@@ -341,7 +341,7 @@ fn held_callout(held: &HeldCall) -> Vec<String> {
     if let Some(question) = &held.question {
         let answer = serde_json::json!({ "tool_answer": {
             "call_id": held.call_id,
-            "answer": crate::tools::mcp::question::answer_template(question),
+            "answer": answer_template(question),
         }});
         let json = serde_json::to_string_pretty(&answer).expect("JSON values serialize");
         // A blank line ends the callout: the answer is plain note text, easy to edit.
@@ -351,6 +351,32 @@ fn held_callout(held: &HeldCall) -> Vec<String> {
         lines.push("```".to_string());
     }
     lines
+}
+
+/// The `answer` a person fills in below a server's question (docs/design.md §10.4): each
+/// field with its default (or null); one object per ask when the server asked several.
+pub fn answer_template(question: &Value) -> Value {
+    let fields = |ask: &Value| -> Value {
+        let mut out = Map::new();
+        if let Some(props) = ask["schema"]["properties"].as_object() {
+            for (field, p) in props {
+                out.insert(
+                    field.clone(),
+                    p.get("default").cloned().unwrap_or(Value::Null),
+                );
+            }
+        }
+        Value::Object(out)
+    };
+    match question["asks"].as_array().map_or(&[][..], Vec::as_slice) {
+        [one] => fields(one),
+        several => Value::Object(
+            several
+                .iter()
+                .map(|a| (a["key"].as_str().unwrap_or("").to_string(), fields(a)))
+                .collect(),
+        ),
+    }
 }
 
 /// A reason line can quote note text (a recipient, a tool name). Escaping a leading

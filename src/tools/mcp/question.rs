@@ -89,31 +89,6 @@ pub fn describe(question: &Value) -> String {
     out
 }
 
-/// The `answer` a person fills in: each field with its default (or null).
-pub fn answer_template(question: &Value) -> Value {
-    let fields = |ask: &Value| -> Value {
-        let mut out = Map::new();
-        if let Some(props) = ask["schema"]["properties"].as_object() {
-            for (field, p) in props {
-                out.insert(
-                    field.clone(),
-                    p.get("default").cloned().unwrap_or(Value::Null),
-                );
-            }
-        }
-        Value::Object(out)
-    };
-    match asks(question) {
-        [one] => fields(one),
-        several => Value::Object(
-            several
-                .iter()
-                .map(|a| (a["key"].as_str().unwrap_or("").to_string(), fields(a)))
-                .collect(),
-        ),
-    }
-}
-
 /// The next round's `inputResponses` and `requestState` from the person's `answer`
 /// (`{"request_state": …, "responses": {KEY: ElicitResult, …}}`, what
 /// [`super::McpServer::call`] sends). Every answer is checked against the schema the server
@@ -186,6 +161,7 @@ fn check(schema: &Value, content: &Value) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::note::render::answer_template;
 
     fn asked() -> Value {
         question(
