@@ -609,10 +609,12 @@ pub fn from_raw(
     let cx = TableContext {
         path: &path,
         base: &base,
+        vault: &vault,
+        folders: &folders,
         state_dir: &state_dir,
         skip_secrets: overrides.skip_secrets,
     };
-    let tools = ToolsConfig::from_raw(raw.tools, &cx, &vault, &folders, &tool_results)?;
+    let tools = ToolsConfig::from_raw(raw.tools, &cx, &tool_results)?;
     let guard = crate::guard::config_from_raw(
         raw.note_budget,
         raw.notify,
@@ -630,7 +632,7 @@ pub fn from_raw(
             format!("must be at least 1024, got {max_result_bytes}"),
         ));
     }
-    let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &cx, &vault, &folders)?;
+    let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &cx)?;
     let gateway_token = match &raw.gateway.token {
         Some(r) => Some(cx.secret("gateway.token", r)?),
         None => None,

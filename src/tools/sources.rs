@@ -6,10 +6,8 @@ use crate::config::table::{ConfigError, TableContext};
 use crate::secret::SecretHolder;
 use crate::tools::builtin::BuiltinTool;
 use crate::tools::{Registry, RegistryError};
-use crate::vault::Folders;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::Path;
 
 /// `[tools]`, as written ([`RawTools`]) and validated ([`ToolsConfig`]): one table per built-in
 /// tool, from the one list in [`crate::tools::builtin::builtin_tools`], then the command and
@@ -80,8 +78,6 @@ macro_rules! tools_tables {
             pub(crate) fn from_raw(
                 t: RawTools,
                 cx: &TableContext,
-                vault: &Path,
-                folders: &Folders,
                 tool_results: &str,
             ) -> Result<ToolsConfig, ConfigError> {
                 Ok(ToolsConfig {
@@ -100,23 +96,13 @@ macro_rules! tools_tables {
                             ("vault_delete", t.vault_delete),
                             ("vault_undo", t.vault_undo),
                         ],
-                        vault,
-                        folders,
+                        cx,
                         tool_results,
-                        cx.path,
                     )?,
                     $($name: <crate::tools::builtin::$module::$tool as BuiltinTool>::config(
                         t.$name, cx,
                     )?,)*
-                    command: crate::tools::command::config::validate(
-                        t.command,
-                        cx.path,
-                        cx.base,
-                        vault,
-                        cx.state_dir,
-                        cx.skip_secrets,
-                        folders,
-                    )?,
+                    command: crate::tools::command::config::validate(t.command, cx)?,
                 })
             }
 

@@ -224,14 +224,12 @@ impl crate::secret::SecretHolder for McpServerConfig {
 pub fn from_raw(
     raw: BTreeMap<String, RawServer>,
     cx: &TableContext<'_>,
-    vault: &Path,
-    folders: &crate::vault::Folders,
 ) -> Result<Vec<McpServerConfig>, ConfigError> {
     let protected = Protected {
-        vault,
+        vault: cx.vault,
         state_dir: cx.state_dir,
         config: cx.path,
-        folders,
+        folders: cx.folders,
     };
     let resolve_path = |p: &str| cx.path(p);
     let mut out = Vec::new();
@@ -572,10 +570,12 @@ mod tests {
         let cx = TableContext {
             path: &vault.join("vaultd.toml"),
             base: vault,
+            vault,
+            folders: &crate::vault::Folders::default(),
             state_dir: &state_dir,
             skip_secrets: false,
         };
-        from_raw(raw, &cx, vault, &crate::vault::Folders::default())
+        from_raw(raw, &cx)
     }
 
     fn sandbox_error(vault: &Path, sandbox: &str) -> String {

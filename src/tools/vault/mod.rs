@@ -23,13 +23,12 @@ pub mod undo;
 mod tests;
 
 use crate::call::{CallError, ErrorCode, ToolOutput, UndoRecord, VaultChange};
-use crate::config::table::{ConfigError, RateLimit, RawRateLimit};
+use crate::config::table::{ConfigError, RateLimit, RawRateLimit, TableContext};
 use crate::journal::Journal;
 use crate::tools::{
     ApprovalRule, Effect, Policy, Registry, RegistryError, Source, Tool, ToolCall, ToolFuture,
     ToolSpec,
 };
-use crate::vault::Folders;
 use paths::{NotePath, PathPolicy};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -99,20 +98,15 @@ pub struct VaultToolsConfig {
 }
 
 impl VaultToolsConfig {
-    /// Validates `[tools.vault]` and the per-tool tables. `path` names the config file.
+    /// Validates `[tools.vault]` and the per-tool tables; `tool_results` is reserved like
+    /// the state folders.
     pub fn from_raw(
         raw: RawVault,
         per_tool: Vec<(&str, RawVaultTool)>,
-        root: &Path,
-        folders: &Folders,
+        cx: &TableContext,
         tool_results: &str,
-        path: &Path,
     ) -> Result<VaultToolsConfig, ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            key: key.to_string(),
-            message,
-        };
+        let (root, folders) = (cx.vault, cx.folders);
         let read = raw.read.unwrap_or_else(|| vec!["**".to_string()]);
         let write = raw.write.unwrap_or_default();
         let reserved: Vec<String> = [
@@ -130,8 +124,9 @@ impl VaultToolsConfig {
         .map(|s| s.to_string())
         .collect();
         let names: Vec<&str> = reserved.iter().map(String::as_str).collect();
-        PathPolicy::new(root.to_path_buf(), &names, &read, &write)
-            .map_err(|e| invalid(&e.key, format!("`{}` is not a glob: {}", e.glob, e.message)))?;
+        PathPolicy::new(root.to_path_buf(), &names, &read, &write).map_err(|e| {
+            cx.invalid(&e.key, format!("`{}` is not a glob: {}", e.glob, e.message))
+        })?;
         let enabled = raw.enabled.unwrap_or(true);
         let mut tools = BTreeMap::new();
         for (name, t) in per_tool {
