@@ -821,6 +821,28 @@ mod tests {
     }
 
     #[test]
+    fn an_mcp_sandbox_of_the_wrong_shape_names_its_key_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |sandbox: &str| {
+            load_str(
+                &format!("[mcp.s]\ncommand = [\"srv\"]\nsandbox = {sandbox}\n"),
+                dir.path(),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let e = err("\"yes\"");
+        assert!(
+            e.contains("line 3: key `mcp.s.sandbox`") && e.contains("`false` or a table"),
+            "{e}"
+        );
+        let e = err("{ netwrok = true }");
+        assert!(e.contains("test.toml:3:13: `mcp.s.sandbox.netwrok`"), "{e}");
+        let e = err("{ mode = \"sometimes\" }");
+        assert!(e.contains("key `mcp.s.sandbox.mode`"), "{e}");
+    }
+
+    #[test]
     fn unknown_keys_are_errors_naming_the_key() {
         let dir = tempfile::tempdir().unwrap();
         let err = load_str("workerz = 3\n", dir.path())
