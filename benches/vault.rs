@@ -88,13 +88,19 @@ fn main() {
         bytes as f64 / 1e6,
         t0.elapsed().as_secs_f64()
     );
+    let cx = vaultd::config::TableContext {
+        path: Path::new("bench.toml"),
+        base: &root,
+        vault: &root,
+        folders: &vaultd::config::Folders::default(),
+        state_dir: &root.join(".state"),
+        skip_secrets: false,
+    };
     let config = VaultToolsConfig::from_raw(
         RawVault::default(),
         Vec::new(),
-        &root,
-        &vaultd::config::Folders::default(),
+        &cx,
         vaultd::results::DEFAULT_FOLDER,
-        Path::new("bench.toml"),
     )
     .expect("config");
     let mut registry = Registry::empty();

@@ -193,7 +193,7 @@ pub enum Command {
     Log {
         /// Only entries newer than this (e.g. 30m, 1h, 2days).
         #[arg(long, value_name = "DURATION")]
-        since: Option<String>,
+        since: Option<humantime::Duration>,
         /// Only calls of this tool.
         #[arg(long)]
         tool: Option<String>,

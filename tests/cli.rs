@@ -770,6 +770,59 @@ fn status_and_log_work_while_a_secrets_variable_is_unset() {
 }
 
 #[test]
+fn status_and_log_work_while_a_command_tool_or_mcp_servers_secret_is_unset() {
+    let h = Home::with_vault();
+    let command = h.config_file(
+        "command.toml",
+        "[tools.command.greet]\ndescription = \"Says hello.\"\nargv = [\"true\"]\n\
+         env = { TOKEN = \"env:VAULTD_TEST_UNSET_COMMAND\" }\n",
+    );
+    let mcp = h.config_file(
+        "mcp.toml",
+        "[mcp.stdio]\ncommand = [\"true\"]\nenv = { API_KEY = \"env:VAULTD_TEST_UNSET_STDIO\" }\n\
+         [mcp.web]\nurl = \"https://mcp.example.com/mcp\"\n\
+         headers = { Authorization = \"env:VAULTD_TEST_UNSET_HEADER\" }\n",
+    );
+    let unset = [
+        "VAULTD_TEST_UNSET_COMMAND",
+        "VAULTD_TEST_UNSET_STDIO",
+        "VAULTD_TEST_UNSET_HEADER",
+    ];
+    for (cfg, key, refs) in [
+        (
+            command.as_str(),
+            "tools.command.greet.env.TOKEN",
+            &unset[..1],
+        ),
+        (mcp.as_str(), "mcp.stdio.env.API_KEY", &unset[1..]),
+    ] {
+        for cmd in ["status", "log"] {
+            let mut c = h.command_in(&h.vault);
+            c.args([cmd, "--config", cfg]);
+            for var in unset {
+                c.env_remove(var);
+            }
+            let out = c.output().unwrap();
+            let err = text(&out.stderr);
+            assert!(out.status.success(), "{cmd} with {cfg}: {err}");
+            for r in refs {
+                assert!(
+                    err.contains(&format!("env:{r}")),
+                    "{cmd} warns of {r}: {err}"
+                );
+            }
+        }
+        // The commands that run tools still stop at start, naming the key.
+        for cmd in ["once", "run"] {
+            let out = h.vaultd(&[cmd, "--config", cfg]);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd} with {cfg}: {err}");
+            assert!(err.contains(key) && err.contains(refs[0]), "{cmd}: {err}");
+        }
+    }
+}
+
+#[test]
 fn log_since_further_back_than_the_clock_shows_everything() {
     let h = Home::with_vault();
     assert!(h.vaultd(&["once"]).status.success());

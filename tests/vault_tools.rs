@@ -189,16 +189,22 @@ fn a_vault_write_whose_outcome_was_lost_is_not_repeated_and_stays_undoable() {
             &params,
         )
         .unwrap();
+    let cx = vaultd::config::TableContext {
+        path: std::path::Path::new("test.toml"),
+        base: &vault.root,
+        vault: &vault.root,
+        folders: &vaultd::config::Folders::default(),
+        state_dir: &vault.root.join(".state"),
+        skip_secrets: false,
+    };
     let config = vaultd::tools::vault::VaultToolsConfig::from_raw(
         vaultd::tools::vault::RawVault {
             write: Some(vec!["Agent/**".into()]),
             ..Default::default()
         },
         Vec::new(),
-        &vault.root,
-        &vaultd::config::Folders::default(),
+        &cx,
         vaultd::results::DEFAULT_FOLDER,
-        std::path::Path::new("test.toml"),
     )
     .unwrap();
     let mut registry = vaultd::tools::Registry::empty();

@@ -2,12 +2,12 @@
 
 use super::{GlobalArgs, escape_controls, open_journal, validated_without_secrets};
 use crate::daemon;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::io::Write;
 
 pub(super) fn log(
     g: &GlobalArgs,
-    since: Option<String>,
+    since: Option<humantime::Duration>,
     tool: Option<String>,
     note: Option<String>,
     limit: usize,
@@ -15,19 +15,12 @@ pub(super) fn log(
 ) -> Result<i32> {
     let (config, _) = validated_without_secrets(g)?;
     let journal = open_journal(&config)?;
-    let since = match since {
-        Some(s) => {
-            let d = humantime::parse_duration(&s)
-                .with_context(|| format!("--since {s}: not a duration like 30m, 1h, 2days"))?;
-            // Further back than the clock goes: everything.
-            Some(
-                std::time::SystemTime::now()
-                    .checked_sub(d)
-                    .unwrap_or(std::time::UNIX_EPOCH),
-            )
-        }
-        None => None,
-    };
+    // Further back than the clock goes: everything.
+    let since = since.map(|d| {
+        std::time::SystemTime::now()
+            .checked_sub(d.into())
+            .unwrap_or(std::time::UNIX_EPOCH)
+    });
     let entries = journal.log(&crate::journal::LogFilter {
         since,
         tool,

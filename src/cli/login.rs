@@ -21,8 +21,8 @@ pub struct LoginArgs {
     #[arg(long)]
     no_browser: bool,
     /// How long to wait for the browser to come back.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "5m")]
-    wait: std::time::Duration,
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    wait: humantime::Duration,
 }
 
 #[derive(Debug, Args)]
@@ -93,7 +93,7 @@ pub(super) fn login(g: &GlobalArgs, args: LoginArgs) -> Result<i32> {
                 oauth::open_browser(address);
             }
         },
-        args.wait.min(LOGIN_WAIT * 12),
+        std::time::Duration::from(args.wait).min(LOGIN_WAIT * 12),
         no_browser,
     ));
     // A read of the pasted address may still wait on stdin: not waited for.

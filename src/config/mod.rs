@@ -609,10 +609,12 @@ pub fn from_raw(
     let cx = TableContext {
         path: &path,
         base: &base,
+        vault: &vault,
+        folders: &folders,
         state_dir: &state_dir,
         skip_secrets: overrides.skip_secrets,
     };
-    let tools = ToolsConfig::from_raw(raw.tools, &cx, &vault, &folders, &tool_results)?;
+    let tools = ToolsConfig::from_raw(raw.tools, &cx, &tool_results)?;
     let guard = crate::guard::config_from_raw(
         raw.note_budget,
         raw.notify,
@@ -630,7 +632,7 @@ pub fn from_raw(
             format!("must be at least 1024, got {max_result_bytes}"),
         ));
     }
-    let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &cx, &vault, &folders)?;
+    let mcp = crate::tools::mcp::config::from_raw(raw.mcp, &cx)?;
     let gateway_token = match &raw.gateway.token {
         Some(r) => Some(cx.secret("gateway.token", r)?),
         None => None,
@@ -816,6 +818,28 @@ mod tests {
             c.tools.send_notification.email.transport,
             EmailTransport::File { .. }
         ));
+    }
+
+    #[test]
+    fn an_mcp_sandbox_of_the_wrong_shape_names_its_key_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |sandbox: &str| {
+            load_str(
+                &format!("[mcp.s]\ncommand = [\"srv\"]\nsandbox = {sandbox}\n"),
+                dir.path(),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let e = err("\"yes\"");
+        assert!(
+            e.contains("line 3: key `mcp.s.sandbox`") && e.contains("`false` or a table"),
+            "{e}"
+        );
+        let e = err("{ netwrok = true }");
+        assert!(e.contains("test.toml:3:13: `mcp.s.sandbox.netwrok`"), "{e}");
+        let e = err("{ mode = \"sometimes\" }");
+        assert!(e.contains("key `mcp.s.sandbox.mode`"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use crate::home::expand_tilde;
 use crate::secret::{Secret, SecretError};
+use crate::vault::Folders;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -109,13 +110,19 @@ impl ApprovalVia {
 }
 
 /// What a tool source needs to validate its table: the file (named in messages), the folder
-/// relative paths are resolved against, the state dir, and whether to read secrets.
+/// relative paths are resolved against, the vault and its folders (which a sandbox never
+/// grants), the state dir, and whether to read secrets.
 pub struct TableContext<'a> {
     pub path: &'a Path,
     /// The config file's folder: relative paths in it are relative to it.
     pub base: &'a Path,
+    /// The vault root: what vault tools act on and command tools read.
+    pub vault: &'a Path,
+    /// vaultd's own folders in the vault: no tool writes there.
+    pub folders: &'a Folders,
     pub state_dir: &'a Path,
-    /// Commands that run no tool keep secret references unresolved ([`Overrides`]).
+    /// Commands that run no tool keep secret references unresolved
+    /// ([`crate::config::Overrides`]).
     pub skip_secrets: bool,
 }
 
@@ -124,6 +131,21 @@ impl TableContext<'_> {
     pub fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
         ConfigError::Invalid {
             path: self.path.to_path_buf(),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// A bad value read as `toml::Spanned`: the file, the line of `span` and the dotted key.
+    pub fn invalid_at(
+        &self,
+        key: &str,
+        span: std::ops::Range<usize>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::InvalidAt {
+            path: self.path.to_path_buf(),
+            line: line_of(self.path, span.start),
             key: key.to_string(),
             message: message.into(),
         }
@@ -147,4 +169,16 @@ impl TableContext<'_> {
             p
         }
     }
+}
+
+/// The 1-based line of byte `offset` in the config file (read again: errors are rare).
+fn line_of(path: &Path, offset: usize) -> usize {
+    std::fs::read(path)
+        .map(|text| {
+            1 + text[..offset.min(text.len())]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count()
+        })
+        .unwrap_or(0)
 }

@@ -6,16 +6,18 @@ use crate::config::table::{ConfigError, TableContext};
 use crate::secret::SecretHolder;
 use crate::tools::builtin::BuiltinTool;
 use crate::tools::{Registry, RegistryError};
-use crate::vault::Folders;
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::Path;
 
 /// `[tools]`, as written ([`RawTools`]) and validated ([`ToolsConfig`]): one table per built-in
 /// tool, from the one list in [`crate::tools::builtin::builtin_tools`], then the command and
-/// vault sources' tables. Each built-in tool's table type is its own ([`BuiltinTool`]).
+/// vault sources' tables, one per vault tool from [`crate::tools::vault::vault_tools`]. Each
+/// built-in tool's table type is its own ([`BuiltinTool`]).
 macro_rules! tools_tables {
-    ($($name:ident: $module:ident::$tool:ident),* $(,)?) => {
+    (
+        [$($name:ident: $module:ident::$tool:ident),* $(,)?]
+        $($vault_tool:ident: $vault_module:ident),* $(,)?
+    ) => {
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct RawTools {
@@ -30,28 +32,10 @@ macro_rules! tools_tables {
             /// `[tools.vault]` and one table per vault tool: read by `tools::vault`.
             #[serde(default)]
             pub vault: crate::tools::vault::RawVault,
-            #[serde(default)]
-            pub vault_search: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_read: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_list: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_tasks: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_create: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_append: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_set_properties: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_complete_task: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_move: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_delete: crate::tools::vault::RawVaultTool,
-            #[serde(default)]
-            pub vault_undo: crate::tools::vault::RawVaultTool,
+            $(
+                #[serde(default)]
+                pub $vault_tool: crate::tools::vault::RawVaultTool,
+            )*
         }
 
         #[derive(Debug, Clone)]
@@ -80,43 +64,19 @@ macro_rules! tools_tables {
             pub(crate) fn from_raw(
                 t: RawTools,
                 cx: &TableContext,
-                vault: &Path,
-                folders: &Folders,
                 tool_results: &str,
             ) -> Result<ToolsConfig, ConfigError> {
                 Ok(ToolsConfig {
                     vault: crate::tools::vault::VaultToolsConfig::from_raw(
                         t.vault,
-                        vec![
-                            ("vault_search", t.vault_search),
-                            ("vault_read", t.vault_read),
-                            ("vault_list", t.vault_list),
-                            ("vault_tasks", t.vault_tasks),
-                            ("vault_create", t.vault_create),
-                            ("vault_append", t.vault_append),
-                            ("vault_set_properties", t.vault_set_properties),
-                            ("vault_complete_task", t.vault_complete_task),
-                            ("vault_move", t.vault_move),
-                            ("vault_delete", t.vault_delete),
-                            ("vault_undo", t.vault_undo),
-                        ],
-                        vault,
-                        folders,
+                        vec![$((stringify!($vault_tool), t.$vault_tool)),*],
+                        cx,
                         tool_results,
-                        cx.path,
                     )?,
                     $($name: <crate::tools::builtin::$module::$tool as BuiltinTool>::config(
                         t.$name, cx,
                     )?,)*
-                    command: crate::tools::command::config::validate(
-                        t.command,
-                        cx.path,
-                        cx.base,
-                        vault,
-                        cx.state_dir,
-                        cx.skip_secrets,
-                        folders,
-                    )?,
+                    command: crate::tools::command::config::validate(t.command, cx)?,
                 })
             }
 
@@ -138,7 +98,13 @@ macro_rules! tools_tables {
         }
     };
 }
-crate::tools::builtin::builtin_tools!(tools_tables);
+/// Hands the built-in tools to the vault tools' list, which hands both to `tools_tables`.
+macro_rules! with_vault_tools {
+    ($($builtin:tt)*) => {
+        crate::tools::vault::vault_tools!(tools_tables, [$($builtin)*]);
+    };
+}
+crate::tools::builtin::builtin_tools!(with_vault_tools);
 
 impl Registry {
     /// Builds every tool of every source from the config. The one HTTP client is shared so

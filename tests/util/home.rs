@@ -79,6 +79,13 @@ impl Home {
         p
     }
 
+    /// A config file in HOME (outside the vault), for `--config`: its path.
+    pub fn config_file(&self, name: &str, text: &str) -> String {
+        let p = self.home.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    }
+
     pub fn read(&self, rel: &str) -> String {
         std::fs::read_to_string(self.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
     }

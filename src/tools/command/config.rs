@@ -2,7 +2,7 @@
 //! [`CommandToolConfig`]: the schema compiled, the argv template checked against it, the
 //! program found, secrets resolved. Every error names the file, line and key.
 
-use crate::config::table::{ConfigError, RateLimit};
+use crate::config::table::{ConfigError, RateLimit, TableContext};
 use crate::secret::Secret;
 use crate::tools::sandbox::protect::Protected;
 use crate::tools::{ApprovalRule, Effect};
@@ -202,9 +202,9 @@ impl crate::secret::SecretHolder for CommandTools {
     }
 }
 
-/// Where in the config file an error is: the byte span of the offending value.
+/// Where in the config file an error is: the tool whose table holds the offending value.
 struct At<'a> {
-    path: &'a Path,
+    cx: &'a TableContext<'a>,
     tool: &'a str,
 }
 
@@ -215,48 +215,26 @@ impl At<'_> {
         } else {
             format!("tools.command.{}.{key}", self.tool)
         };
-        ConfigError::InvalidAt {
-            path: self.path.to_path_buf(),
-            line: line_of(self.path, span.start),
-            key,
-            message,
-        }
+        self.cx.invalid_at(&key, span, message)
     }
 }
 
-/// The 1-based line of byte `offset` in the config file (read again: errors are rare).
-fn line_of(path: &Path, offset: usize) -> usize {
-    std::fs::read(path)
-        .map(|text| {
-            1 + text[..offset.min(text.len())]
-                .iter()
-                .filter(|&&b| b == b'\n')
-                .count()
-        })
-        .unwrap_or(0)
-}
-
-/// Validates every `[tools.command.NAME]` table. `path` is the config file, `base` the
-/// folder relative paths in it are relative to; `skip_secrets` as in `TableContext`.
+/// Validates every `[tools.command.NAME]` table: paths relative to the config file's folder,
+/// secrets resolved unless `cx.skip_secrets`.
 pub fn validate(
     raw: BTreeMap<String, Spanned<RawCommandTool>>,
-    path: &Path,
-    base: &Path,
-    vault: &Path,
-    state_dir: &Path,
-    skip_secrets: bool,
-    folders: &crate::vault::Folders,
+    cx: &TableContext,
 ) -> Result<CommandTools, ConfigError> {
     let protected = Protected {
-        vault,
-        state_dir,
-        config: path,
-        folders,
+        vault: cx.vault,
+        state_dir: cx.state_dir,
+        config: cx.path,
+        folders: cx.folders,
     };
     let mut tools = Vec::new();
     for (name, table) in raw {
         let span = table.span();
-        let at = At { path, tool: &name };
+        let at = At { cx, tool: &name };
         if !valid_tool_name(&name) {
             return Err(at.err(
                 "",
@@ -268,15 +246,13 @@ pub fn validate(
             name.clone(),
             table.into_inner(),
             &at,
-            base,
             &protected,
-            skip_secrets,
         )?);
     }
     Ok(CommandTools {
         tools,
-        vault: vault.to_path_buf(),
-        scratch_root: state_dir.join("scratch"),
+        vault: cx.vault.to_path_buf(),
+        scratch_root: cx.state_dir.join("scratch"),
     })
 }
 
@@ -293,10 +269,9 @@ fn validate_one(
     name: String,
     raw: RawCommandTool,
     at: &At<'_>,
-    base: &Path,
     protected: &Protected<'_>,
-    skip_secrets: bool,
 ) -> Result<CommandToolConfig, ConfigError> {
+    let base = at.cx.base;
     // parameters: JSON Schema written in TOML, compiled now.
     let (schema, schema_span) = match raw.parameters {
         Some(p) => {
@@ -392,9 +367,9 @@ fn validate_one(
                     format!("`{key}` is set by vaultd and cannot be overridden"),
                 ));
             }
-            let v = EnvValue::load(&key, &value, skip_secrets).map_err(|source| {
+            let v = EnvValue::load(&key, &value, at.cx.skip_secrets).map_err(|source| {
                 ConfigError::Secret {
-                    path: at.path.to_path_buf(),
+                    path: at.cx.path.to_path_buf(),
                     key: format!("tools.command.{name}.env.{key}"),
                     source,
                 }

@@ -43,9 +43,8 @@ pub struct RawServer {
     pub start_timeout: Option<Duration>,
     /// Working directory of a stdio server (default: the state directory's `mcp/NAME`).
     pub cwd: Option<String>,
-    /// `false`, or a [`RawSandbox`] table (read here as a value: two shapes, each with
-    /// its own clear error).
-    pub sandbox: Option<toml::Value>,
+    /// `false`, or a [`RawSandbox`] table.
+    pub sandbox: Option<RawSandboxSetting>,
     #[serde(default)]
     pub tools: BTreeMap<String, RawToolPolicy>,
 }
@@ -61,6 +60,46 @@ pub struct RawSandbox {
     #[serde(default)]
     pub network: bool,
     pub mode: Option<SandboxMode>,
+}
+
+/// `sandbox` as written: `false` (unconfined), `true` (the default) or a [`RawSandbox`] table.
+#[derive(Debug)]
+pub enum RawSandboxSetting {
+    Off,
+    On(RawSandbox),
+}
+
+/// Two shapes, one key: a bool or a table, and anything else is an error that shows both.
+impl<'de> Deserialize<'de> for RawSandboxSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Shapes;
+        impl<'de> serde::de::Visitor<'de> for Shapes {
+            type Value = RawSandboxSetting;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "`false` or a table such as { writable = [\"~/Notes/Projects\"], network = false }",
+                )
+            }
+
+            fn visit_bool<E>(self, on: bool) -> Result<RawSandboxSetting, E> {
+                Ok(if on {
+                    RawSandboxSetting::On(RawSandbox::default())
+                } else {
+                    RawSandboxSetting::Off
+                })
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawSandboxSetting, A::Error> {
+                RawSandbox::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawSandboxSetting::On)
+            }
+        }
+        d.deserialize_any(Shapes)
+    }
 }
 
 /// How a stdio server is confined (docs/design.md §10.7).
@@ -224,14 +263,12 @@ impl crate::secret::SecretHolder for McpServerConfig {
 pub fn from_raw(
     raw: BTreeMap<String, RawServer>,
     cx: &TableContext<'_>,
-    vault: &Path,
-    folders: &crate::vault::Folders,
 ) -> Result<Vec<McpServerConfig>, ConfigError> {
     let protected = Protected {
-        vault,
+        vault: cx.vault,
         state_dir: cx.state_dir,
         config: cx.path,
-        folders,
+        folders: cx.folders,
     };
     let resolve_path = |p: &str| cx.path(p);
     let mut out = Vec::new();
@@ -415,24 +452,14 @@ pub fn from_raw(
 
 /// `sandbox` as written -> the server's sandbox; the error names the key at fault.
 fn sandbox_from_raw(
-    raw: Option<toml::Value>,
+    raw: Option<RawSandboxSetting>,
     protected: &Protected<'_>,
     base: &Path,
 ) -> Result<McpSandbox, (String, String)> {
     let raw = match raw {
-        None | Some(toml::Value::Boolean(true)) => RawSandbox::default(),
-        Some(toml::Value::Boolean(false)) => return Ok(McpSandbox::Off),
-        Some(table @ toml::Value::Table(_)) => RawSandbox::deserialize(table)
-            .map_err(|e| ("sandbox".to_string(), e.message().to_string()))?,
-        Some(other) => {
-            return Err((
-                "sandbox".into(),
-                format!(
-                    "must be `false` or a table such as {{ writable = [\"~/Notes/Projects\"], network = false }}, not {}",
-                    other.type_str()
-                ),
-            ));
-        }
+        None => RawSandbox::default(),
+        Some(RawSandboxSetting::Off) => return Ok(McpSandbox::Off),
+        Some(RawSandboxSetting::On(raw)) => raw,
     };
     let mut read = Vec::new();
     for entry in &raw.read {
@@ -572,10 +599,12 @@ mod tests {
         let cx = TableContext {
             path: &vault.join("vaultd.toml"),
             base: vault,
+            vault,
+            folders: &crate::vault::Folders::default(),
             state_dir: &state_dir,
             skip_secrets: false,
         };
-        from_raw(raw, &cx, vault, &crate::vault::Folders::default())
+        from_raw(raw, &cx)
     }
 
     fn sandbox_error(vault: &Path, sandbox: &str) -> String {
@@ -643,13 +672,18 @@ mod tests {
                 path.display()
             );
         }
-        let err = sandbox_error(&vault, "{ netwrok = true }");
-        assert!(
-            err.contains("mcp.s.sandbox") && err.contains("netwrok"),
-            "{err}"
-        );
-        let err = sandbox_error(&vault, "\"yes\"");
-        assert!(err.contains("must be `false` or a table"), "{err}");
+        // A shape serde refuses (config::parse_raw then names the key and line).
+        let shape = |sandbox: &str| {
+            toml::from_str::<BTreeMap<String, RawServer>>(&format!(
+                "[s]\ncommand = [\"srv\"]\nsandbox = {sandbox}\n"
+            ))
+            .unwrap_err()
+            .to_string()
+        };
+        let err = shape("{ netwrok = true }");
+        assert!(err.contains("unknown field `netwrok`"), "{err}");
+        let err = shape("\"yes\"");
+        assert!(err.contains("expected `false` or a table"), "{err}");
         let err = parse_in(
             &vault,
             "[s]\nurl = \"http://127.0.0.1:9/mcp\"\nsandbox = false\n",

@@ -1207,12 +1207,12 @@ mod tests {
         let cx = crate::config::table::TableContext {
             path: &base.join("t.toml"),
             base,
+            vault: &base.join("vault"),
+            folders: &Default::default(),
             state_dir: &base.join("state"),
             skip_secrets: false,
         };
-        let config = from_raw(raw, &cx, &base.join("vault"), &Default::default())
-            .unwrap()
-            .remove(0);
+        let config = from_raw(raw, &cx).unwrap().remove(0);
         McpServer::new(config, journal, reqwest::Client::new(), "/".into())
     }
 

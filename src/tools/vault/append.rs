@@ -11,11 +11,10 @@ use crate::tools::Effect;
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_append",
-        "Append text to a note, at its end or at the end of the section under a heading. if_sha256 makes it fail with CONFLICT when the note changed since it was read.",
-        Effect::StateChange,
-        json!({
+    ToolDef {
+        description: "Append text to a note, at its end or at the end of the section under a heading. if_sha256 makes it fail with CONFLICT when the note changed since it was read.",
+        effect: Effect::StateChange,
+        schema: json!({
             "type": "object",
             "properties": {
                 "path": { "type": "string", "minLength": 1, "maxLength": 1024 },
@@ -27,7 +26,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: Some(planned),
+    }
 }
 
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {

@@ -12,11 +12,10 @@ use crate::tools::Effect;
 use serde_json::{Value, json};
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_complete_task",
-        "Mark a task (- [ ] line) done or not done. Give its line number and text as vault_tasks returned them; a line whose text differs is a CONFLICT.",
-        Effect::StateChange,
-        json!({
+    ToolDef {
+        description: "Mark a task (- [ ] line) done or not done. Give its line number and text as vault_tasks returned them; a line whose text differs is a CONFLICT.",
+        effect: Effect::StateChange,
+        schema: json!({
             "type": "object",
             "properties": {
                 "path": { "type": "string", "minLength": 1, "maxLength": 1024 },
@@ -28,7 +27,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: Some(planned),
+    }
 }
 
 /// The `line`, `text` and `done` parameters.

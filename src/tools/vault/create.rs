@@ -13,11 +13,10 @@ use crate::tools::Effect;
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_create",
-        "Create a new note with the given content (and optional frontmatter properties). Fails with CONFLICT if the note exists.",
-        Effect::StateChange,
-        json!({
+    ToolDef {
+        description: "Create a new note with the given content (and optional frontmatter properties). Fails with CONFLICT if the note exists.",
+        effect: Effect::StateChange,
+        schema: json!({
             "type": "object",
             "properties": {
                 "path": { "type": "string", "minLength": 1, "maxLength": 1024, "description": "Vault-relative path ending in .md; missing folders are created" },
@@ -28,7 +27,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: Some(planned),
+    }
 }
 
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {

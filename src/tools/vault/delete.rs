@@ -11,11 +11,10 @@ use crate::tools::Effect;
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_delete",
-        "Move a note to the vault's .trash/ folder (it can be restored with vault_undo). Held for a person's approval by default.",
-        Effect::StateChange,
-        json!({
+    ToolDef {
+        description: "Move a note to the vault's .trash/ folder (it can be restored with vault_undo). Held for a person's approval by default.",
+        effect: Effect::StateChange,
+        schema: json!({
             "type": "object",
             "properties": {
                 "path": { "type": "string", "minLength": 1, "maxLength": 1024 }
@@ -24,7 +23,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: Some(planned),
+    }
 }
 
 /// Where `run` would move the note, for a preview (docs/design.md §12.1); nothing is moved.

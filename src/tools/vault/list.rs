@@ -10,11 +10,10 @@ use std::path::Path;
 const MAX_NOTES: usize = 1000;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_list",
-        "List the notes of a vault folder (default: the whole vault) with their size and modification time.",
-        Effect::ReadOnly,
-        json!({
+    ToolDef {
+        description: "List the notes of a vault folder (default: the whole vault) with their size and modification time.",
+        effect: Effect::ReadOnly,
+        schema: json!({
             "type": "object",
             "properties": {
                 "folder": { "type": "string", "maxLength": 1024, "description": "Vault-relative folder; empty or absent for the vault root" },
@@ -23,7 +22,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: None,
+    }
 }
 
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {

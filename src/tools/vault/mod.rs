@@ -4,31 +4,68 @@
 //! module owns the `[tools.vault]` / `[tools.vault_*]` config tables and the shared steps
 //! (atomic writes, the write-ahead undo record, the trash).
 
-pub mod append;
-pub mod complete_task;
-pub mod create;
-pub mod delete;
-pub mod list;
-pub mod move_note;
+/// The one list of vault tools, as `name: module`, in the order `vaultd tools` lists them.
+/// Calls `$then!` with it (after the tokens given with it), so the tool modules,
+/// [`TOOL_NAMES`], the `[tools.vault_*]` tables (`tools::sources`) and [`register`] are all
+/// made from it.
+///
+/// # Adding a vault tool
+///
+/// One new file, `src/tools/vault/rename_tag.rs`, with `pub fn tool() -> ToolDef` (its
+/// description, effect, JSON Schema, `run`, and for a state change the `planned` change a dry
+/// run previews) and `run`; plus one line here:
+///
+/// ```text
+///             vault_rename_tag: rename_tag,
+/// ```
+macro_rules! vault_tools {
+    ($then:ident $(, $($before:tt)*)?) => {
+        $then! {
+            $($($before)*)?
+            vault_search: search,
+            vault_read: read,
+            vault_list: list,
+            vault_tasks: tasks,
+            vault_create: create,
+            vault_append: append,
+            vault_set_properties: set_properties,
+            vault_complete_task: complete_task,
+            vault_move: move_note,
+            vault_delete: delete,
+            vault_undo: undo,
+        }
+    };
+}
+pub(crate) use vault_tools;
+
+macro_rules! declare_tools {
+    ($($name:ident: $module:ident),* $(,)?) => {
+        $(pub mod $module;)*
+
+        /// Every vault tool, in the order `vaultd tools` lists them.
+        pub const TOOL_NAMES: [&str; [$(stringify!($name)),*].len()] = [$(stringify!($name)),*];
+
+        /// Every vault tool: its name and what its module says of it.
+        fn tool_defs() -> Vec<(&'static str, ToolDef)> {
+            vec![$((stringify!($name), $module::tool())),*]
+        }
+    };
+}
+vault_tools!(declare_tools);
+
 pub mod paths;
 mod preview;
-pub mod read;
-pub mod search;
-pub mod set_properties;
-pub mod tasks;
-pub mod undo;
 
 #[cfg(test)]
 mod tests;
 
 use crate::call::{CallError, ErrorCode, ToolOutput, UndoRecord, VaultChange};
-use crate::config::table::{ConfigError, RateLimit, RawRateLimit};
+use crate::config::table::{ConfigError, RateLimit, RawRateLimit, TableContext};
 use crate::journal::Journal;
 use crate::tools::{
     ApprovalRule, Effect, Policy, Registry, RegistryError, Source, Tool, ToolCall, ToolFuture,
     ToolSpec,
 };
-use crate::vault::Folders;
 use paths::{NotePath, PathPolicy};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -66,21 +103,6 @@ pub struct RawVaultTool {
     pub rate_limit: Option<RawRateLimit>,
 }
 
-/// Every vault tool, in the order `vaultd tools` lists them.
-pub const TOOL_NAMES: [&str; 11] = [
-    "vault_search",
-    "vault_read",
-    "vault_list",
-    "vault_tasks",
-    "vault_create",
-    "vault_append",
-    "vault_set_properties",
-    "vault_complete_task",
-    "vault_move",
-    "vault_delete",
-    "vault_undo",
-];
-
 /// The validated vault tools config.
 #[derive(Debug, Clone)]
 pub struct VaultToolsConfig {
@@ -98,20 +120,15 @@ pub struct VaultToolsConfig {
 }
 
 impl VaultToolsConfig {
-    /// Validates `[tools.vault]` and the per-tool tables. `path` names the config file.
+    /// Validates `[tools.vault]` and the per-tool tables; `tool_results` is reserved like
+    /// the state folders.
     pub fn from_raw(
         raw: RawVault,
         per_tool: Vec<(&str, RawVaultTool)>,
-        root: &Path,
-        folders: &Folders,
+        cx: &TableContext,
         tool_results: &str,
-        path: &Path,
     ) -> Result<VaultToolsConfig, ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            key: key.to_string(),
-            message,
-        };
+        let (root, folders) = (cx.vault, cx.folders);
         let read = raw.read.unwrap_or_else(|| vec!["**".to_string()]);
         let write = raw.write.unwrap_or_default();
         let reserved: Vec<String> = [
@@ -129,8 +146,9 @@ impl VaultToolsConfig {
         .map(|s| s.to_string())
         .collect();
         let names: Vec<&str> = reserved.iter().map(String::as_str).collect();
-        PathPolicy::new(root.to_path_buf(), &names, &read, &write)
-            .map_err(|e| invalid(&e.key, format!("`{}` is not a glob: {}", e.glob, e.message)))?;
+        PathPolicy::new(root.to_path_buf(), &names, &read, &write).map_err(|e| {
+            cx.invalid(&e.key, format!("`{}` is not a glob: {}", e.glob, e.message))
+        })?;
         let enabled = raw.enabled.unwrap_or(true);
         let mut tools = BTreeMap::new();
         for (name, t) in per_tool {
@@ -253,8 +271,16 @@ impl Planned {
     }
 }
 
-/// What each tool module describes itself with: name, description, effect, JSON Schema, run.
-pub type ToolDef = (&'static str, &'static str, Effect, Value, RunFn);
+/// What each tool module describes itself with (its name is its line in [`vault_tools`]).
+pub struct ToolDef {
+    pub description: &'static str,
+    pub effect: Effect,
+    /// The JSON Schema of the parameters.
+    pub schema: Value,
+    pub run: RunFn,
+    /// The change a state change would make, for previews; `None` for the read-only tools.
+    pub plan: Option<PlanFn>,
+}
 
 /// One vault tool: its spec and the function that runs it on a blocking thread (file IO and
 /// SQLite are blocking).
@@ -314,19 +340,6 @@ impl Tool for VaultTool {
     }
 }
 
-/// The previews of the state changes: which tool plans its change with which function.
-fn planner(name: &str) -> Option<PlanFn> {
-    Some(match name {
-        "vault_create" => create::planned,
-        "vault_append" => append::planned,
-        "vault_set_properties" => set_properties::planned,
-        "vault_complete_task" => complete_task::planned,
-        "vault_move" => move_note::planned,
-        "vault_delete" => delete::planned,
-        _ => return None,
-    })
-}
-
 /// Adds the eleven vault tools (unless `[tools.vault] enabled = false` — then they are listed
 /// as disabled, so a call says how to enable them) and prunes expired undo records.
 pub fn register(
@@ -344,20 +357,7 @@ pub fn register(
         paths: config.path_policy(),
         journal,
     });
-    let tools: [ToolDef; 11] = [
-        search::tool(),
-        read::tool(),
-        list::tool(),
-        tasks::tool(),
-        create::tool(),
-        append::tool(),
-        set_properties::tool(),
-        complete_task::tool(),
-        move_note::tool(),
-        delete::tool(),
-        undo::tool(),
-    ];
-    for (name, description, effect, schema, run) in tools {
+    for (name, def) in tool_defs() {
         let policy = config.tools.get(name).cloned().unwrap_or(Policy {
             enabled: config.enabled,
             timeout: Duration::from_secs(30),
@@ -372,14 +372,14 @@ pub fn register(
             Box::new(VaultTool {
                 spec: ToolSpec {
                     name: name.to_string(),
-                    description: description.to_string(),
+                    description: def.description.to_string(),
                     source: Source::Vault,
-                    effect,
-                    schema,
+                    effect: def.effect,
+                    schema: def.schema,
                 },
                 context: context.clone(),
-                run,
-                plan: planner(name),
+                run: def.run,
+                plan: def.plan,
             }),
             policy,
         )?;

@@ -11,11 +11,10 @@ use crate::tools::Effect;
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_move",
-        "Move or rename a note. Fails with CONFLICT if the target exists. Links to it in other notes are not rewritten.",
-        Effect::StateChange,
-        json!({
+    ToolDef {
+        description: "Move or rename a note. Fails with CONFLICT if the target exists. Links to it in other notes are not rewritten.",
+        effect: Effect::StateChange,
+        schema: json!({
             "type": "object",
             "properties": {
                 "from": { "type": "string", "minLength": 1, "maxLength": 1024 },
@@ -25,7 +24,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: Some(planned),
+    }
 }
 
 /// The move `run` would make, for a preview (docs/design.md §12.1); nothing is moved.

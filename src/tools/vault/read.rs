@@ -8,11 +8,10 @@ use crate::tools::Effect;
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_read",
-        "Read a note of the vault: its frontmatter properties, its content (the text after the frontmatter), its sha256 (pass it as if_sha256 to a later write) and size.",
-        Effect::ReadOnly,
-        json!({
+    ToolDef {
+        description: "Read a note of the vault: its frontmatter properties, its content (the text after the frontmatter), its sha256 (pass it as if_sha256 to a later write) and size.",
+        effect: Effect::ReadOnly,
+        schema: json!({
             "type": "object",
             "properties": {
                 "path": { "type": "string", "minLength": 1, "maxLength": 1024, "description": "Vault-relative note path ending in .md" }
@@ -21,7 +20,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: None,
+    }
 }
 
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {

@@ -20,11 +20,10 @@ use serde_json::{Value, json};
 const MAX_LINE_CHARS: usize = 300;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_search",
-        "Search the vault's notes for words (all must occur in a note; case-insensitive). Returns matching lines with their note path and line number.",
-        Effect::ReadOnly,
-        json!({
+    ToolDef {
+        description: "Search the vault's notes for words (all must occur in a note; case-insensitive). Returns matching lines with their note path and line number.",
+        effect: Effect::ReadOnly,
+        schema: json!({
             "type": "object",
             "properties": {
                 "query": { "type": "string", "minLength": 1, "maxLength": 500, "description": "Words; a note matches when it contains all of them" },
@@ -36,7 +35,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: None,
+    }
 }
 
 pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallError> {

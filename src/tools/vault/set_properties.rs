@@ -22,11 +22,10 @@ const RESERVED: [&str; 6] = [
 ];
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_set_properties",
-        "Set frontmatter properties of a note (null removes one). Every other line stays as it was.",
-        Effect::StateChange,
-        json!({
+    ToolDef {
+        description: "Set frontmatter properties of a note (null removes one). Every other line stays as it was.",
+        effect: Effect::StateChange,
+        schema: json!({
             "type": "object",
             "properties": {
                 "path": { "type": "string", "minLength": 1, "maxLength": 1024 },
@@ -41,7 +40,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: Some(planned),
+    }
 }
 
 /// Property names a tool may set.

@@ -12,11 +12,10 @@ use serde_json::{Value, json};
 const MAX_TASKS: usize = 500;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_tasks",
-        "List the tasks (- [ ] / - [x] items, also numbered and nested) of the vault's notes, with note path and line number.",
-        Effect::ReadOnly,
-        json!({
+    ToolDef {
+        description: "List the tasks (- [ ] / - [x] items, also numbered and nested) of the vault's notes, with note path and line number.",
+        effect: Effect::ReadOnly,
+        schema: json!({
             "type": "object",
             "properties": {
                 "folder": { "type": "string", "maxLength": 1024, "description": "Only notes under this vault-relative folder" },
@@ -25,7 +24,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: None,
+    }
 }
 
 /// One task line: where its checkbox character is, whether it is ticked, and its text.

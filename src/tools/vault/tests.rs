@@ -24,15 +24,15 @@ struct Fixture {
 const NOTE: &str = "In_Progress/agent.md";
 
 fn config(root: &Path, raw: RawVault, per_tool: Vec<(&str, RawVaultTool)>) -> VaultToolsConfig {
-    VaultToolsConfig::from_raw(
-        raw,
-        per_tool,
-        root,
-        &Folders::default(),
-        crate::results::DEFAULT_FOLDER,
-        Path::new("test.toml"),
-    )
-    .unwrap()
+    let cx = crate::config::table::TableContext {
+        path: Path::new("test.toml"),
+        base: root,
+        vault: root,
+        folders: &Folders::default(),
+        state_dir: &root.join(".state"),
+        skip_secrets: false,
+    };
+    VaultToolsConfig::from_raw(raw, per_tool, &cx, crate::results::DEFAULT_FOLDER).unwrap()
 }
 
 fn fixture_with(raw: RawVault) -> Fixture {

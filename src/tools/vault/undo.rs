@@ -20,11 +20,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 pub fn tool() -> ToolDef {
-    (
-        "vault_undo",
-        "Undo the vault changes of an earlier call (by its call_id): restores every file it changed, if none was edited since. An undo can itself be undone.",
-        Effect::StateChange,
-        json!({
+    ToolDef {
+        description: "Undo the vault changes of an earlier call (by its call_id): restores every file it changed, if none was edited since. An undo can itself be undone.",
+        effect: Effect::StateChange,
+        schema: json!({
             "type": "object",
             "properties": {
                 "call_id": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,80}$" }
@@ -33,7 +32,8 @@ pub fn tool() -> ToolDef {
             "additionalProperties": false
         }),
         run,
-    )
+        plan: None,
+    }
 }
 
 /// One step that puts a file back.
