@@ -113,8 +113,13 @@ fn params(v: Value) -> Map<String, Value> {
 }
 
 fn schema_validation(c: &mut Criterion) {
-    let registry = Registry::from_config(&ToolsConfig::defaults(), reqwest::Client::new(), None)
-        .expect("default registry");
+    let registry = Registry::from_config(
+        &ToolsConfig::defaults(),
+        reqwest::Client::new(),
+        None,
+        &vaultd::tools::mcp::McpSource::none(),
+    )
+    .expect("default registry");
     let valid = params(json!({ "query": "latest developments in AI agents", "num_results": 3 }));
     let invalid = params(json!({ "query": "", "num_results": 99, "nmu_results": 3 }));
     assert!(registry.resolve("search_web", &valid).is_ok());

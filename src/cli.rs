@@ -479,6 +479,7 @@ fn registry_for(config: &Config) -> Result<Registry> {
         &config.tools,
         daemon::http_client()?,
         None,
+        &McpSource::none(),
     )?)
 }
 
@@ -487,13 +488,15 @@ fn registry_for(config: &Config) -> Result<Registry> {
 fn mcp_registry_for(
     config: &Config,
 ) -> Result<(Registry, McpSource, Option<Arc<crate::journal::Journal>>)> {
-    let mut registry = Registry::from_config(&config.tools, daemon::http_client()?, None)?;
+    // The other sources' tools are checked before the journal is opened, so a config they
+    // refuse leaves no state behind.
+    let registry = registry_for(config)?;
     if config.mcp.is_empty() {
         return Ok((registry, McpSource::none(), None));
     }
     let journal = Arc::new(open_journal(config)?);
     let mcp = McpSource::offline(&config.mcp, journal.clone());
-    mcp.register(&mut registry)?;
+    let registry = Registry::from_config(&config.tools, daemon::http_client()?, None, &mcp)?;
     Ok((registry, mcp, Some(journal)))
 }
 

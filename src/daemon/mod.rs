@@ -258,10 +258,7 @@ pub async fn run_vault(
     let build_tools: BuildTools = {
         let (mcp, journal) = (mcp.clone(), journal.clone());
         Box::new(move |config: &Config| {
-            let mut registry =
-                Registry::from_config(&config.tools, http.clone(), Some(journal.clone()))?;
-            mcp.register(&mut registry)?;
-            Ok(registry)
+            Registry::from_config(&config.tools, http.clone(), Some(journal.clone()), &mcp)
         })
     };
     let outcome = match build_tools(&config) {

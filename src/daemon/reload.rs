@@ -476,8 +476,15 @@ mod tests {
     #[test]
     fn tool_changes_name_tools_added_removed_and_changed() {
         let dir = tempfile::tempdir().unwrap();
-        let build =
-            |c: &Config| Registry::from_config(&c.tools, reqwest::Client::new(), None).unwrap();
+        let build = |c: &Config| {
+            Registry::from_config(
+                &c.tools,
+                reqwest::Client::new(),
+                None,
+                &crate::tools::mcp::McpSource::none(),
+            )
+            .unwrap()
+        };
         let old = config_of("", dir.path());
         let hook = dir.path().join("ops-webhook");
         std::fs::write(&hook, "https://hooks.example/services/T/B/X\n").unwrap();

@@ -5,6 +5,7 @@
 use crate::config::table::{ConfigError, TableContext};
 use crate::secret::SecretHolder;
 use crate::tools::builtin::BuiltinTool;
+use crate::tools::mcp::McpSource;
 use crate::tools::{Registry, RegistryError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -107,18 +108,22 @@ macro_rules! with_vault_tools {
 crate::tools::builtin::builtin_tools!(with_vault_tools);
 
 impl Registry {
-    /// Builds every tool of every source from the config. The one HTTP client is shared so
-    /// connections are reused across calls. The journal holds the vault tools' undo data;
-    /// without one (listing tools, checking notes) their state changes refuse to run.
+    /// Builds every tool of every source from the config: the one place a registry is made
+    /// (the daemon, a reload, every command). The one HTTP client is shared so connections are
+    /// reused across calls. The journal holds the vault tools' undo data; without one (listing
+    /// tools, checking notes) their state changes refuse to run. `mcp`: the MCP servers'
+    /// tools, from running servers or the journal's catalog ([`McpSource::none`] for none).
     pub fn from_config(
         config: &ToolsConfig,
         http: reqwest::Client,
         journal: Option<std::sync::Arc<crate::journal::Journal>>,
+        mcp: &McpSource,
     ) -> Result<Registry, RegistryError> {
         let mut registry = Registry::empty();
         config.register_builtins(http, &mut registry)?;
         crate::tools::command::register(&config.command, &mut registry)?;
         crate::tools::vault::register(&config.vault, journal, &mut registry)?;
+        mcp.register(&mut registry)?;
         Ok(registry)
     }
 }

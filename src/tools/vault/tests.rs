@@ -717,6 +717,7 @@ fn vaultds_own_schemas_mean_the_same_in_draft_7() {
         &crate::config::ToolsConfig::defaults(),
         reqwest::Client::new(),
         None,
+        &crate::tools::mcp::McpSource::none(),
     )
     .unwrap();
     let mut vault = Registry::empty();
