@@ -16,9 +16,10 @@
 //! - `auth/2025-03-26-*`: a protocol revision vaultd does not speak; the `auth/*` extensions
 //!   (client credentials, enterprise-managed, DPoP, workload identity): machine logins, not a
 //!   person's.
-//! - `elicitation-sep1034-client-defaults` (2025-11-25): a question asked within the session
-//!   (`elicitation/create`), which vaultd refuses by design: the call cannot wait there for a
-//!   person. Questions asked in `input_required` rounds (2026-07-28) are put to a person in the
+//! - `elicitation-sep1034-client-defaults` (2025-11-25) as the suite means it: a question asked
+//!   within the session (`elicitation/create`), which vaultd refuses by design: the call
+//!   cannot wait there for a person ([`a_question_within_a_2025_session_is_refused_aloud`]
+//!   runs it to check that the refusal reaches the server, with its reason). Questions asked in `input_required` rounds (2026-07-28) are put to a person in the
 //!   note: `sep-2322-client-request-state` below answers them as a person does
 //!   (tests/conformance/client.mjs fills the answer block and runs `vaultd approve`).
 //! - `sep-2640-*` (extension): skills, a resources extension; vaultd reads no resources.
@@ -242,6 +243,41 @@ fn json_schema_2020_12_preservation_at_2026_07_28() {
     );
     run.assert_passed();
     assert_eq!(run.result("json_schema_echo")["ok"], true, "{}", run.note);
+}
+
+/// A question asked within a 2025-era session (`elicitation/create`) cannot wait for a person
+/// (the call would hold the session open for hours): vaultd refuses it aloud, and the server
+/// gets that reason as the error of its request (it was declined silently before, and the
+/// call looked answered). The scenario's checks want the question accepted with defaults, so
+/// they fail by design; what is checked is that the refusal, with its reason, reached the
+/// server and came back in the call's result.
+#[test]
+fn a_question_within_a_2025_session_is_refused_aloud() {
+    let run = scenario(
+        "elicitation-sep1034-client-defaults",
+        "2025-11-25",
+        json!([["test_client_elicitation_defaults", {}]]),
+    );
+    let general = run
+        .checks
+        .iter()
+        .find(|c| c["id"] == "client-elicitation-sep1034-general")
+        .unwrap_or_else(|| panic!("the server never asked\n{}", run.report));
+    let why = general["errorMessage"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("Elicitation failed:") && why.contains("input_required"),
+        "the server got vaultd's reason as the error of its question: {why}\n{}",
+        run.report
+    );
+    let text = run.result("test_client_elicitation_defaults")["data"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        text.contains("elicitation/create") && text.contains("cannot wait for a person"),
+        "the call's result carries the refusal: {text}\n{}",
+        run.note
+    );
 }
 
 #[test]
