@@ -695,6 +695,49 @@ fn a_server_that_never_answers_does_not_delay_start_up_past_start_timeout() {
     daemon.wait_for_log("within its start_timeout of 1s");
 }
 
+/// A server whose first start fails (a passing reason: here it exits at once the first time)
+/// is started again after the shortest backoff, and `vaultd once` waits for that retry within
+/// `start_timeout`: the note's call runs. It waited for the first attempt only, and the call
+/// failed with "not running" while the server was about to come up.
+#[test]
+fn vaultd_once_waits_for_a_server_whose_first_start_failed_to_come_up() {
+    let vault = TestVault::new(NO_SEARCH, "");
+    let dir = vault.dir.path().join("server");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mark = dir.join("started-once");
+    let script = format!(
+        "if [ -e {mark:?} ]; then exec {bin:?} --dir {dir:?}; else touch {mark:?}; exit 1; fi",
+        mark = mark.display().to_string(),
+        bin = mcp_test_server().display().to_string(),
+        dir = dir.display().to_string(),
+    );
+    vault.write_config(
+        NO_SEARCH,
+        &format!(
+            "[mcp.t]\ncommand = [\"sh\", \"-c\", {script:?}]\nsandbox = {{ writable = [{:?}] }}\nallow = [\"echo\"]\nstart_timeout = \"60s\"\n[mcp.t.tools.echo]\neffect = \"read_only\"\n",
+            dir.display().to_string()
+        ),
+    );
+    vault.drop_note(
+        "a.md",
+        &note_with_calls(
+            "a",
+            &[call("mcp__t__echo", json!({ "text": "second start" }))],
+        ),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    assert!(mark.exists(), "the first start ran and failed: {log}");
+    assert!(
+        log.contains("did not start"),
+        "the first start failed: {log}"
+    );
+    let text = vault.read("Done", "a.md");
+    let r = &results_in(&text)[0];
+    assert_eq!(r["ok"], true, "{text}\n{log}");
+    assert_eq!(r["data"]["content"][0]["text"], "second start");
+}
+
 /// docs/design.md §10.4: the ready-to-use list for a model carries only definitions that may run. A
 /// changed definition (the rug pull: a poisoned nested description) and a tool that appeared
 /// after the first listing are left out and named on stderr until accepted.

@@ -71,8 +71,9 @@ impl McpSource {
     }
 
     /// Starts every server in parallel and waits until each has listed its tools (or failed
-    /// to start), at most its `start_timeout`. A server not up by then keeps starting in the
-    /// background; its tools are registered from the catalog.
+    /// to start twice: its first start and one retry), at most its `start_timeout`. A server
+    /// not up by then keeps starting in the background; its tools are registered from the
+    /// catalog.
     pub async fn start(
         configs: &[McpServerConfig],
         journal: Arc<Journal>,
@@ -98,7 +99,7 @@ impl McpSource {
             .iter()
             .map(|s| {
                 let s = s.clone();
-                tokio::spawn(async move { s.wait_first_attempt(s.config.start_timeout).await })
+                tokio::spawn(async move { s.wait_up(s.config.start_timeout).await })
             })
             .collect::<Vec<_>>();
         for w in waits {

@@ -204,10 +204,15 @@ impl McpServer {
         *self.supervisor.lock().expect("supervisor lock") = Some(handle);
     }
 
-    /// Waits until the first start attempt ended (up or failed) or `limit` passed.
-    pub async fn wait_first_attempt(&self, limit: Duration) {
+    /// Waits until the server is up, or its first start failed and the one retry after the
+    /// shortest backoff did too, or `limit` passed. A server whose first start fails for a
+    /// passing reason (a package cache being filled, a port still held) is up for `vaultd
+    /// once` and the first notes of `vaultd run`; one that cannot start costs start-up about
+    /// `BACKOFF_MIN` more, not the whole `limit`.
+    pub async fn wait_up(&self, limit: Duration) {
         let mut rx = self.link.subscribe();
-        let _ = tokio::time::timeout(limit, rx.wait_for(|l| l.attempts > 0)).await;
+        let _ =
+            tokio::time::timeout(limit, rx.wait_for(|l| l.peer.is_some() || l.attempts >= 2)).await;
     }
 
     pub fn is_up(&self) -> bool {
