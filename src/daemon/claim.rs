@@ -2,7 +2,6 @@
 //! (`tool_note`, docs/design.md §9.2) and what the journal knows of its calls (§9.3, §9.6), then run.
 
 use super::Daemon;
-use crate::daemon::intake::size_and_mtime;
 use crate::daemon::{DaemonError, Identity, NoteRun, Pass, StaleCopy};
 use crate::journal::{Claim, JournalCall, RunId};
 use crate::note::{self, ParsedNote, parse_note};
@@ -156,8 +155,7 @@ impl Daemon {
             }
             Err(e) if self.pause_if_symlinked(&e) => None, // §9.13: the note stays where it is
             Err(e) => {
-                let (len, mtime) = size_and_mtime(path);
-                self.problem(path, len, mtime, format!("cannot claim the note: {e}"));
+                self.problem_now(path, format!("cannot claim the note: {e}"));
                 None
             }
         }

@@ -6,7 +6,6 @@
 
 use crate::call::CallResult;
 use crate::daemon::claim::{Claimed, IdentityWrite};
-use crate::daemon::intake::size_and_mtime;
 use crate::daemon::write_back::Finished;
 use crate::daemon::{Daemon, DaemonError, NoteRun, Pass};
 use crate::guard::budget;
@@ -122,11 +121,8 @@ impl Daemon {
                 Ok(s) => Ok(Some(s)),
                 Err(e) => {
                     // Became non-UTF-8 after the claim: give it back untouched.
-                    let (len, mtime) = size_and_mtime(path);
-                    self.problem(
+                    self.problem_now(
                         path,
-                        len,
-                        mtime,
                         format!(
                             "note is not UTF-8 (invalid byte at offset {}); left untouched",
                             e.utf8_error().valid_up_to()

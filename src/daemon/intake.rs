@@ -552,6 +552,13 @@ impl Daemon {
         true
     }
 
+    /// [`problem`](Self::problem) for the note as it is now on disk (its size and mtime read
+    /// here): reported once per version of the note.
+    pub(crate) fn problem_now(&self, path: &Path, message: String) {
+        let (len, mtime) = size_and_mtime(path);
+        self.problem(path, len, mtime, message);
+    }
+
     pub(crate) fn problem(&self, path: &Path, len: u64, mtime: SystemTime, message: String) {
         let key = (path.to_path_buf(), len, mtime);
         if !self

@@ -2,7 +2,6 @@
 
 use crate::daemon::Daemon;
 use crate::daemon::DaemonError;
-use crate::daemon::intake::size_and_mtime;
 use crate::guard::dry_run;
 use crate::note::{self, Block, parse_note};
 use crate::pipeline::plan::{self, Facts, Rules};
@@ -69,13 +68,7 @@ impl Daemon {
         match written {
             Ok(_) | Err(note::WriteError::Gone(_)) => Ok(()),
             Err(e) => {
-                let (len, mtime) = size_and_mtime(path);
-                self.problem(
-                    path,
-                    len,
-                    mtime,
-                    format!("dry-run previews not written: {e}"),
-                );
+                self.problem_now(path, format!("dry-run previews not written: {e}"));
                 Ok(())
             }
         }
