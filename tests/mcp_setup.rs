@@ -647,3 +647,65 @@ fn an_oauth_table_is_checked_at_start() {
         "{err}"
     );
 }
+
+/// Every bad value of an `[mcp.NAME]` table stops start-up naming the file, the line and the
+/// key, as a command tool's does: the key's own line, or its table's where the value is a
+/// table or no single key is at fault.
+#[test]
+fn a_bad_value_in_an_mcp_table_names_its_file_line_and_key() {
+    let vault = TestVault::new(NO_SEARCH, "");
+    // (the table's body, the key named, the line it is on, what the message says)
+    let cases = [
+        (
+            "url = \"http://example.com/mcp\"",
+            "mcp.s.url",
+            "url =",
+            "loopback",
+        ),
+        (
+            "command = [\"srv\"]\nurl = \"https://a.example/mcp\"",
+            "mcp.s",
+            "[mcp.s]",
+            "not both",
+        ),
+        (
+            "command = [\"\"]",
+            "mcp.s.command",
+            "command =",
+            "names no program",
+        ),
+        (
+            "url = \"http://127.0.0.1:9/mcp\"\ncwd = \"/tmp\"",
+            "mcp.s.cwd",
+            "cwd =",
+            "only a `command` server takes cwd",
+        ),
+        (
+            "command = [\"srv\"]\n[mcp.s.oauth]\nclient_id = \"a\"",
+            "mcp.s.oauth",
+            "[mcp.s.oauth]",
+            "only a `url` server",
+        ),
+        (
+            "command = [\"srv\"]\n[mcp.s.tools.t]\neffect = \"read_only\"",
+            "mcp.s.tools.t",
+            "[mcp.s.tools.t]",
+            "is not in `allow`",
+        ),
+    ];
+    for (table, key, on, says) in cases {
+        vault.write_config(NO_SEARCH, &format!("[mcp.s]\n{table}\n"));
+        let config = std::fs::read_to_string(&vault.config).unwrap();
+        let line = 1 + config.lines().position(|l| l.starts_with(on)).unwrap();
+        let out = vault.cmd().arg("config").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{table}: {err}");
+        assert!(
+            err.contains(&format!(
+                "bad config {}, line {line}: key `{key}`: ",
+                vault.config.display()
+            )) && err.contains(says),
+            "{table}: {err}"
+        );
+    }
+}

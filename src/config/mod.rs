@@ -66,7 +66,7 @@ pub struct RawConfig {
     pub max_result_bytes: Option<usize>,
     /// `[mcp.NAME]`: MCP servers, read by their tool source.
     #[serde(default)]
-    pub mcp: BTreeMap<String, crate::tools::mcp::config::RawServer>,
+    pub mcp: BTreeMap<String, toml::Spanned<crate::tools::mcp::config::RawServer>>,
     /// Guardrails (docs/design.md §12), validated by `guard::config_from_raw`.
     pub note_budget: Option<u64>,
     #[serde(default)]

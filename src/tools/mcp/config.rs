@@ -1,5 +1,6 @@
 //! The `[mcp.NAME]` tables: read with serde (unknown keys are errors), then validated once
-//! into [`McpServerConfig`] with every secret reference resolved.
+//! into [`McpServerConfig`] with every secret reference resolved. Every error names the file,
+//! line and key: the values a check can refuse are read as `toml::Spanned`.
 
 use crate::config::table::{ConfigError, RateLimit, RawRateLimit, TableContext};
 use crate::secret::Secret;
@@ -10,6 +11,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use toml::Spanned;
 
 /// Default per-call timeout of an MCP tool.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -22,18 +24,16 @@ pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct RawServer {
     pub enabled: Option<bool>,
     /// stdio: the program and its arguments, run without a shell.
-    pub command: Option<Vec<String>>,
+    pub command: Option<Spanned<Vec<String>>>,
     /// Streamable HTTP endpoint.
-    pub url: Option<String>,
+    pub url: Option<Spanned<String>>,
     /// Environment of a stdio server: name -> plain text, or a secret reference (`env:`,
     /// `file:`, `credential:`) that is redacted wherever it appears.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: Option<Spanned<BTreeMap<String, String>>>,
     /// HTTP headers of a `url` server: name -> secret reference.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: Option<Spanned<BTreeMap<String, String>>>,
     /// How a `url` server's OAuth login identifies vaultd (`vaultd mcp login`).
-    pub oauth: Option<super::oauth::RawOAuth>,
+    pub oauth: Option<Spanned<super::oauth::RawOAuth>>,
     /// Tool names that may be called; `["*"]` allows all. Empty (the default) allows none.
     #[serde(default)]
     pub allow: Vec<String>,
@@ -42,11 +42,11 @@ pub struct RawServer {
     #[serde(default, with = "humantime_serde")]
     pub start_timeout: Option<Duration>,
     /// Working directory of a stdio server (default: the state directory's `mcp/NAME`).
-    pub cwd: Option<String>,
+    pub cwd: Option<Spanned<String>>,
     /// `false`, or a [`RawSandbox`] table.
-    pub sandbox: Option<RawSandboxSetting>,
+    pub sandbox: Option<Spanned<RawSandboxSetting>>,
     #[serde(default)]
-    pub tools: BTreeMap<String, RawToolPolicy>,
+    pub tools: BTreeMap<String, Spanned<RawToolPolicy>>,
 }
 
 /// `[mcp.NAME] sandbox = { read = [...], writable = [...], network = false }`.
@@ -261,7 +261,7 @@ impl crate::secret::SecretHolder for McpServerConfig {
 /// resolved (unless `cx.skip_secrets`: commands that start no server), each stdio server's
 /// sandbox checked against what may never be granted.
 pub fn from_raw(
-    raw: BTreeMap<String, RawServer>,
+    raw: BTreeMap<String, Spanned<RawServer>>,
     cx: &TableContext<'_>,
 ) -> Result<Vec<McpServerConfig>, ConfigError> {
     let protected = Protected {
@@ -272,15 +272,19 @@ pub fn from_raw(
     };
     let resolve_path = |p: &str| cx.path(p);
     let mut out = Vec::new();
-    for (name, server) in raw {
+    for (name, table) in raw {
+        let table_span = table.span();
+        let server = table.into_inner();
         let key = |k: &str| format!("mcp.{name}.{k}");
-        let invalid = |k: &str, message: String| {
-            cx.invalid(
+        // `span`: the value at fault, or the table where no single key is.
+        let invalid = |k: &str, span: std::ops::Range<usize>, message: String| {
+            cx.invalid_at(
                 &if k.is_empty() {
                     format!("mcp.{name}")
                 } else {
                     key(k)
                 },
+                span,
                 message,
             )
         };
@@ -288,6 +292,7 @@ pub fn from_raw(
         if !valid_server_name(&name) {
             return Err(invalid(
                 "",
+                table_span,
                 "a server name is 1-32 characters of [A-Za-z0-9_-] without `__` (it becomes part of the tool names mcp__SERVER__TOOL)".into(),
             ));
         }
@@ -298,34 +303,39 @@ pub fn from_raw(
             (Some(_), Some(_)) => {
                 return Err(invalid(
                     "",
+                    table_span,
                     "give either `command` (stdio) or `url` (streamable HTTP), not both".into(),
                 ));
             }
             (None, None) => {
                 return Err(invalid(
                     "",
+                    table_span,
                     "needs `command = [\"program\", \"arg\", …]` (stdio) or `url = \"https://…/mcp\"`".into(),
                 ));
             }
             (Some(command), None) => {
-                if server.oauth.is_some() {
+                if let Some(oauth) = &server.oauth {
                     return Err(invalid(
                         "oauth",
+                        oauth.span(),
                         "only a `url` server logs in with OAuth".into(),
                     ));
                 }
-                if !server.headers.is_empty() {
+                if let Some(headers) = server.headers.as_ref().filter(|h| !h.get_ref().is_empty()) {
                     return Err(invalid(
                         "headers",
+                        headers.span(),
                         "only a `url` server takes headers".into(),
                     ));
                 }
-                let mut parts = command.into_iter();
+                let command_span = command.span();
+                let mut parts = command.into_inner().into_iter();
                 let Some(program) = parts.next().filter(|p| !p.is_empty()) else {
-                    return Err(invalid("command", "names no program".into()));
+                    return Err(invalid("command", command_span, "names no program".into()));
                 };
                 let mut env = Vec::new();
-                for (var, value) in &server.env {
+                for (var, value) in server.env.iter().flat_map(Spanned::get_ref) {
                     let v = EnvValue::load(var, value, cx.skip_secrets).map_err(|source| {
                         ConfigError::Secret {
                             path: cx.path.to_path_buf(),
@@ -342,41 +352,62 @@ pub fn from_raw(
                 } else {
                     program
                 };
-                let sandbox = sandbox_from_raw(server.sandbox, &protected, cx.base)
-                    .map_err(|(k, m)| invalid(&k, m))?;
+                let sandbox_span = server
+                    .sandbox
+                    .as_ref()
+                    .map_or(table_span.clone(), Spanned::span);
+                let sandbox =
+                    sandbox_from_raw(server.sandbox.map(Spanned::into_inner), &protected, cx.base)
+                        .map_err(|(k, m)| invalid(&k, sandbox_span, m))?;
                 Transport::Stdio {
                     program,
                     args: parts.collect(),
                     env,
-                    cwd: server.cwd.as_deref().map(&resolve_path),
+                    cwd: server.cwd.as_ref().map(|c| resolve_path(c.get_ref())),
                     sandbox,
                 }
             }
             (None, Some(url)) => {
-                if !server.env.is_empty() {
-                    return Err(invalid("env", "only a `command` server takes env".into()));
+                if let Some(env) = server.env.as_ref().filter(|e| !e.get_ref().is_empty()) {
+                    return Err(invalid(
+                        "env",
+                        env.span(),
+                        "only a `command` server takes env".into(),
+                    ));
                 }
-                if server.cwd.is_some() {
-                    return Err(invalid("cwd", "only a `command` server takes cwd".into()));
+                if let Some(cwd) = &server.cwd {
+                    return Err(invalid(
+                        "cwd",
+                        cwd.span(),
+                        "only a `command` server takes cwd".into(),
+                    ));
                 }
-                if server.sandbox.is_some() {
+                if let Some(sandbox) = &server.sandbox {
                     return Err(invalid(
                         "sandbox",
+                        sandbox.span(),
                         "only a `command` server runs here, in a sandbox; a `url` server runs elsewhere".into(),
                     ));
                 }
-                check_url(&url).map_err(|m| invalid("url", m))?;
+                let url_span = url.span();
+                let url = url.into_inner();
+                check_url(&url).map_err(|m| invalid("url", url_span, m))?;
                 let mut headers = Vec::new();
-                for (header, reference) in &server.headers {
+                for (header, reference) in server.headers.iter().flat_map(Spanned::get_ref) {
                     headers.push((
                         header.clone(),
                         secret(key(&format!("headers.{header}")), reference)?,
                     ));
                 }
-                let raw = server.oauth.unwrap_or_default();
+                let (oauth_span, raw) = server
+                    .oauth
+                    .map_or((table_span.clone(), Default::default()), |o| {
+                        (o.span(), o.into_inner())
+                    });
                 if raw.client_secret.is_some() && raw.client_id.is_none() {
                     return Err(invalid(
                         "oauth.client_secret",
+                        oauth_span,
                         "a client_secret goes with the client_id it was issued for".into(),
                     ));
                 }
@@ -385,6 +416,7 @@ pub fn from_raw(
                 {
                     return Err(invalid(
                         "oauth.client_metadata_url",
+                        oauth_span,
                         format!("`{doc}` must be an https:// URL (a client ID metadata document)"),
                     ));
                 }
@@ -412,7 +444,11 @@ pub fn from_raw(
         };
         let timeout = server.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
-            return Err(invalid("timeout", "must be more than 0s".into()));
+            return Err(invalid(
+                "timeout",
+                table_span,
+                "must be more than 0s".into(),
+            ));
         }
         let start_timeout = server.start_timeout.unwrap_or(DEFAULT_START_TIMEOUT);
         let mut tools = BTreeMap::new();
@@ -420,9 +456,11 @@ pub fn from_raw(
             if !allow.allows(&tool) {
                 return Err(invalid(
                     &format!("tools.{tool}"),
+                    p.span(),
                     format!("`{tool}` is not in `allow`; add it there to use this policy"),
                 ));
             }
+            let p = p.into_inner();
             let effect = p.effect.unwrap_or(Effect::ExternalSideEffect);
             let rate_limit = p.rate_limit.map_or(RateLimit::default(), |r| RateLimit {
                 per_hour: r.per_hour,
@@ -594,7 +632,7 @@ mod tests {
     }
 
     fn parse_in(vault: &Path, text: &str) -> Result<Vec<McpServerConfig>, ConfigError> {
-        let raw: BTreeMap<String, RawServer> = toml::from_str(text).expect("toml");
+        let raw: BTreeMap<String, Spanned<RawServer>> = toml::from_str(text).expect("toml");
         let state_dir = vault.join(".vaultd-state");
         let cx = TableContext {
             path: &vault.join("vaultd.toml"),

@@ -1206,7 +1206,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn server(journal: Arc<Journal>) -> Arc<McpServer> {
-        let raw: BTreeMap<String, RawServer> =
+        let raw: BTreeMap<String, toml::Spanned<RawServer>> =
             toml::from_str("[files]\ncommand = [\"srv\"]\nallow = [\"a\"]\n").unwrap();
         let base = std::path::Path::new("/nonexistent");
         let cx = crate::config::table::TableContext {

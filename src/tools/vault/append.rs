@@ -7,13 +7,14 @@ use super::{
     param, path_and_hash, read_text,
 };
 use crate::call::{CallError, ErrorCode, ToolOutput};
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
     ToolDef {
         description: "Append text to a note, at its end or at the end of the section under a heading. if_sha256 makes it fail with CONFLICT when the note changed since it was read.",
         effect: Effect::StateChange,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

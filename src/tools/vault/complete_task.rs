@@ -8,13 +8,14 @@ use super::{
     read_text,
 };
 use crate::call::{CallError, ToolOutput};
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::{Value, json};
 
 pub fn tool() -> ToolDef {
     ToolDef {
         description: "Mark a task (- [ ] line) done or not done. Give its line number and text as vault_tasks returned them; a line whose text differs is a CONFLICT.",
         effect: Effect::StateChange,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

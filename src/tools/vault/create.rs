@@ -9,13 +9,14 @@ use super::{
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
 use crate::note::frontmatter::set_json;
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
     ToolDef {
         description: "Create a new note with the given content (and optional frontmatter properties). Fails with CONFLICT if the note exists.",
         effect: Effect::StateChange,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

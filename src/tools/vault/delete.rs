@@ -7,13 +7,14 @@ use super::{
     not_found, param, prepare, sha256_hex, trash_slot,
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
     ToolDef {
         description: "Move a note to the vault's .trash/ folder (it can be restored with vault_undo). Held for a person's approval by default.",
         effect: Effect::StateChange,
+        approval: ApprovalRule::Always,
         schema: json!({
             "type": "object",
             "properties": {

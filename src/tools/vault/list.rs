@@ -2,7 +2,7 @@
 
 use super::{ToolDef, VaultCall, VaultContext, opt_param};
 use crate::call::{CallError, ToolOutput};
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::{Value, json};
 use std::path::Path;
 
@@ -13,6 +13,7 @@ pub fn tool() -> ToolDef {
     ToolDef {
         description: "List the notes of a vault folder (default: the whole vault) with their size and modification time.",
         effect: Effect::ReadOnly,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

@@ -12,8 +12,8 @@
 /// # Adding a vault tool
 ///
 /// One new file, `src/tools/vault/rename_tag.rs`, with `pub fn tool() -> ToolDef` (its
-/// description, effect, JSON Schema, `run`, and for a state change the `planned` change a dry
-/// run previews) and `run`; plus one line here:
+/// description, effect, approval by default, JSON Schema, `run`, and for a state change the
+/// `planned` change a dry run previews) and `run`; plus one line here:
 ///
 /// ```text
 ///             vault_rename_tag: rename_tag,
@@ -150,13 +150,13 @@ impl VaultToolsConfig {
             cx.invalid(&e.key, format!("`{}` is not a glob: {}", e.glob, e.message))
         })?;
         let enabled = raw.enabled.unwrap_or(true);
+        let mut per_tool: BTreeMap<&str, RawVaultTool> = per_tool.into_iter().collect();
         let mut tools = BTreeMap::new();
-        for (name, t) in per_tool {
-            let approval = match t.approval {
-                None if name == "vault_delete" => ApprovalRule::Always,
-                None => ApprovalRule::default_for(Effect::StateChange),
-                Some(rule) => rule,
+        for (name, def) in tool_defs() {
+            let Some(t) = per_tool.remove(name) else {
+                continue;
             };
+            let approval = t.approval.unwrap_or(def.approval);
             tools.insert(
                 name.to_string(),
                 Policy {
@@ -275,6 +275,8 @@ impl Planned {
 pub struct ToolDef {
     pub description: &'static str,
     pub effect: Effect,
+    /// Whether a call waits for a person when `[tools.vault_NAME] approval` is not set.
+    pub approval: ApprovalRule,
     /// The JSON Schema of the parameters.
     pub schema: Value,
     pub run: RunFn,
@@ -362,11 +364,7 @@ pub fn register(
             enabled: config.enabled,
             timeout: Duration::from_secs(30),
             rate_limit: RateLimit::default(),
-            approval: Some(if name == "vault_delete" {
-                ApprovalRule::Always
-            } else {
-                ApprovalRule::Never
-            }),
+            approval: Some(def.approval),
         });
         registry.add(
             Box::new(VaultTool {

@@ -7,13 +7,14 @@ use super::{
     move_file, not_found, param, prepare, refuse_look_alike, sha256_hex,
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
     ToolDef {
         description: "Move or rename a note. Fails with CONFLICT if the target exists. Links to it in other notes are not rewritten.",
         effect: Effect::StateChange,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

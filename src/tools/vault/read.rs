@@ -4,13 +4,14 @@ use super::paths::Access;
 use super::{ToolDef, VaultCall, VaultContext, param, read_text, sha256_hex};
 use crate::call::{CallError, ToolOutput};
 use crate::note::frontmatter::read_properties;
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::json;
 
 pub fn tool() -> ToolDef {
     ToolDef {
         description: "Read a note of the vault: its frontmatter properties, its content (the text after the frontmatter), its sha256 (pass it as if_sha256 to a later write) and size.",
         effect: Effect::ReadOnly,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

@@ -10,7 +10,7 @@ use super::list::walk_notes;
 use super::{ToolDef, VaultCall, VaultContext, execution, opt_param};
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::note::frontmatter::read_properties;
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use grep_regex::RegexMatcherBuilder;
 use grep_searcher::sinks::Lossy;
 use grep_searcher::{BinaryDetection, SearcherBuilder};
@@ -23,6 +23,7 @@ pub fn tool() -> ToolDef {
     ToolDef {
         description: "Search the vault's notes for words (all must occur in a note; case-insensitive). Returns matching lines with their note path and line number.",
         effect: Effect::ReadOnly,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

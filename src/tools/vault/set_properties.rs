@@ -8,7 +8,7 @@ use super::{
 };
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::note::frontmatter::set_json;
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::{Map, Value, json};
 
 /// vaultd's own properties (docs/design.md §3, §9): a tool may not forge a note's state or identity.
@@ -25,6 +25,7 @@ pub fn tool() -> ToolDef {
     ToolDef {
         description: "Set frontmatter properties of a note (null removes one). Every other line stays as it was.",
         effect: Effect::StateChange,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

@@ -5,7 +5,7 @@
 use super::list::walk_notes;
 use super::{ToolDef, VaultCall, VaultContext, opt_param};
 use crate::call::{CallError, ToolOutput};
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::{Value, json};
 
 /// At most this many tasks in one result.
@@ -15,6 +15,7 @@ pub fn tool() -> ToolDef {
     ToolDef {
         description: "List the tasks (- [ ] / - [x] items, also numbered and nested) of the vault's notes, with note path and line number.",
         effect: Effect::ReadOnly,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {

@@ -14,7 +14,7 @@ use super::{
 use crate::call::{CallError, ErrorCode, ToolOutput, UndoRecord, VaultChange};
 use crate::journal::Journal;
 use crate::journal::undo::{UndoEntry, note_key};
-use crate::tools::Effect;
+use crate::tools::{ApprovalRule, Effect};
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,6 +23,7 @@ pub fn tool() -> ToolDef {
     ToolDef {
         description: "Undo the vault changes of an earlier call (by its call_id): restores every file it changed, if none was edited since. An undo can itself be undone.",
         effect: Effect::StateChange,
+        approval: ApprovalRule::Never,
         schema: json!({
             "type": "object",
             "properties": {
