@@ -1,5 +1,6 @@
-//! The vocabulary every stage shares about one tool call: its error codes, its error value
-//! and its outcome. Parser, runner, tools, renderer and journal all speak these types.
+//! The vocabulary every stage shares about one tool call: its error codes, its error value,
+//! its outcome, what the tool does to the world ([`Effect`]) and whether it waits for a
+//! person by default ([`ApprovalRule`]). Parser, runner, tools, renderer and journal all speak these types.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -196,4 +197,68 @@ pub fn rfc3339_millis(t: SystemTime) -> String {
 /// RFC 3339 UTC with seconds, for frontmatter (`tool_updated`).
 pub fn rfc3339_seconds(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// What a tool does to the world (docs/design.md §10.2); decides recovery after a crash (§9.3) and
+/// the default approval. Recovery uses the effect recorded at the call's start, never the
+/// live registry's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// Safe to run again after a crash.
+    ReadOnly,
+    /// Changes the vault; undoable (§11). Never run twice.
+    StateChange,
+    /// Never run twice: an unrecorded outcome becomes UNKNOWN_OUTCOME.
+    ExternalSideEffect,
+}
+
+impl Effect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effect::ReadOnly => "read_only",
+            Effect::StateChange => "state_change",
+            Effect::ExternalSideEffect => "external_side_effect",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Effect> {
+        match s {
+            "read_only" => Some(Effect::ReadOnly),
+            "state_change" => Some(Effect::StateChange),
+            "external_side_effect" => Some(Effect::ExternalSideEffect),
+            _ => None,
+        }
+    }
+
+    /// Whether a started call with no recorded outcome may simply run again (§9.3).
+    pub fn safe_to_repeat(self) -> bool {
+        self == Effect::ReadOnly
+    }
+}
+
+/// `approval` of a tool without rules of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalRule {
+    Never,
+    Always,
+}
+
+impl ApprovalRule {
+    /// docs/design.md §10.3: `always` for external side effects of command and MCP tools, `never`
+    /// otherwise.
+    pub fn default_for(effect: Effect) -> ApprovalRule {
+        match effect {
+            Effect::ExternalSideEffect => ApprovalRule::Always,
+            Effect::ReadOnly | Effect::StateChange => ApprovalRule::Never,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalRule::Never => "never",
+            ApprovalRule::Always => "always",
+        }
+    }
 }

@@ -7,8 +7,8 @@ use super::{
     to_ms, to_ns, undo,
 };
 use super::{Wait, record_move, run_note};
+use crate::call::Effect;
 use crate::call::{CallError, CallResult, ToolOutput, UndoRecord};
-use crate::tools::Effect;
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 use std::time::SystemTime;
@@ -461,10 +461,10 @@ pub(super) fn decode_result(call_id: &str, tool: &str, json: &str) -> Result<Cal
 
 #[cfg(test)]
 mod tests {
+    use crate::call::Effect;
     use crate::call::{CallError, CallResult, ErrorCode};
     use crate::journal::testing::*;
     use crate::journal::*;
-    use crate::tools::Effect;
 
     #[test]
     fn calls_are_found_by_note_id_across_runs_and_paths() {

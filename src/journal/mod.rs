@@ -518,7 +518,7 @@ mod tests {
     use super::schema::MIGRATIONS;
     use super::testing::*;
     use super::*;
-    use crate::tools::Effect;
+    use crate::call::Effect;
 
     #[test]
     fn open_sets_wal_and_schema_version() {

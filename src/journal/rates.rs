@@ -4,7 +4,7 @@
 use super::Wait;
 use super::calls::{insert_start, needs_durable_start};
 use super::{Failure, Journal, JournalError, RunId, Tx, from_ms, now_ms, query_one, to_ms};
-use crate::tools::Effect;
+use crate::call::Effect;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use std::collections::hash_map::Entry;
@@ -356,9 +356,9 @@ fn start_write(
 
 #[cfg(test)]
 mod tests {
+    use crate::call::Effect;
     use crate::journal::testing::*;
     use crate::journal::*;
-    use crate::tools::Effect;
     use rusqlite::params;
     use serde_json::json;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};

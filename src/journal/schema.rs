@@ -152,9 +152,9 @@ pub(super) fn configure(conn: &mut Connection) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::call::Effect;
     use crate::journal::testing::*;
     use crate::journal::{CallProgress, Journal};
-    use crate::tools::Effect;
 
     #[test]
     fn start_up_finds_left_behind_names_by_index_not_by_scanning_runs() {

@@ -1,8 +1,8 @@
 //! Helpers shared by the journal's unit tests.
 
 use super::*;
+use crate::call::Effect;
 use crate::call::{CallError, CallResult, ErrorCode, ToolOutput};
-use crate::tools::Effect;
 use serde_json::json;
 use std::time::{Duration, UNIX_EPOCH};
 use tempfile::TempDir;

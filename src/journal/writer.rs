@@ -446,7 +446,7 @@ mod tests {
                 run,
                 &format!("c-{i}"),
                 "send_notification",
-                crate::tools::Effect::ExternalSideEffect,
+                crate::call::Effect::ExternalSideEffect,
                 &serde_json::json!({}),
             )
         });
@@ -544,9 +544,9 @@ mod tests {
 
 #[cfg(test)]
 mod per_effect {
+    use crate::call::Effect;
     use crate::journal::testing::*;
     use crate::journal::{Journal, RateWindow, StartAdmission};
-    use crate::tools::Effect;
     use serde_json::json;
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};

@@ -17,6 +17,9 @@ pub mod sandbox;
 pub mod sources;
 pub mod vault;
 
+/// The effect and the approval rule are the vocabulary of every stage ([`crate::call`]);
+/// named here too, where tools declare them.
+pub use crate::call::{ApprovalRule, Effect};
 use crate::call::{CallError, ErrorCode, ToolOutput};
 use crate::config::table::RateLimit;
 use serde_json::{Map, Value, json};
@@ -25,44 +28,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What a tool does to the world (docs/design.md §10.2); decides recovery after a crash (§9.3) and
-/// the default approval. Recovery uses the effect recorded at the call's start, never the
-/// live registry's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Effect {
-    /// Safe to run again after a crash.
-    ReadOnly,
-    /// Changes the vault; undoable (§11). Never run twice.
-    StateChange,
-    /// Never run twice: an unrecorded outcome becomes UNKNOWN_OUTCOME.
-    ExternalSideEffect,
-}
-
-impl Effect {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Effect::ReadOnly => "read_only",
-            Effect::StateChange => "state_change",
-            Effect::ExternalSideEffect => "external_side_effect",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Effect> {
-        match s {
-            "read_only" => Some(Effect::ReadOnly),
-            "state_change" => Some(Effect::StateChange),
-            "external_side_effect" => Some(Effect::ExternalSideEffect),
-            _ => None,
-        }
-    }
-
-    /// Whether a started call with no recorded outcome may simply run again (§9.3).
-    pub fn safe_to_repeat(self) -> bool {
-        self == Effect::ReadOnly
-    }
-}
 
 /// Where a tool comes from (docs/design.md §10.1); shown by `vaultd tools`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,32 +159,6 @@ pub struct Policy {
     /// `approval = "never" | "always"`; `None` leaves the decision to the tool's own
     /// [`Tool::admit`] (send_notification's recipient rules).
     pub approval: Option<ApprovalRule>,
-}
-
-/// `approval` of a tool without rules of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalRule {
-    Never,
-    Always,
-}
-
-impl ApprovalRule {
-    /// docs/design.md §10.3: `always` for external side effects of command and MCP tools, `never`
-    /// otherwise.
-    pub fn default_for(effect: Effect) -> ApprovalRule {
-        match effect {
-            Effect::ExternalSideEffect => ApprovalRule::Always,
-            Effect::ReadOnly | Effect::StateChange => ApprovalRule::Never,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalRule::Never => "never",
-            ApprovalRule::Always => "always",
-        }
-    }
 }
 
 impl RegisteredTool {
