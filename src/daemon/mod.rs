@@ -251,6 +251,7 @@ pub async fn run_vault(
         http.clone(),
         &config.state_dir,
         result_store(&config),
+        redactor.clone(),
     )
     .await;
     let mcp = Arc::new(mcp);

@@ -225,6 +225,15 @@ pub struct McpServerConfig {
 }
 
 impl McpServerConfig {
+    /// This server with its OAuth token file teaching `redactor` every token it saves (the
+    /// daemon's: a refreshed token is redacted like the ones read at start).
+    pub fn teaching(mut self, redactor: std::sync::Arc<crate::secret::Redactor>) -> Self {
+        if let Transport::Http { oauth, .. } = &mut self.transport {
+            oauth.0 = oauth.0.clone().learning(redactor);
+        }
+        self
+    }
+
     /// The policy of `tool`: its own table if it has one, else the server's defaults
     /// (effect `external_side_effect`, approval by effect, the server's timeout).
     pub fn policy(&self, tool: &str) -> ToolPolicy {

@@ -74,18 +74,20 @@ impl McpSource {
     /// to start twice: its first start and one retry), at most its `start_timeout`. A server
     /// not up by then keeps starting in the background; its tools are registered from the
     /// catalog.
+    /// `redactor`: the daemon's, taught every OAuth token a server's refresh saves.
     pub async fn start(
         configs: &[McpServerConfig],
         journal: Arc<Journal>,
         http: reqwest::Client,
         state_dir: &std::path::Path,
         store: ResultStore,
+        redactor: Arc<crate::secret::Redactor>,
     ) -> McpSource {
         let servers: Vec<Arc<McpServer>> = configs
             .iter()
             .map(|c| {
                 McpServer::new(
-                    c.clone(),
+                    c.clone().teaching(redactor.clone()),
                     journal.clone(),
                     http.clone(),
                     state_dir.join("mcp").join(&c.name),

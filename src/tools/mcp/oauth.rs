@@ -13,15 +13,21 @@
 //! saying to run `vaultd mcp login NAME` again.
 
 use crate::private;
-use crate::secret::Secret;
+use crate::secret::{Redactor, Secret};
 use rmcp::transport::auth::{
-    AuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession, CredentialStore,
-    OAuthClientConfig, StoredCredentials,
+    AuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession,
+    CredentialRefreshGuard, CredentialStore, OAuthClientConfig, StoredCredentials,
 };
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// Makes the token file's temp names unique among this process's writers (the pid makes
+/// them unique among processes: a daemon refreshing while `vaultd mcp login` saves).
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// How long `vaultd mcp login` waits for the browser to come back.
 pub const LOGIN_WAIT: Duration = Duration::from_secs(300);
@@ -59,13 +65,19 @@ struct Kept {
 }
 
 /// The tokens of one server, in `<state_dir>/oauth/NAME.json` (0600, replaced atomically).
-/// Tokens kept for another URL (the config's `url` changed) are not sent.
+/// Tokens kept for another URL (the config's `url` changed) are not sent. Every writer —
+/// the daemon's refresh, `vaultd mcp login` — holds `oauth/NAME.lock` (an `flock`) from
+/// reading the tokens it replaces to saving the new ones, so one never saves over the
+/// other's newer tokens.
 #[derive(Debug, Clone)]
 pub struct TokenFile {
     path: PathBuf,
     url: String,
     /// The redirect URI of the login in progress (saved with the tokens).
     redirect_uri: String,
+    /// The daemon's redactor: every token saved (a refresh's new ones) is taught to it
+    /// before it is used, so a server that quotes it back puts it in no note or log.
+    learns: Option<Arc<Redactor>>,
 }
 
 impl TokenFile {
@@ -74,11 +86,40 @@ impl TokenFile {
             path: state_dir.join("oauth").join(format!("{server}.json")),
             url: url.to_string(),
             redirect_uri: String::new(),
+            learns: None,
         }
+    }
+
+    /// This token file, teaching `redactor` every token it saves.
+    pub fn learning(mut self, redactor: Arc<Redactor>) -> TokenFile {
+        self.learns = Some(redactor);
+        self
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Takes `oauth/NAME.lock` (waiting while another writer holds it): held from reading the
+    /// tokens a writer replaces to saving the new ones; released when dropped.
+    async fn lock(&self) -> Result<std::fs::File, String> {
+        let dir = self
+            .path
+            .parent()
+            .expect("oauth/ has a parent")
+            .to_path_buf();
+        let lock = self.path.with_extension("lock");
+        tokio::task::spawn_blocking(move || {
+            private::create_dir(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            let file = private::open_file(&lock)
+                .map_err(|e| format!("cannot open {}: {e}", lock.display()))?;
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+                .map_err(|e| format!("cannot lock {}: {e}", lock.display()))?;
+            Ok(file)
+        })
+        .await
+        .map_err(|e| format!("the token file's lock task failed: {e}"))?
     }
 
     fn read(&self) -> Result<Option<Kept>, String> {
@@ -108,7 +149,11 @@ impl TokenFile {
         let Ok(Some(kept)) = self.read() else {
             return Vec::new();
         };
-        let token = serde_json::to_value(&kept.credentials.token_response).unwrap_or_default();
+        self.secrets_of(&kept.credentials)
+    }
+
+    fn secrets_of(&self, credentials: &StoredCredentials) -> Vec<Secret> {
+        let token = serde_json::to_value(&credentials.token_response).unwrap_or_default();
         ["access_token", "refresh_token"]
             .iter()
             .filter_map(|k| token[*k].as_str())
@@ -144,14 +189,16 @@ impl TokenFile {
     fn write(&self, kept: &Kept) -> Result<(), String> {
         let dir = self.path.parent().expect("oauth/ has a parent");
         private::create_dir(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        // Unique: two writers never share (or remove) each other's temp file.
         let tmp = dir.join(format!(
-            ".{}.tmp",
+            ".{}.{}-{}.tmp",
             self.path
                 .file_name()
                 .and_then(|n| n.to_str())
-                .unwrap_or("tokens")
+                .unwrap_or("tokens"),
+            std::process::id(),
+            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed),
         ));
-        let _ = std::fs::remove_file(&tmp);
         let write = || -> std::io::Result<()> {
             let mut f = private::create_new_file(&tmp)?;
             f.write_all(&serde_json::to_vec_pretty(kept).map_err(std::io::Error::other)?)?;
@@ -159,7 +206,10 @@ impl TokenFile {
             std::fs::rename(&tmp, &self.path)?;
             std::fs::File::open(dir)?.sync_all()
         };
-        write().map_err(|e| format!("cannot write {}: {e}", self.path.display()))
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("cannot write {}: {e}", self.path.display())
+        })
     }
 
     /// Forgets the tokens (`vaultd mcp logout`): whether there were any.
@@ -188,6 +238,9 @@ impl CredentialStore for TokenFile {
             Ok(Some(kept)) if self.redirect_uri.is_empty() => kept.redirect_uri,
             _ => self.redirect_uri.clone(),
         };
+        if let Some(redactor) = &self.learns {
+            redactor.learn(&Redactor::new(&self.secrets_of(&credentials), &[]));
+        }
         self.write(&Kept {
             url: self.url.clone(),
             redirect_uri,
@@ -198,6 +251,12 @@ impl CredentialStore for TokenFile {
 
     async fn clear(&self) -> Result<(), AuthError> {
         self.remove().map(drop).map_err(store_error)
+    }
+
+    /// A refresh holds the file's lock from loading the tokens to saving their successors.
+    async fn acquire_refresh_guard(&self) -> Result<Option<CredentialRefreshGuard>, AuthError> {
+        let file = self.lock().await.map_err(store_error)?;
+        Ok(Some(CredentialRefreshGuard::new(file)))
     }
 }
 
@@ -257,6 +316,7 @@ pub async fn login(
     let redirect_uri = format!("http://127.0.0.1:{port}/callback");
     tokens.redirect_uri = redirect_uri.clone();
     let path = tokens.path.clone();
+    let lock = tokens.clone();
     let before = match tokens.read() {
         Ok(Some(kept)) => kept.credentials.granted_scopes,
         _ => Vec::new(),
@@ -322,6 +382,9 @@ pub async fn login(
             humantime::format_duration(wait)
         )
     })??;
+    // The code is exchanged and the tokens saved under the file's lock: a daemon's refresh
+    // in flight then saves first, and the login's tokens replace its (not the other way).
+    let _lock = lock.lock().await?;
     session
         .handle_callback_url(&back)
         .await
@@ -373,7 +436,8 @@ pub fn refusal(server: &str, e: &(dyn std::error::Error + 'static)) -> Option<St
         if let Some(s) = c.downcast_ref::<InsufficientScopeError>() {
             return Some(match s.get_required_scope() {
                 Some(scope) => format!(
-                    "the server wants the OAuth scope `{scope}`, which the login did not grant: run `vaultd mcp login {server} --scope {scope}` (the scopes granted before are kept)"
+                    "the server wants the OAuth scope `{scope}`, which the login did not grant: run `vaultd mcp login {server} {}` (the scopes granted before are kept)",
+                    scope_flags(scope)
                 ),
                 None => format!(
                     "the server wants more OAuth scope than the login granted: run `vaultd mcp login {server} --scope SCOPE`"
@@ -388,6 +452,16 @@ pub fn refusal(server: &str, e: &(dyn std::error::Error + 'static)) -> Option<St
         cause = c.source();
     }
     None
+}
+
+/// `--scope` once per scope of a challenge's space-separated `scope` (`"repo read:org"`):
+/// what `vaultd mcp login` takes.
+fn scope_flags(scope: &str) -> String {
+    scope
+        .split_whitespace()
+        .map(|s| format!("--scope {s}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Serves the loopback redirect until the browser comes back to `/callback`; the full URL
@@ -544,10 +618,18 @@ mod tests {
         std::fs::create_dir_all(tokens.path().parent().unwrap()).unwrap();
         std::fs::write(tokens.path(), kept(&url, 7200)).unwrap();
         assert!(tokens.logged_in());
-        let manager = authorized(&url, tokens.clone(), &OAuthClient::default())
+        // The daemon's redactor, as built at start: it knows the tokens then kept.
+        let redactor = Arc::new(Redactor::new(&tokens.secrets(), &[]));
+        let learning = tokens.clone().learning(redactor.clone());
+        let manager = authorized(&url, learning, &OAuthClient::default())
             .await
             .unwrap();
         assert_eq!(manager.get_access_token().await.unwrap(), "new-access");
+        assert_eq!(
+            redactor.redact("server said: new-access / new-refresh / old-refresh"),
+            "server said: [redacted] / [redacted] / [redacted]",
+            "the refreshed tokens are redacted too"
+        );
 
         let text = std::fs::read_to_string(tokens.path()).unwrap();
         assert!(
@@ -570,6 +652,58 @@ mod tests {
             "{shown}"
         );
         assert_eq!(tokens.describe()["logged_in"], true);
+    }
+
+    /// Two writers at once (the daemon's refresh, `vaultd mcp login`): each save lands
+    /// whole. With one fixed temp name, one writer removed or renamed the other's file
+    /// half-written, and its own rename then failed.
+    #[test]
+    fn writers_at_once_never_share_a_temp_file() {
+        let state = tempfile::tempdir().unwrap();
+        let url = "https://example.org/mcp";
+        let tokens = TokenFile::new(state.path(), "s", url);
+        let kept: Kept = serde_json::from_str(&kept(url, 0)).unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        tokens.write(&kept).unwrap();
+                    }
+                });
+            }
+        });
+        assert!(tokens.logged_in());
+        let left: Vec<_> = std::fs::read_dir(tokens.path().parent().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, vec!["s.json".to_string()], "no temp file left");
+    }
+
+    /// A refresh holds the token file's lock (`oauth/NAME.lock`) until its guard is dropped:
+    /// a second writer (another process's refresh, a login) waits for it.
+    #[tokio::test]
+    async fn a_refresh_holds_the_token_files_lock() {
+        let state = tempfile::tempdir().unwrap();
+        let tokens = TokenFile::new(state.path(), "s", "https://example.org/mcp");
+        let first = tokens.acquire_refresh_guard().await.unwrap();
+        let second = tokio::time::timeout(Duration::from_millis(300), tokens.lock()).await;
+        assert!(second.is_err(), "the lock was taken twice");
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(10), tokens.lock())
+            .await
+            .expect("the lock is free once the guard is dropped")
+            .unwrap();
+    }
+
+    #[test]
+    fn a_step_up_for_several_scopes_names_each_with_its_own_flag() {
+        assert_eq!(scope_flags("repo"), "--scope repo");
+        assert_eq!(
+            scope_flags("repo  read:org"),
+            "--scope repo --scope read:org"
+        );
     }
 
     #[test]
