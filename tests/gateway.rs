@@ -303,6 +303,8 @@ fn with_a_daemon_running_the_gateway_is_its_client() {
 struct Listening {
     child: Child,
     url: String,
+    /// The gateway's log so far (its stderr, read to its end by a thread).
+    log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Listening {
@@ -320,23 +322,39 @@ impl Listening {
             .unwrap();
         let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
         let (tx, rx) = std::sync::mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let seen = log.clone();
         // Reads the log to its end (a full pipe would stop the gateway), passing on the URL.
         std::thread::spawn(move || {
-            let mut seen = String::new();
             for line in stderr.lines().map_while(Result::ok) {
                 if let Some(at) = line.find("listening on http://") {
                     let _ = tx.send(Ok(line[at + "listening on ".len()..].trim().to_string()));
                 }
+                let mut seen = seen.lock().unwrap();
                 seen.push_str(&line);
                 seen.push('\n');
             }
-            let _ = tx.send(Err(seen));
+            let _ = tx.send(Err(seen.lock().unwrap().clone()));
         });
         match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(Ok(url)) => Listening { child, url },
+            Ok(Ok(url)) => Listening { child, url, log },
             Ok(Err(log)) => panic!("the gateway ended before it listened:\n{log}"),
             Err(e) => panic!("the gateway did not say where it listens: {e}"),
         }
+    }
+}
+
+impl Listening {
+    /// Waits (up to two minutes) until the gateway's log says `needle`; false if it never did.
+    fn logged(&self, needle: &str) -> bool {
+        let until = std::time::Instant::now() + Duration::from_secs(120);
+        while std::time::Instant::now() < until {
+            if self.log.lock().unwrap().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
     }
 }
 
@@ -798,6 +816,43 @@ fn names(answer: &Value) -> Vec<String> {
 /// `notifications/tools/list_changed` reaches a 2025 client on its session and a 2026-07-28
 /// client through `subscriptions/listen`, when an upstream server's definition changes (the
 /// tool leaves the offer until accepted) and when it is accepted (it comes back).
+/// A 2025 client over HTTP listens for tool changes on its session; once it has gone, the
+/// gateway stops reading the tools for it (within about 2 s). Its listener stayed until the
+/// next change of the offer, so the gateway read the vault's tools every 2 s for ever after a
+/// client left, and kept one task per session that had ever been open.
+#[test]
+fn a_client_that_leaves_stops_being_listened_for() {
+    let vault = TestVault::new("http://127.0.0.1:9", "");
+    let gateway = Listening::start(
+        &vault,
+        &["--insecure-no-token"],
+        &[("RUST_LOG", "vaultd=debug,info")],
+    );
+    let mut c = Command::new(python());
+    let out = c
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gateway/client.py"))
+        .args(["-", &gateway.url])
+        .arg(json!([["list"], ["watch"], ["changed", 1]]).to_string())
+        .env("VAULTD_CLIENT_MODE", "legacy")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        gateway.logged("a client listens for tool changes"),
+        "{}",
+        gateway.log.lock().unwrap()
+    );
+    assert!(
+        gateway.logged("no client listens for tool changes any more"),
+        "the client left, and the gateway still reads the tools for it:\n{}",
+        gateway.log.lock().unwrap()
+    );
+}
+
 #[test]
 fn clients_hear_when_the_offered_tools_change() {
     for mode in ["legacy", "auto"] {

@@ -123,11 +123,21 @@ impl Gateway {
         self.inner.looking.get_or_init(|| {
             let inner = Arc::downgrade(&self.inner);
             tokio::spawn(async move {
+                let mut listened = false;
                 loop {
                     let Some(gateway) = inner.upgrade().map(|inner| Gateway { inner }) else {
                         return;
                     };
-                    if gateway.inner.changes.receiver_count() > 0 {
+                    let listening = gateway.inner.changes.receiver_count() > 0;
+                    if listening != listened {
+                        listened = listening;
+                        if listening {
+                            tracing::debug!("a client listens for tool changes: the offered tools are read every {}", humantime::format_duration(LIST_EVERY));
+                        } else {
+                            tracing::debug!("no client listens for tool changes any more: the offered tools are not read until one does");
+                        }
+                    }
+                    if listening {
                         let looked = gateway.clone();
                         match tokio::task::spawn_blocking(move || looked.tools()).await {
                             Ok(Ok(_)) => {}
@@ -560,17 +570,12 @@ impl ServerHandler for Gateway {
     }
 
     /// A 2025 client (one that sent `initialize`) hears `notifications/tools/list_changed` on
-    /// its session for as long as it lasts.
+    /// its session for as long as it lasts. A session that ends is let go within
+    /// [`LIST_EVERY`], not at the next change: while it counted as a listener, the look for
+    /// changes went on reading the vault's tools every 2 s for a client long gone.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        let mut changes = self.tool_changes();
-        let peer = context.peer;
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                if peer.is_transport_closed() || peer.notify_tool_list_changed().await.is_err() {
-                    return;
-                }
-            }
-        });
+        let changes = self.tool_changes();
+        tokio::spawn(tell_of_changes(context.peer, changes));
     }
 
     /// A 2026-07-28 client listens with `subscriptions/listen`: only tool list changes are
@@ -593,6 +598,32 @@ impl ServerHandler for Gateway {
                     if changed.is_err() || subscription.sink().notify_tool_list_changed().await.is_err() {
                         return Ok(());
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Sends `notifications/tools/list_changed` to `peer` at each change, until its session
+/// ends (looked at every [`LIST_EVERY`] as well as at each change).
+async fn tell_of_changes(
+    peer: rmcp::Peer<RoleServer>,
+    mut changes: tokio::sync::watch::Receiver<u64>,
+) {
+    let mut look = tokio::time::interval(LIST_EVERY);
+    loop {
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err()
+                    || peer.is_transport_closed()
+                    || peer.notify_tool_list_changed().await.is_err()
+                {
+                    return;
+                }
+            }
+            _ = look.tick() => {
+                if peer.is_transport_closed() {
+                    return;
                 }
             }
         }
