@@ -709,3 +709,109 @@ fn a_bad_value_in_an_mcp_table_names_its_file_line_and_key() {
         );
     }
 }
+
+/// A server that lets anyone connect but wants a login for calls
+/// (tests/fixtures/oauth-mcp-server.py), under a running daemon: a call before the login is
+/// refused naming `vaultd mcp login`; after a login (its token file, as `vaultd mcp login`
+/// writes it) the next call runs, on a session the daemon opened again with the tokens. The
+/// session opened before the login kept sending no token until vaultd was restarted.
+#[test]
+fn a_login_made_while_the_daemon_runs_is_used_by_the_next_call() {
+    let vault = TestVault::new(NO_SEARCH, "");
+    let port_file = vault.dir.path().join("port");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oauth-mcp-server.py");
+    let mut server = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--token", "good-token-4821", "--port-file"])
+        .arg(&port_file)
+        .spawn()
+        .expect("start the OAuth fixture server");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let port = loop {
+        if let Ok(p) = std::fs::read_to_string(&port_file)
+            && !p.is_empty()
+        {
+            break p;
+        }
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!("the fixture server exited: {status}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fixture server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _server = Kill(server);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    vault.write_config(
+        NO_SEARCH,
+        &format!(
+            "[mcp.h]\nurl = {url:?}\nallow = [\"hello\"]\n[mcp.h.tools.hello]\neffect = \"read_only\"\n"
+        ),
+    );
+    let daemon = vault.start();
+    daemon.wait_for_log("MCP server is up");
+
+    vault.drop_note(
+        "before.md",
+        &note_with_calls("before", &[call("mcp__h__hello", json!({}))]),
+    );
+    let text = vault.wait_until_in("Failed", "before.md");
+    let r = &results_in(&text)[0];
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("vaultd mcp login h"),
+        "{text}"
+    );
+
+    // The person logs in: the token file as `vaultd mcp login` keeps it.
+    let tokens = vault.state.join("oauth/h.json");
+    std::fs::create_dir_all(tokens.parent().unwrap()).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    std::fs::write(
+        &tokens,
+        json!({
+            "url": url,
+            "redirect_uri": "http://127.0.0.1:1/callback",
+            "credentials": {
+                "client_id": "vaultd-test",
+                "token_response": {"access_token": "good-token-4821", "token_type": "bearer",
+                    "expires_in": 3600, "refresh_token": "refresh-4821"},
+                "granted_scopes": [],
+                "token_received_at": now,
+            },
+        })
+        .to_string(),
+    )
+    .unwrap();
+
+    vault.drop_note(
+        "after.md",
+        &note_with_calls("after", &[call("mcp__h__hello", json!({}))]),
+    );
+    let text = vault.wait_until_in("Done", "after.md");
+    let r = &results_in(&text)[0];
+    assert_eq!(r["ok"], true, "{text}");
+    assert_eq!(
+        r["data"]["content"][0]["text"], "hello, logged-in caller",
+        "{text}"
+    );
+    daemon.wait_for_log("a new OAuth login since the session began");
+    assert!(
+        !daemon.log_text().contains("good-token-4821"),
+        "the token reached the log"
+    );
+}

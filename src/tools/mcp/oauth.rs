@@ -100,6 +100,13 @@ impl TokenFile {
         &self.path
     }
 
+    /// The token file's size and mtime now (`None`: no file): a login since a moment shows as
+    /// a change of it.
+    pub fn stamp(&self) -> Option<(u64, std::time::SystemTime)> {
+        let meta = std::fs::metadata(&self.path).ok()?;
+        Some((meta.len(), meta.modified().ok()?))
+    }
+
     /// Takes `oauth/NAME.lock` (waiting while another writer holds it): held from reading the
     /// tokens a writer replaces to saving the new ones; released when dropped.
     async fn lock(&self) -> Result<std::fs::File, String> {

@@ -130,6 +130,13 @@ pub struct McpServer {
     http: reqwest::Client,
     /// Working directory of a stdio server without `cwd`.
     default_cwd: std::path::PathBuf,
+    /// Asks the supervisor to end the session and connect again at once: a call was refused
+    /// for want of a login, and the token file changed since the session began (a `vaultd
+    /// mcp login` made while the daemon runs), so a new session sends the new tokens.
+    renew: tokio::sync::Notify,
+    /// The OAuth token file as it was when the current session began (size and mtime):
+    /// whether a login happened since.
+    login_seen: Mutex<Option<(u64, std::time::SystemTime)>>,
 }
 
 impl McpServer {
@@ -149,6 +156,8 @@ impl McpServer {
             supervisor: Mutex::new(None),
             http,
             default_cwd,
+            renew: tokio::sync::Notify::new(),
+            login_seen: Mutex::new(None),
         });
         server.load_catalog();
         server
@@ -275,10 +284,27 @@ impl McpServer {
                     let ct = service.cancellation_token();
                     let session = service.waiting();
                     tokio::pin!(session);
-                    let stopped = tokio::select! {
-                        _ = stop.wait_for(|s| *s) => true,
-                        _ = &mut session => false,
+                    let (stopped, renewed) = tokio::select! {
+                        _ = stop.wait_for(|s| *s) => (true, false),
+                        _ = &mut session => (false, false),
+                        () = self.renew.notified() => (false, true),
                     };
+                    if renewed {
+                        tracing::info!(
+                            server = self.name(),
+                            "a new OAuth login since the session began: connecting again with its tokens"
+                        );
+                        self.link.send_modify(|l| {
+                            l.peer = None;
+                            l.error = Some("connecting again with a new login".into());
+                        });
+                        ct.cancel();
+                        let _ = tokio::time::timeout(EXIT_ON_EOF, &mut session).await;
+                        if let Some(child) = child {
+                            stop_child(self.name(), child).await;
+                        }
+                        continue;
+                    }
                     self.link.send_modify(|l| {
                         l.peer = None;
                         l.error = Some(if stopped {
@@ -496,6 +522,7 @@ impl McpServer {
                 };
                 let login = || format!("run `vaultd mcp login {}`", self.name());
                 let (tokens, client) = oauth.as_ref();
+                *self.login_seen.lock().expect("login_seen lock") = tokens.stamp();
                 let service = if tokens.logged_in() {
                     // The tokens of `vaultd mcp login`: sent, and refreshed as they expire.
                     let manager = super::oauth::authorized(url, tokens.clone(), client)
@@ -658,6 +685,14 @@ impl McpServer {
         }
     }
 
+    /// Whether the OAuth token file changed since the current session began (a login).
+    fn login_changed(&self) -> bool {
+        let Transport::Http { oauth, .. } = &self.config.transport else {
+            return false;
+        };
+        *self.login_seen.lock().expect("login_seen lock") != oauth.0.stamp()
+    }
+
     /// Calls `tool` once. A server that goes away mid-call: a `read_only` tool is called
     /// again on the restarted server (within the deadline); anything else ends as
     /// UNKNOWN_OUTCOME, since it may have acted.
@@ -670,13 +705,24 @@ impl McpServer {
         answer: Option<&Value>,
     ) -> Result<CallToolResult, CallError> {
         let mut wait_past = None;
+        let mut renewed = false;
         loop {
             let (peer, generation) = self.peer(deadline, wait_past).await?;
             match self.call_rounds(&peer, tool, &arguments, answer).await {
                 Ok(result) => return Ok(result),
                 Err(Round::Refused(e)) => return Err(e),
-                // Refused at the door (401, or 403 for more scope): not run, and a person has
-                // to log in again before it can be.
+                // Refused at the door (401, or 403 for more scope): not run. A login made since
+                // the session began: a new session sends its tokens, and the call is made
+                // again there (once; it did not run). Else a person has to log in first.
+                Err(Round::Service(e))
+                    if super::oauth::refusal(self.name(), &e).is_some()
+                        && !renewed
+                        && self.login_changed() =>
+                {
+                    renewed = true;
+                    wait_past = Some(generation);
+                    self.renew.notify_one();
+                }
                 Err(Round::Service(e))
                     if let Some(why) = super::oauth::refusal(self.name(), &e) =>
                 {
