@@ -267,11 +267,16 @@ impl CredentialStore for TokenFile {
     }
 }
 
-/// The manager the daemon's HTTP transport sends and refreshes the kept tokens with.
+/// The manager the daemon's HTTP transport sends and refreshes the kept tokens with. The
+/// authorization server is found as the login finds it, from the server's 401 challenge
+/// (not by a discovery without it, which could find another server than the login did, or
+/// fall back to endpoints at the MCP server's own address and refresh there); a server that
+/// moved to another authorization server is noticed here, and its tokens are not sent.
 pub async fn authorized(
     url: &str,
     tokens: TokenFile,
     client: &OAuthClient,
+    http: &reqwest::Client,
 ) -> Result<AuthorizationManager, AuthError> {
     let redirect_uri = tokens
         .read()
@@ -280,6 +285,13 @@ pub async fn authorized(
         .map(|k| k.redirect_uri)
         .unwrap_or_default();
     let mut manager = AuthorizationManager::new(url).await?;
+    let challenge = challenge(url, http)
+        .await
+        .map_err(AuthError::InternalError)?;
+    let resolution = manager
+        .resolve_metadata_from_challenge(challenge.as_deref())
+        .await?;
+    manager.set_metadata(resolution.metadata);
     manager.set_credential_store(tokens);
     if !manager.initialize_from_store().await? {
         return Err(AuthError::AuthorizationRequired);
@@ -628,9 +640,14 @@ mod tests {
         // The daemon's redactor, as built at start: it knows the tokens then kept.
         let redactor = Arc::new(Redactor::new(&tokens.secrets(), &[]));
         let learning = tokens.clone().learning(redactor.clone());
-        let manager = authorized(&url, learning, &OAuthClient::default())
-            .await
-            .unwrap();
+        let manager = authorized(
+            &url,
+            learning,
+            &OAuthClient::default(),
+            &reqwest::Client::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(manager.get_access_token().await.unwrap(), "new-access");
         assert_eq!(
             redactor.redact("server said: new-access / new-refresh / old-refresh"),
@@ -659,6 +676,74 @@ mod tests {
             "{shown}"
         );
         assert_eq!(tokens.describe()["logged_in"], true);
+    }
+
+    /// The daemon finds the authorization server as the login does, through the server's
+    /// 401 challenge: here the protected-resource metadata is only named by the challenge
+    /// (nothing at the well-known address), and the authorization server is not the MCP
+    /// server's origin. A discovery without the challenge fell back to `<origin>/token` and
+    /// sent the refresh token there.
+    #[tokio::test]
+    async fn a_refresh_goes_to_the_authorization_server_the_challenge_names() {
+        let server = MockServer::start().await;
+        let base = server.uri();
+        let url = format!("{base}/mcp");
+        Mock::given(method("POST"))
+            .and(path("/mcp"))
+            .respond_with(ResponseTemplate::new(401).insert_header(
+                "WWW-Authenticate",
+                format!("Bearer resource_metadata=\"{base}/meta/prm\"").as_str(),
+            ))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/meta/prm"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "resource": url, "authorization_servers": [format!("{base}/as")],
+            })))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/.well-known/oauth-authorization-server/as"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "issuer": format!("{base}/as"),
+                "authorization_endpoint": format!("{base}/as/authorize"),
+                "token_endpoint": format!("{base}/as/token"),
+                "response_types_supported": ["code"],
+                "grant_types_supported": ["authorization_code", "refresh_token"],
+                "code_challenge_methods_supported": ["S256"],
+            })))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/as/token"))
+            .and(body_string_contains("refresh_token=old-refresh"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "access_token": "new-access", "token_type": "Bearer",
+                "expires_in": 3600, "refresh_token": "new-refresh",
+            })))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/token"))
+            .respond_with(ResponseTemplate::new(400))
+            .expect(0)
+            .mount(&server)
+            .await;
+        let state = tempfile::tempdir().unwrap();
+        let tokens = TokenFile::new(state.path(), "s", &url);
+        std::fs::create_dir_all(tokens.path().parent().unwrap()).unwrap();
+        std::fs::write(tokens.path(), kept(&url, 7200)).unwrap();
+        let manager = authorized(
+            &url,
+            tokens.clone(),
+            &OAuthClient::default(),
+            &reqwest::Client::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(manager.get_access_token().await.unwrap(), "new-access");
     }
 
     /// Two writers at once (the daemon's refresh, `vaultd mcp login`): each save lands

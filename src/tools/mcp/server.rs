@@ -525,7 +525,7 @@ impl McpServer {
                 *self.login_seen.lock().expect("login_seen lock") = tokens.stamp();
                 let service = if tokens.logged_in() {
                     // The tokens of `vaultd mcp login`: sent, and refreshed as they expire.
-                    let manager = super::oauth::authorized(url, tokens.clone(), client)
+                    let manager = super::oauth::authorized(url, tokens.clone(), client, &self.http)
                         .await
                         .map_err(|e| {
                             HandshakeError::Other(format!(
