@@ -424,6 +424,13 @@ fn auth_scenarios(names: &[(&str, bool)], versions: &[&str]) {
                 let r = run.result("test-tool");
                 assert_eq!(r["ok"], true, "{name} at {version}: {r}\n{}", run.report);
                 assert_eq!(r["data"]["content"][0]["text"], "test", "{name}: {r}");
+            } else {
+                // The login is refused (a wrong issuer or resource, the retry limit): no call
+                // ran with tokens from it (the note has no result, or a failed one).
+                let ran = results_in(&run.note)
+                    .into_iter()
+                    .any(|r| r["name"] == "mcp__c__test-tool" && r["ok"] == true);
+                assert!(!ran, "{name} at {version}: a call ran\n{}", run.note);
             }
         }
     }
