@@ -374,10 +374,11 @@ pub async fn login(
     let session = AuthorizationSession::new(manager, request)
         .await
         .map_err(|(_, e)| format!("cannot start the authorization: {e}"))?;
+    let state = query_param(session.get_authorization_url(), "state");
     open(session.get_authorization_url());
     let back = async {
         if !pasted {
-            return callback(listener).await;
+            return callback(listener, state.as_deref()).await;
         }
         eprintln!(
             "When the browser ends on an address that does not load (another machine), paste that address here and press Enter:"
@@ -387,7 +388,7 @@ pub async fn login(
             std::io::stdin().read_line(&mut line).map(|_| line)
         });
         tokio::select! {
-            back = callback(listener) => back,
+            back = callback(listener, state.as_deref()) => back,
             line = line => match line {
                 Ok(Ok(line)) if line.contains("code=") => Ok(line.trim().to_string()),
                 Ok(Ok(_)) => Err("the pasted address has no `code=`: paste the whole address the browser ended on".to_string()),
@@ -483,9 +484,22 @@ fn scope_flags(scope: &str) -> String {
         .join(" ")
 }
 
-/// Serves the loopback redirect until the browser comes back to `/callback`; the full URL
-/// it came back to.
-async fn callback(listener: tokio::net::TcpListener) -> Result<String, String> {
+/// The value of `name` in `url`'s query, if it has one.
+fn query_param(url: &str, name: &str) -> Option<String> {
+    let url = reqwest::Url::parse(url).ok()?;
+    url.query_pairs()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// Serves the loopback redirect until the browser comes back to `/callback` carrying this
+/// login's `state`; the full URL it came back to. Another local process's request to
+/// `/callback` (without the state) is answered 400 and does not end the wait.
+async fn callback(
+    listener: tokio::net::TcpListener,
+    state: Option<&str>,
+) -> Result<String, String> {
+    let state = state.map(str::to_string);
     use http_body_util::Full;
     use hyper::body::Bytes;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
@@ -495,21 +509,23 @@ async fn callback(listener: tokio::net::TcpListener) -> Result<String, String> {
             back = rx.recv() => return back.ok_or_else(|| "the redirect listener stopped".to_string()),
             accepted = listener.accept() => {
                 let (stream, _) = accepted.map_err(|e| format!("the redirect listener failed: {e}"))?;
-                let tx = tx.clone();
+                let (tx, state) = (tx.clone(), state.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let tx = tx.clone();
+                        let (tx, state) = (tx.clone(), state.clone());
                         async move {
-                            let back = req.uri().path() == "/callback";
-                            let (status, text) = if back {
-                                let url = format!(
-                                    "http://127.0.0.1:{port}{}",
-                                    req.uri().path_and_query().map_or("", |p| p.as_str())
-                                );
+                            let url = format!(
+                                "http://127.0.0.1:{port}{}",
+                                req.uri().path_and_query().map_or("", |p| p.as_str())
+                            );
+                            let ours = state.is_none_or(|s| query_param(&url, "state").as_deref() == Some(s.as_str()));
+                            let (status, text) = if req.uri().path() != "/callback" {
+                                (404, "not found")
+                            } else if !ours {
+                                (400, "vaultd: not the return of this login.")
+                            } else {
                                 let _ = tx.send(url).await;
                                 (200, "vaultd: the authorization is back. You can close this tab.")
-                            } else {
-                                (404, "not found")
                             };
                             Ok::<_, std::convert::Infallible>(
                                 hyper::Response::builder()
@@ -787,6 +803,35 @@ mod tests {
             .await
             .expect("the lock is free once the guard is dropped")
             .unwrap();
+    }
+
+    /// Only the browser's return with this login's `state` ends the wait: another local
+    /// process's request to `/callback` is answered 400 and the login goes on.
+    #[tokio::test]
+    async fn the_redirect_listener_waits_for_this_logins_state() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let waiting = tokio::spawn(callback(listener, Some("s-123")));
+        let http = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}/callback");
+        let stray = http
+            .get(format!("{base}?code=forged&state=other"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stray.status(), 400);
+        assert!(!waiting.is_finished(), "a stray request ended the login");
+        let ours = http
+            .get(format!("{base}?code=c-1&state=s-123"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ours.status(), 200);
+        let back = waiting.await.unwrap().unwrap();
+        assert!(
+            back.contains("code=c-1") && back.contains("state=s-123"),
+            "{back}"
+        );
     }
 
     #[test]
