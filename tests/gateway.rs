@@ -872,6 +872,7 @@ fn clients_hear_when_the_offered_tools_change() {
             json!([
                 ["list"],
                 ["watch"],
+                ["changed", 5],
                 ["changed", 60],
                 ["list"],
                 ["changed", 60],
@@ -891,6 +892,8 @@ fn clients_hear_when_the_offered_tools_change() {
             "2026-07-28"
         };
         assert_eq!(watch["protocol"], expected, "{watch}");
+        // Nothing changed: nothing is heard (the gateway reads the offer every 2 s).
+        assert_eq!(steps.next(&vault)["changed"], false, "{mode}");
 
         // The server changes the tool's definition: it leaves the offer.
         std::fs::write(dir.join("drift"), "1").unwrap();

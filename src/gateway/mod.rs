@@ -154,15 +154,17 @@ impl Gateway {
     }
 
     /// The tools as MCP `Tool`s, read now. A list unlike the last one read (by a client's
-    /// `tools/list` or the look for changes) wakes every listening client.
+    /// `tools/list` or the look for changes) wakes every listening client. Read and compared
+    /// under one lock: two reads at once cannot store the older list last (which woke every
+    /// client twice for nothing).
     fn tools(&self) -> Result<Vec<Tool>, String> {
-        let described = (self.inner.list)()?;
-        let now: Vec<Tool> = described.iter().filter_map(offered).collect();
         let mut last = self
             .inner
             .last_list
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        let described = (self.inner.list)()?;
+        let now: Vec<Tool> = described.iter().filter_map(offered).collect();
         if last.as_ref().is_some_and(|last| *last != now) {
             tracing::info!("the offered tools changed: telling listening clients");
             self.inner.changes.send_modify(|n| *n += 1);
