@@ -114,10 +114,13 @@ fn entries<'t>(inner: &[&'t str]) -> Vec<Entry<'t>> {
     out
 }
 
-/// The value of the top-level frontmatter property `key` as one line: its key's line after
-/// the colon, trimmed, without a trailing comment, one pair of quotes removed; None when the
-/// note has no frontmatter, no such key or an empty value. A key written twice: the last
-/// one counts, as in [`read_properties`]. For vaultd's own one-word values (`tool_note`).
+/// The value of the top-level frontmatter property `key` as one line, for vaultd's own
+/// one-word values (`tool_note`, `tool_runner`): the first line that starts with `key:`
+/// (exactly: `key : v` or an indented `key:` is another key), its value trimmed and quote
+/// characters taken off its ends; None when the note has no frontmatter or no such line
+/// with a value. The rule of every release before this module, kept on purpose: which
+/// identity a note has must not change with an upgrade (a note with two `tool_note` lines,
+/// a sync merge's, keeps the one it was claimed by).
 pub fn frontmatter_property<'t>(text: &'t str, key: &str) -> Option<&'t str> {
     one_line_value(&inner_lines(text, false), key)
 }
@@ -136,14 +139,17 @@ pub fn has_property(text: &str, key: &str) -> bool {
 }
 
 fn one_line_value<'t>(inner: &[&'t str], key: &str) -> Option<&'t str> {
-    let entry = entries(inner).into_iter().rev().find(|e| e.key == key)?;
-    let v = uncommented(entry.value.trim());
-    let v = v
-        .strip_prefix('"')
-        .and_then(|v| v.strip_suffix('"'))
-        .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
-        .unwrap_or(v);
-    (!v.is_empty()).then_some(v)
+    inner.iter().find_map(|line| {
+        let rest = own_key_line(line, key)?;
+        let v = rest.trim().trim_matches(|c| c == '"' || c == '\'');
+        (!v.is_empty()).then_some(v)
+    })
+}
+
+/// What follows `key:` on a line that starts with it (vaultd's own rule for its keys, the
+/// one its readers and writer have always used).
+fn own_key_line<'l>(line: &'l str, key: &str) -> Option<&'l str> {
+    line.strip_prefix(key)?.strip_prefix(':')
 }
 
 /// The frontmatter properties of `text` (empty when it has none).
@@ -296,15 +302,41 @@ pub fn set(text: &str, props: &[(&str, NewValue<'_>)]) -> String {
     let mut written = vec![false; props.len()];
     out.push_str(&text[..span.start]);
     out.push_str(lines[0]);
-    let mut copied = 0;
-    for entry in entries(inner) {
-        let Some(k) = props.iter().position(|(key, _)| *key == entry.key) else {
+    // The lines of each property set: its key's lines, and for vaultd's own one-line values
+    // also a line that starts with `key:` (no space: `tool_status:done` by hand or an older
+    // tool), which its readers take for that key and its writer always replaced.
+    let mut hits: Vec<(std::ops::Range<usize>, usize)> = entries(inner)
+        .into_iter()
+        .filter_map(|e| {
+            let k = props.iter().position(|(key, _)| *key == e.key)?;
+            Some((e.lines, k))
+        })
+        .collect();
+    for (i, line) in inner.iter().enumerate() {
+        if hits.iter().any(|(lines, _)| lines.contains(&i)) {
             continue;
-        };
-        inner[copied..entry.lines.start]
+        }
+        let own = props.iter().position(|(key, value)| {
+            matches!(value, NewValue::Line(_)) && own_key_line(line, key).is_some()
+        });
+        if let Some(k) = own {
+            let mut end = i + 1;
+            while end < inner.len() && is_continuation(inner[end]) {
+                end += 1;
+            }
+            hits.push((i..end, k));
+        }
+    }
+    hits.sort_by_key(|(lines, _)| lines.start);
+    let mut copied = 0;
+    for (lines, k) in hits {
+        if lines.start < copied {
+            continue; // inside a property already replaced
+        }
+        inner[copied..lines.start]
             .iter()
             .for_each(|l| out.push_str(l));
-        copied = entry.lines.end;
+        copied = lines.end;
         push_property(&mut out, props[k].0, &props[k].1, eol);
         written[k] = true;
     }
@@ -492,10 +524,18 @@ mod tests {
         );
     }
 
+    /// vaultd's own one-line values are read as every release read them: the first line
+    /// with a value (a note a sync merge left with two `tool_note` lines keeps the identity
+    /// it was claimed by); the properties a vault tool reads, as YAML does: the last.
     #[test]
-    fn every_line_of_a_key_written_twice_is_set_and_the_last_is_read() {
+    fn every_line_of_a_key_written_twice_is_set_the_first_is_vaultds_and_the_last_yamls() {
         let text = "---\na: 1\nb: 2\na: 3\n---\n";
-        assert_eq!(frontmatter_property(text, "a"), Some("3"));
+        assert_eq!(frontmatter_property(text, "a"), Some("1"));
+        assert_eq!(
+            frontmatter_property("---\ntool_note:\ntool_note: n-2\n---\n", "tool_note"),
+            Some("n-2"),
+            "an empty line is skipped"
+        );
         assert_eq!(read_properties(text)["a"], 3);
         let out = set(text, &[("a", NewValue::Line("x"))]);
         assert_eq!(out, "---\na: x\nb: 2\na: x\n---\n");
@@ -506,12 +546,20 @@ mod tests {
     }
 
     #[test]
-    fn own_values_and_json_values_find_the_same_key_lines() {
-        // A quoted key and a space before the colon are the key's line; `k:v` is not YAML's.
+    fn own_values_and_json_values_find_their_key_lines() {
+        // For YAML a quoted key and a space before the colon are the key's line, `k:v` is
+        // not; vaultd's own values also replace `k:v` (its readers take it for `k`).
         let text = "---\n\"k\": 1\nk : 2\nk:v\n---\n";
         let line = set(text, &[("k", NewValue::Line("x"))]);
-        assert_eq!(line, "---\nk: x\nk: x\nk:v\n---\n");
-        assert_eq!(set_json(text, &map(json!({ "k": "x" }))), line);
+        assert_eq!(line, "---\nk: x\nk: x\nk: x\n---\n");
+        assert_eq!(
+            set_json(text, &map(json!({ "k": "x" }))),
+            "---\nk: x\nk: x\nk:v\n---\n"
+        );
         assert!(has_property(text, "k") && !has_property(text, "k:v"));
+        // vaultd's reader: exactly `k:` at the start of a line.
+        assert_eq!(frontmatter_property("---\nk:v\n---\n", "k"), Some("v"));
+        assert_eq!(frontmatter_property("---\nk : 2\n---\n", "k"), None);
+        assert_eq!(frontmatter_property("---\n  k: 2\n---\n", "k"), None);
     }
 }

@@ -45,8 +45,21 @@ pub fn tool() -> ToolDef {
     }
 }
 
-/// Property names a tool may set.
+/// Property names a tool may set: not vaultd's own, however written (`tool_note ` reads back
+/// as `tool_note`), and each one that reads back as itself (no space or quote at its ends).
 pub fn check_keys(props: &Map<String, Value>) -> Result<(), CallError> {
+    if let Some(k) = props
+        .keys()
+        .find(|k| k.trim() != k.as_str() || k.starts_with(['"', '\'']) || k.contains(['\n', '\r', ':']))
+    {
+        return Err(CallError::new(
+            ErrorCode::InvalidParams,
+            format!(
+                "property name `{}` would not read back as itself: no space or quote at its ends, no colon or line break",
+                k.escape_debug()
+            ),
+        ));
+    }
     if let Some(k) = props.keys().find(|k| RESERVED.contains(&k.as_str())) {
         return Err(CallError::new(
             ErrorCode::PolicyDenied,

@@ -280,6 +280,18 @@ async fn create_append_properties_and_tasks_with_their_conflicts() {
         )
         .await;
     assert_eq!(e.code, ErrorCode::PolicyDenied);
+    // vaultd's own properties however written: `tool_note ` is written `tool_note : …`, which
+    // YAML reads as `tool_note`; a name that would not read back as itself is refused.
+    for (id, name) in [("c5", "tool_note "), ("c6", "\"tool_note\""), ("c7", "a:b")] {
+        let e = f
+            .err(
+                id,
+                "vault_create",
+                json!({ "path": "Agent/x.md", "content": "", "properties": { name: "n-1" } }),
+            )
+            .await;
+        assert_eq!(e.code, ErrorCode::InvalidParams, "{name}: {}", e.message);
+    }
 
     let sha = created["sha256"].as_str().unwrap().to_string();
     let appended = f
