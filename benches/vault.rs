@@ -100,7 +100,7 @@ fn main() {
         RawVault::default(),
         Vec::new(),
         &cx,
-        vaultd::results::DEFAULT_FOLDER,
+        &[vaultd::results::DEFAULT_FOLDER],
     )
     .expect("config");
     let mut registry = Registry::empty();

@@ -204,7 +204,7 @@ fn a_vault_write_whose_outcome_was_lost_is_not_repeated_and_stays_undoable() {
         },
         Vec::new(),
         &cx,
-        vaultd::results::DEFAULT_FOLDER,
+        &[vaultd::results::DEFAULT_FOLDER],
     )
     .unwrap();
     let mut registry = vaultd::tools::Registry::empty();

@@ -614,7 +614,7 @@ pub fn from_raw(
         state_dir: &state_dir,
         skip_secrets: overrides.skip_secrets,
     };
-    let tools = ToolsConfig::from_raw(raw.tools, &cx, &tool_results)?;
+    let tools = ToolsConfig::from_raw(raw.tools, &cx, &[&tool_results, &sessions])?;
     let guard = crate::guard::config_from_raw(
         raw.note_budget,
         raw.notify,

@@ -37,7 +37,13 @@ pub(crate) enum Whereabouts {
     /// In `Done/`, `Failed/` or `Rejected/` (the person refused; the note stays there), at
     /// this path.
     Finished(PathBuf),
+    /// In none of the folders it runs or ends in: deleted, renamed, or moved elsewhere
+    /// (`Dry_Run/`, a project folder) by a person. It will not run from there.
+    Gone,
 }
+
+/// The folders a call note is on its way through: it runs, at most once, from there.
+const UNDERWAY: [State; 3] = [State::NeedsAction, State::InProgress, State::Approved];
 
 /// Writes a call note under its final name in one rename, so the daemon never reads half of
 /// it. The temporary file is hidden (a dot name, no `.md`), which the daemon never claims. A
@@ -75,7 +81,22 @@ pub(crate) fn whereabouts(vault: &Vault, name: &str) -> Whereabouts {
     if held.is_file() {
         return Whereabouts::Held(held);
     }
-    Whereabouts::Underway
+    if UNDERWAY
+        .iter()
+        .any(|s| vault.folder(*s).join(name).symlink_metadata().is_ok())
+    {
+        return Whereabouts::Underway;
+    }
+    // Looked for in one folder after another: a move between two looks can hide it once.
+    if FINISHED
+        .iter()
+        .chain([State::PendingApproval].iter())
+        .chain(UNDERWAY.iter())
+        .any(|s| vault.folder(*s).join(name).symlink_metadata().is_ok())
+    {
+        return whereabouts(vault, name);
+    }
+    Whereabouts::Gone
 }
 
 /// A count bumped on every change in the folders a call note lands in; waiters look again
@@ -127,10 +148,18 @@ impl Arrivals {
         let mut changed = self.changed.clone();
         // Quiet looks in a row that found no daemon on the vault.
         let mut no_daemon = 0;
+        // Looks in a row that found the note nowhere (once can be a move between folders).
+        let mut gone = 0;
         let mut quiet = false;
         loop {
             let now = whereabouts(vault, name);
+            gone = if now == Whereabouts::Gone {
+                gone + 1
+            } else {
+                0
+            };
             match (&now, until) {
+                (Whereabouts::Gone, _) if gone >= 2 => return now,
                 (Whereabouts::Finished(_), _) => return now,
                 (Whereabouts::Held(_), None) => return now,
                 (Whereabouts::Held(_), Some(t)) if tokio::time::Instant::now() >= t => return now,

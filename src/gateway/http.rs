@@ -103,7 +103,13 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     // Its defaults: `Host` must be a loopback name (DNS rebinding), 2025 clients get sessions.
-    let config = StreamableHttpServerConfig::default();
+    // A request that carries an `Origin` (a browser's) must come from a page on this machine:
+    // a web page elsewhere is refused even with the token (the MCP transport spec's check).
+    let config = StreamableHttpServerConfig::default().with_allowed_origins([
+        "http://localhost:*",
+        "http://127.0.0.1:*",
+        "http://[::1]:*",
+    ]);
     let service = StreamableHttpService::new(
         move || Ok(gateway.clone()),
         Arc::new(LocalSessionManager::default()),

@@ -85,9 +85,13 @@ pub struct Limits {
 struct Client {
     note: Session,
     calls: AtomicU64,
-    /// Calls answered "held" whose note still waits, by tool and arguments: asking again
+    /// Calls whose note was written and has not been answered with its outcome (running,
+    /// held, or given up by a client that cancelled), by tool and arguments: asking again
     /// waits for that note instead of writing a second one (which a person could approve too).
     held: Mutex<HashMap<String, String>>,
+    /// Held from looking a call up in `held` to recording its new note there, so two identical
+    /// calls at once write one note.
+    sending: tokio::sync::Mutex<()>,
 }
 
 impl Gateway {
@@ -202,6 +206,7 @@ impl Gateway {
                     ),
                     calls: AtomicU64::new(0),
                     held: Mutex::new(HashMap::new()),
+                    sending: tokio::sync::Mutex::new(()),
                 })
             })
             .clone()
@@ -214,6 +219,22 @@ impl Gateway {
     ) -> CallToolResult {
         let inner = &self.inner;
         let tool = request.name.to_string();
+        // Written into a note as a heading and inside the call: a name with anything but
+        // these characters could end the heading or the block and add calls of its own.
+        if tool.is_empty()
+            || tool.len() > 128
+            || !tool
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        {
+            return failure(
+                "UNKNOWN_TOOL",
+                &format!(
+                    "no tool is named {:?}: tool names have only letters, digits, `_`, `-` and `.`",
+                    tool.chars().take(200).collect::<String>()
+                ),
+            );
+        }
         let call = json!({"tool_call": {
             "name": tool,
             "parameters": Value::Object(request.arguments.clone().unwrap_or_default()),
@@ -222,6 +243,7 @@ impl Gateway {
         let call_json = serde_json::to_string_pretty(&call).unwrap_or_default();
         let client = self.client(&context);
         let session = &client.note;
+        let sending = client.sending.lock().await;
         let waiting = client
             .held
             .lock()
@@ -241,7 +263,7 @@ impl Gateway {
                         ),
                     );
                 }
-                let n = client.calls.fetch_add(1, Ordering::Relaxed) + 1;
+                let n = client.calls.load(Ordering::Relaxed) + 1;
                 if n > inner.limits.session_budget {
                     return failure(
                         "QUOTA_EXCEEDED",
@@ -286,7 +308,17 @@ impl Gateway {
                     }
                 }
                 let name = match sent {
-                    Some(Ok(name)) => name,
+                    Some(Ok(name)) => {
+                        // Counted once it is sent (a refused call is no call); recorded as in
+                        // flight until answered with its outcome.
+                        client.calls.fetch_add(1, Ordering::Relaxed);
+                        client
+                            .held
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(key.clone(), name.clone());
+                        name
+                    }
                     Some(Err(e)) => {
                         return failure(
                             "EXECUTION_ERROR",
@@ -303,6 +335,7 @@ impl Gateway {
                 (name, Some(body))
             }
         };
+        drop(sending);
         let (result, outcome_line, added) = tokio::select! {
             r = self.follow(&client, &name, &key, &context) => r,
             () = context.ct.cancelled() => {
@@ -380,13 +413,28 @@ impl Gateway {
                 );
             }
         }
-        client
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+        // Answered with its outcome (or gone): the same call again is a new call. A note that
+        // waits for a daemon stays recorded: asking again waits for it, it runs once.
+        if matches!(place, Whereabouts::Finished(_) | Whereabouts::Gone) {
+            client
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
+        }
         let path = match place {
             Whereabouts::Finished(path) => path,
+            Whereabouts::Gone => {
+                let message = format!(
+                    "the call note {name} was deleted or moved out of vaultd's folders (by a person, or to {}/): it does not run from there; `vaultd log` shows whether it ran before",
+                    inner.vault.folder_name(crate::vault::State::DryRun),
+                );
+                return (
+                    failure("REJECTED", &message),
+                    "the call note was taken away: not run".to_string(),
+                    String::new(),
+                );
+            }
             _ => {
                 let message = format!(
                     "no vaultd runs on the vault any more: the call note {name} stays where it is and runs, at most once, when vaultd runs again (`vaultd run`, or a new `vaultd mcp serve`)"

@@ -65,14 +65,14 @@ macro_rules! tools_tables {
             pub(crate) fn from_raw(
                 t: RawTools,
                 cx: &TableContext,
-                tool_results: &str,
+                own_folders: &[&str],
             ) -> Result<ToolsConfig, ConfigError> {
                 Ok(ToolsConfig {
                     vault: crate::tools::vault::VaultToolsConfig::from_raw(
                         t.vault,
                         vec![$((stringify!($vault_tool), t.$vault_tool)),*],
                         cx,
-                        tool_results,
+                        own_folders,
                     )?,
                     $($name: <crate::tools::builtin::$module::$tool as BuiltinTool>::config(
                         t.$name, cx,

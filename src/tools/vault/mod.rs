@@ -108,7 +108,8 @@ pub struct RawVaultTool {
 pub struct VaultToolsConfig {
     pub enabled: bool,
     pub root: PathBuf,
-    /// vaultd's own folders (every state folder, `[folders] dry_run` and `tool_results`): no tool reads or
+    /// vaultd's own folders (every state folder, `[folders] dry_run`, `tool_results` and the
+    /// gateway's `sessions`, whose notes hold other sessions' results): no tool reads or
     /// writes there.
     pub reserved: Vec<String>,
     pub read: Vec<String>,
@@ -120,13 +121,13 @@ pub struct VaultToolsConfig {
 }
 
 impl VaultToolsConfig {
-    /// Validates `[tools.vault]` and the per-tool tables; `tool_results` is reserved like
-    /// the state folders.
+    /// Validates `[tools.vault]` and the per-tool tables; `own_folders` (vaultd's other
+    /// folders: `tool_results`, the gateway's `sessions`) are reserved like the state folders.
     pub fn from_raw(
         raw: RawVault,
         per_tool: Vec<(&str, RawVaultTool)>,
         cx: &TableContext,
-        tool_results: &str,
+        own_folders: &[&str],
     ) -> Result<VaultToolsConfig, ConfigError> {
         let (root, folders) = (cx.vault, cx.folders);
         let read = raw.read.unwrap_or_else(|| vec!["**".to_string()]);
@@ -140,10 +141,10 @@ impl VaultToolsConfig {
             &folders.done,
             &folders.failed,
             &folders.dry_run,
-            &tool_results.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(own_folders.iter().map(|s| s.to_string()))
         .collect();
         let names: Vec<&str> = reserved.iter().map(String::as_str).collect();
         PathPolicy::new(root.to_path_buf(), &names, &read, &write).map_err(|e| {

@@ -32,7 +32,13 @@ fn config(root: &Path, raw: RawVault, per_tool: Vec<(&str, RawVaultTool)>) -> Va
         state_dir: &root.join(".state"),
         skip_secrets: false,
     };
-    VaultToolsConfig::from_raw(raw, per_tool, &cx, crate::results::DEFAULT_FOLDER).unwrap()
+    VaultToolsConfig::from_raw(
+        raw,
+        per_tool,
+        &cx,
+        &[crate::results::DEFAULT_FOLDER, "Agent/Sessions"],
+    )
+    .unwrap()
 }
 
 fn fixture_with(raw: RawVault) -> Fixture {
