@@ -7,6 +7,7 @@
 //! is a journaled call, so `vaultd log --tool approve_tool_use` lists them all.
 
 pub mod rules;
+mod shell;
 
 use crate::call::ToolOutput;
 use crate::config::table::{ConfigError, TableContext};
