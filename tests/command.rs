@@ -636,6 +636,111 @@ attempt("packet", 17, SOCK_DGRAM, 0, undef);
     nothing("the TCP listener", tcp.accept().map(drop));
 }
 
+/// With `network = true` a program reaches the network, but not a unix socket by path or
+/// abstract name: those lead to what runs outside the sandbox on this machine (the session
+/// bus can start a process outside it; an ssh agent signs with the person's keys). They were
+/// allowed with `network = true`.
+#[test]
+fn with_network_a_unix_socket_outside_is_still_out_of_reach() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    let outside = tempfile::tempdir().unwrap();
+    let unix_path = outside.path().join("bus.sock");
+    let unix = UnixListener::bind(&unix_path).unwrap();
+    unix.set_nonblocking(true).unwrap();
+    let abstract_name = format!("vaultd-net-test-{}", std::process::id());
+    let abstract_unix =
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap())
+            .unwrap();
+    abstract_unix.set_nonblocking(true).unwrap();
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let script = r#"
+use Socket;
+my ($path, $abstract, $tcp) = @ARGV;
+sub attempt {
+    my ($name, $domain, $type, $addr) = @_;
+    my $s;
+    if (!socket($s, $domain, $type, 0)) { print "$name: no socket ($!)\n"; return }
+    if (!connect($s, $addr)) { print "$name: no connect ($!)\n"; return }
+    print "$name: CONNECTED\n";
+}
+attempt("unix_path", AF_UNIX, SOCK_STREAM, pack_sockaddr_un($path));
+attempt("unix_abstract", AF_UNIX, SOCK_STREAM, pack_sockaddr_un("\0" . $abstract));
+attempt("tcp", AF_INET, SOCK_STREAM, pack_sockaddr_in($tcp, inet_aton("127.0.0.1")));
+"#;
+    let vault = command_vault(&format!(
+        "[tools.command.net]\ndescription = \"Try sockets with network\"\nargv = [\"perl\", \"-e\", '''{script}''', {:?}, {:?}, \"{}\"]\neffect = \"read_only\"\nnetwork = true\n",
+        unix_path.display().to_string(),
+        abstract_name,
+        tcp.local_addr().unwrap().port(),
+    ));
+    let (r, text) = run_one(&vault, "net.md", "net");
+    assert_eq!(r["ok"], true, "{text}");
+    let stdout = r["data"]["stdout"].as_str().unwrap_or_default();
+    assert!(
+        stdout.contains("unix_path: no socket (Permission denied)")
+            && stdout.contains("unix_abstract: no socket (Permission denied)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("tcp: CONNECTED"),
+        "the network is reachable: {stdout}"
+    );
+    for (what, heard) in [
+        ("the unix listener", unix.accept().map(drop)),
+        ("the abstract listener", abstract_unix.accept().map(drop)),
+    ] {
+        assert!(
+            matches!(&heard, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "{what} heard from the sandbox: {heard:?}"
+        );
+    }
+}
+
+/// A descriptor vaultd inherited open (not close-on-exec) from whatever started it does not
+/// reach a program: here a file outside the vault, open as fd 7 when vaultd starts.
+#[test]
+fn a_descriptor_vaultd_inherited_does_not_reach_a_program() {
+    use std::os::unix::process::CommandExt;
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret.txt");
+    std::fs::write(&secret, "inherited secret\n").unwrap();
+    let vault = command_vault(SH_TOOL);
+    vault.drop_note(
+        "fd.md",
+        &note_with_calls(
+            "Fd",
+            &[call("sh", json!({ "script": "cat <&7 || echo no-fd-7" }))],
+        ),
+    );
+    let file = std::fs::File::open(&secret).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let mut cmd = vault.cmd();
+    cmd.arg("once");
+    // SAFETY: dup2 in the child before exec, on descriptors it owns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 7) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = ["Done", "Failed"]
+        .iter()
+        .find(|f| vault.exists(f, "fd.md"))
+        .map(|f| vault.read(f, "fd.md"))
+        .expect("the note is done or failed");
+    assert!(!text.contains("inherited secret"), "{text}");
+    assert!(text.contains("no-fd-7"), "{text}");
+}
+
 /// Runs `vaultd once` on one call of `tool` in the note `rel`; returns its result.
 fn run_one(vault: &TestVault, rel: &str, tool: &str) -> (Value, String) {
     vault.drop_note(rel, &note_with_calls("Call", &[call(tool, json!({}))]));

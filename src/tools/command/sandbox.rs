@@ -400,6 +400,18 @@ pub fn enter(
     drop_capabilities()?;
     rustix::thread::set_no_new_privs(true)?;
     restrict_landlock(ruleset, mode)?;
+    // Every descriptor past stdio closes at exec: vaultd's own are all close-on-exec, but one
+    // vaultd inherited from whatever started it (a service manager, a shell) is not, and the
+    // program would get it. Best effort: a kernel before 5.11 has no close_range.
+    // SAFETY: close_range(2) on integers; it touches no memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+    }
     // Last: the filter denies nothing the steps above need, but it binds what runs next.
     match filter {
         Some(f) => seccomp::apply(f),

@@ -3,8 +3,10 @@
 //! is created (unix by path or abstract name, UDP, TCP, raw, netlink, packet): the call
 //! fails with `EACCES` ("Permission denied"), the program is not killed. `socketpair()`
 //! stays allowed: a pair of connected unix sockets reaches nothing outside the program.
-//! With `network = true` only the families a networked program needs (unix, IPv4, IPv6,
-//! netlink for address lookups) are left. `io_uring` is closed either way: its requests
+//! With `network = true` only the families a networked program needs (IPv4, IPv6, netlink
+//! for address lookups) are left: not unix sockets, by path or abstract name, which reach
+//! what runs outside the sandbox on this machine (the session bus, that can start a process
+//! outside it; an ssh agent; docker's socket) and which Landlock does not close before ABI 9. `io_uring` is closed either way: its requests
 //! (`IORING_OP_SOCKET`, `IORING_OP_CONNECT`, …) would run past a filter on system calls.
 //!
 //! The filter is compiled in the parent (`seccompiler`, rust-vmm); the child only installs
@@ -16,13 +18,9 @@ use seccompiler::{
 };
 use std::collections::BTreeMap;
 
-/// The socket families a program with `network = true` may create.
-const NETWORK_FAMILIES: &[i32] = &[
-    libc::AF_UNIX,
-    libc::AF_INET,
-    libc::AF_INET6,
-    libc::AF_NETLINK,
-];
+/// The socket families a program with `network = true` may create (`socketpair()` of unix
+/// sockets stays allowed either way: a connected pair reaches nothing outside the program).
+const NETWORK_FAMILIES: &[i32] = &[libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
 
 /// On x86_64 the same system calls are reachable through the x32 numbering (this bit set),
 /// under the same audit arch: each denied number is denied under both.
