@@ -458,3 +458,44 @@ fn the_reference_servers_work_in_the_default_sandbox() {
     );
     assert!(said("mcp__git__git_log").contains("first"), "{text}");
 }
+
+/// Every `file:` secret of the config is kept from a sandboxed server like the person's
+/// keys: here a command tool's token, outside the vault and the home directory. "Everything
+/// but the secrets" granted it before, so any server could read another tool's token.
+#[test]
+fn a_server_cannot_read_the_file_secrets_of_the_config() {
+    let vault = TestVault::new(NO_SEARCH, "");
+    let secrets = vault.dir.path().join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    let token = secrets.join("tool-token");
+    std::fs::write(&token, "tool-token-4821").unwrap();
+    let plain = secrets.join("not-a-secret.txt");
+    std::fs::write(&plain, "plain").unwrap();
+    vault.write_config(
+        NO_SEARCH,
+        &format!(
+            "[tools.command.t]\ndescription = \"A tool with a token\"\nargv = [\"true\"]\neffect = \"read_only\"\nenv = {{ TOKEN = \"file:{}\" }}\n{}",
+            token.display(),
+            hostile_config("")
+        ),
+    );
+    let (token_s, plain_s) = (token.display().to_string(), plain.display().to_string());
+    vault.drop_note(
+        "probe.md",
+        &note_with_calls(
+            "Probe",
+            &[
+                probe("read", json!({ "path": token_s })),
+                probe("read", json!({ "path": plain_s })),
+            ],
+        ),
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Done", "probe.md");
+    let p = probes(&text);
+    let (ok, detail) = &p[&format!("read {token_s}")];
+    assert!(!ok, "the tool's token was read: {detail}");
+    let (ok, detail) = &p[&format!("read {plain_s}")];
+    assert!(ok, "a file beside it is readable: {detail}");
+}

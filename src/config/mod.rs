@@ -638,7 +638,7 @@ pub fn from_raw(
         None => None,
     };
 
-    Ok(Config {
+    let mut config = Config {
         source,
         vault,
         state_dir,
@@ -668,7 +668,9 @@ pub fn from_raw(
         },
         warnings,
         loaded_with: overrides.clone(),
-    })
+    };
+    config.keep_secret_files_from_servers();
+    Ok(config)
 }
 
 /// The top-level `approval_via`, or its old spelling under `[tools.send_notification]` (with
@@ -740,6 +742,37 @@ impl Config {
     }
 
     /// The one redactor: every secret that any tool source or MCP server names.
+    /// Every `file:` secret of the config (another server's token, a tool's password, the
+    /// gateway token) is a path no sandboxed MCP server reads, whatever its sandbox grants:
+    /// "everything but the secrets" includes these.
+    fn keep_secret_files_from_servers(&mut self) {
+        let mut holders = self.tools.secret_holders();
+        holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
+        holders.push(&self.gateway);
+        let mut files: Vec<PathBuf> = holders
+            .iter()
+            .flat_map(|h| h.secrets())
+            .filter_map(|s| s.reference().strip_prefix("file:"))
+            .map(crate::home::expand_tilde)
+            .collect();
+        let real: Vec<PathBuf> = files.iter().filter_map(|p| p.canonicalize().ok()).collect();
+        files.extend(real);
+        for server in &mut self.mcp {
+            use crate::tools::mcp::config::{McpSandbox, Transport};
+            if let Transport::Stdio {
+                sandbox: McpSandbox::On(sandbox),
+                ..
+            } = &mut server.transport
+            {
+                for f in &files {
+                    if !sandbox.secrets.contains(f) {
+                        sandbox.secrets.push(f.clone());
+                    }
+                }
+            }
+        }
+    }
+
     pub fn redactor(&self) -> Redactor {
         let mut holders = self.tools.secret_holders();
         holders.extend(self.mcp.iter().map(|s| s as &dyn SecretHolder));
