@@ -811,6 +811,12 @@ fn writable_and_read_may_not_name_the_root_a_state_folder_a_hidden_path_or_secre
             "writable",
             "state folder `Needs_Action/`",
         ),
+        // A state folder nested in another folder is found under it too.
+        (
+            "writable = [\"Inbox\"]\n[folders]\napproved = \"Inbox/Approved\"",
+            "writable",
+            "holds the state folder `Inbox/Approved/`",
+        ),
         ("writable = [\".obsidian\"]", "writable", "is a hidden path"),
         ("read = [\"/\"]", "read", "never granted"),
         ("read = [\"~\"]", "read", "never granted"),

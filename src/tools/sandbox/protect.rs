@@ -104,6 +104,8 @@ impl Protected<'_> {
         if self.config.starts_with(&abs) {
             return Err(format!("`{folder}` holds the config file"));
         }
+        // The same by real paths: a config reached through a symlinked folder is still it.
+        self.check_not_secret(folder, &abs)?;
         match super::paths::open_beneath(self.vault, &rel) {
             Ok(o) if o.is_dir => Ok(rel),
             Ok(_) => Err(format!(
@@ -114,21 +116,16 @@ impl Protected<'_> {
         }
     }
 
-    /// A vault-relative path must not be in a state folder: a program writing there could
-    /// approve or start calls.
+    /// A vault-relative path must not be in a state folder, nor hold one: a program writing
+    /// there could approve or start calls. Compared component by component, so a nested state
+    /// folder (`approved = "Inbox/Approved"`) is found under `Inbox` too.
     fn check_in_vault(&self, entry: &str, rel: &Path) -> Result<(), String> {
-        let first = rel
-            .components()
-            .next()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned());
-        match self
-            .folders
-            .state_names()
-            .into_iter()
-            .find(|s| Some(*s) == first.as_deref())
-        {
+        match self.folders.state_names().into_iter().find(|s| {
+            let state = Path::new(s);
+            rel.starts_with(state) || state.starts_with(rel)
+        }) {
             Some(state) => Err(format!(
-                "`{entry}` is in the state folder `{state}/`: a program writing there could approve or start calls; name another folder"
+                "`{entry}` is in or holds the state folder `{state}/`: a program writing there could approve or start calls; name another folder"
             )),
             None => Ok(()),
         }

@@ -128,9 +128,17 @@ mod tests {
         std::thread::spawn(move || {
             apply(&online).unwrap();
             socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap();
-            socket(libc::AF_UNIX, libc::SOCK_STREAM).unwrap();
-            let e = socket(libc::AF_PACKET, libc::SOCK_DGRAM).unwrap_err();
-            assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+            // Not a unix socket: by path or abstract name it reaches what runs outside.
+            for family in [libc::AF_UNIX, libc::AF_PACKET] {
+                let e = socket(family, libc::SOCK_DGRAM).unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EACCES), "family {family}");
+            }
+            let mut pair = [0; 2];
+            // SAFETY: socketpair(2) writing two fds into a local array.
+            assert_eq!(
+                unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) },
+                0
+            );
         })
         .join()
         .unwrap();
