@@ -741,6 +741,35 @@ fn a_descriptor_vaultd_inherited_does_not_reach_a_program() {
     assert!(text.contains("no-fd-7"), "{text}");
 }
 
+/// Of `/dev` a program reads only what programs read (null, zero, full, random, urandom):
+/// not a terminal (the keystrokes typed in it), the kernel log, or a disk (every file, as
+/// root). The whole of `/dev` was readable.
+#[test]
+fn a_program_reads_no_terminal_disk_or_kernel_log() {
+    let vault = command_vault(SH_TOOL);
+    let script = "for d in /dev/tty1 /dev/ptmx /dev/kmsg /dev/loop0 /dev/console; do \
+                  if [ -e $d ]; then head -c1 $d >/dev/null 2>&1 && echo \"$d: READ\" || echo \"$d: denied\"; fi; done; \
+                  head -c8 /dev/urandom | wc -c; echo x > /dev/null && echo null-ok";
+    vault.drop_note(
+        "dev.md",
+        &note_with_calls("Dev", &[call("sh", json!({ "script": script }))]),
+    );
+    once_ok(&vault);
+    let text = ["Done", "Failed"]
+        .iter()
+        .find(|f| vault.exists(f, "dev.md"))
+        .map(|f| vault.read(f, "dev.md"))
+        .expect("the note is done or failed");
+    let r = &results_in(&text)[0];
+    let stdout = r["data"]["stdout"].as_str().unwrap_or_default();
+    assert!(!stdout.contains("READ"), "{stdout}");
+    assert!(stdout.contains("denied"), "some device was tried: {stdout}");
+    assert!(
+        stdout.contains("8\n") && stdout.contains("null-ok"),
+        "{stdout}"
+    );
+}
+
 /// Runs `vaultd once` on one call of `tool` in the note `rel`; returns its result.
 fn run_one(vault: &TestVault, rel: &str, tool: &str) -> (Value, String) {
     vault.drop_note(rel, &note_with_calls("Call", &[call(tool, json!({}))]));

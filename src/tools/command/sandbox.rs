@@ -26,10 +26,23 @@ fn required_abi(network: bool) -> i32 {
     if network { 3 } else { 4 }
 }
 
-/// System folders every program may read and execute: its libraries, locale, certificates.
+/// System folders every program may read and execute: its libraries, locale, certificates;
+/// of `/dev` only the devices a program reads (the terminals there would give a program the
+/// keystrokes typed in them, the disks every file as root, the kernel log).
 const SYSTEM_DIRS: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/dev",
-    "/proc", "/sys",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/opt",
+    "/dev/random",
+    "/dev/urandom",
+    "/proc",
+    "/sys",
 ];
 /// Device files a program may also write (`> /dev/null`).
 const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
