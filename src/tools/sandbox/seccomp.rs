@@ -49,12 +49,30 @@ pub fn filter(network: bool) -> Result<Filter, String> {
         // No rule: every socket() matches and is denied.
         Vec::new()
     };
+    // `kill()` of a process group or of every process (pid 0 or negative): the program's
+    // group holds its supervisor, and `kill(-1)` reaches every process of the user, vaultd
+    // too. Landlock scopes signals from ABI 6; this holds where the kernel is older. A
+    // program still signals its own children by their pids.
+    let group_kill = vec![
+        SeccompRule::new(vec![
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, 0)
+                .map_err(|e| e.to_string())?,
+        ])
+        .map_err(|e| e.to_string())?,
+        SeccompRule::new(vec![
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ge, 0x8000_0000)
+                .map_err(|e| e.to_string())?,
+        ])
+        .map_err(|e| e.to_string())?,
+    ];
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    rules.insert(libc::SYS_kill, group_kill.clone());
     rules.insert(libc::SYS_socket, socket_rules.clone());
     rules.insert(libc::SYS_io_uring_setup, Vec::new());
     #[cfg(target_arch = "x86_64")]
     {
         rules.insert(libc::SYS_socket | X32_SYSCALL_BIT, socket_rules);
+        rules.insert(libc::SYS_kill | X32_SYSCALL_BIT, group_kill);
         rules.insert(libc::SYS_io_uring_setup | X32_SYSCALL_BIT, Vec::new());
     }
     let program: BpfProgram = SeccompFilter::new(
@@ -139,6 +157,33 @@ mod tests {
                 unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) },
                 0
             );
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A program cannot signal its process group (its supervisor is in it) or every process
+    /// of the user (`kill(-1)`, vaultd among them); its own children it can, by pid. Signal 0
+    /// only asks whether the kill would be allowed.
+    #[test]
+    fn no_kill_of_a_group_or_of_everyone() {
+        let filter = filter(false).unwrap();
+        std::thread::spawn(move || {
+            apply(&filter).unwrap();
+            // SAFETY: kill(2) with signal 0 sends nothing.
+            let kill = |pid: i32| unsafe {
+                if libc::kill(pid, 0) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error().raw_os_error())
+                }
+            };
+            assert_eq!(kill(-1), Err(Some(libc::EACCES)), "kill(-1)");
+            assert_eq!(kill(0), Err(Some(libc::EACCES)), "kill(0)");
+            // SAFETY: getpid(2) and getpgrp(2) read the caller's ids.
+            let (me, group) = unsafe { (libc::getpid(), libc::getpgrp()) };
+            assert_eq!(kill(-group), Err(Some(libc::EACCES)), "kill(-pgid)");
+            assert_eq!(kill(me), Ok(()), "a process by its pid");
         })
         .join()
         .unwrap();
