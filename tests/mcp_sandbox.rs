@@ -487,6 +487,9 @@ fn a_server_cannot_read_the_file_secrets_of_the_config() {
             &[
                 probe("read", json!({ "path": token_s })),
                 probe("read", json!({ "path": plain_s })),
+                // Of /dev only what programs read: not a disk (or a terminal, the kernel log).
+                probe("read", json!({ "path": "/dev/loop0" })),
+                probe("read", json!({ "path": "/dev/null" })),
             ],
         ),
     );
@@ -498,4 +501,13 @@ fn a_server_cannot_read_the_file_secrets_of_the_config() {
     assert!(!ok, "the tool's token was read: {detail}");
     let (ok, detail) = &p[&format!("read {plain_s}")];
     assert!(ok, "a file beside it is readable: {detail}");
+    if std::path::Path::new("/dev/loop0").exists() {
+        let (ok, detail) = &p["read /dev/loop0"];
+        assert!(
+            !ok && (detail.contains("Permission denied") || detail.contains("Errno 13")),
+            "a disk device was read: {detail}"
+        );
+    }
+    let (ok, detail) = &p["read /dev/null"];
+    assert!(ok, "/dev/null: {detail}");
 }

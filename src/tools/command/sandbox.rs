@@ -44,6 +44,8 @@ const SYSTEM_DIRS: &[&str] = &[
     "/proc",
     "/sys",
 ];
+/// The devices every sandboxed program (an MCP server too) may read.
+pub const READABLE_DEVICES: &[&str] = &["/dev/random", "/dev/urandom"];
 /// Device files a program may also write (`> /dev/null`).
 const WRITABLE_DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 

@@ -1140,12 +1140,20 @@ fn server_ruleset(
             ));
         }
     }
+    // Of `/dev` only what programs read (a terminal there would give the server the
+    // keystrokes typed in it; a disk, every file when vaultd runs as root); `null`, `zero`
+    // and `full` are writable as for every sandboxed program.
+    let mut kept_from = s.secrets.clone();
+    kept_from.push(std::path::PathBuf::from("/dev"));
     let built = command_sandbox::build(Grants {
         network: s.network,
-        read_paths: Vec::new(),
+        read_paths: command_sandbox::READABLE_DEVICES
+            .iter()
+            .map(std::path::PathBuf::from)
+            .collect(),
         write_paths: vec![own.to_path_buf()],
         opened,
-        read_each: paths::everything_but(&s.secrets),
+        read_each: paths::everything_but(&kept_from),
     });
     match built {
         Ok(r) => Ok(Some(r)),
