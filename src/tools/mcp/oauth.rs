@@ -609,6 +609,43 @@ mod tests {
         .to_string()
     }
 
+    /// An authorization server at `{base}{prefix}` on the mock: its metadata at
+    /// `metadata_path`, and a token endpoint that refreshes `old-refresh` once.
+    async fn mount_authorization_server(server: &MockServer, prefix: &str, metadata_path: &str) {
+        let issuer = format!("{}{prefix}", server.uri());
+        Mock::given(method("GET"))
+            .and(path(metadata_path))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "issuer": issuer,
+                "authorization_endpoint": format!("{issuer}/authorize"),
+                "token_endpoint": format!("{issuer}/token"),
+                "response_types_supported": ["code"],
+                "grant_types_supported": ["authorization_code", "refresh_token"],
+                "code_challenge_methods_supported": ["S256"],
+            })))
+            .mount(server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(format!("{prefix}/token")))
+            .and(body_string_contains("grant_type=refresh_token"))
+            .and(body_string_contains("refresh_token=old-refresh"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+                "access_token": "new-access", "token_type": "Bearer",
+                "expires_in": 3600, "refresh_token": "new-refresh",
+            })))
+            .expect(1)
+            .mount(server)
+            .await;
+    }
+
+    /// The token file of server `s` for `url`, holding tokens received two hours ago.
+    fn expired_tokens(state: &Path, url: &str) -> TokenFile {
+        let tokens = TokenFile::new(state, "s", url);
+        std::fs::create_dir_all(tokens.path().parent().unwrap()).unwrap();
+        std::fs::write(tokens.path(), kept(url, 7200)).unwrap();
+        tokens
+    }
+
     /// A real authorization server on 127.0.0.1 (its metadata and token endpoint): an expired
     /// access token is refreshed with the refresh token, and the new tokens land in the file,
     /// still private.
@@ -624,34 +661,10 @@ mod tests {
             })))
             .mount(&server)
             .await;
-        Mock::given(method("GET"))
-            .and(path("/.well-known/oauth-authorization-server"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "issuer": base,
-                "authorization_endpoint": format!("{base}/authorize"),
-                "token_endpoint": format!("{base}/token"),
-                "response_types_supported": ["code"],
-                "grant_types_supported": ["authorization_code", "refresh_token"],
-                "code_challenge_methods_supported": ["S256"],
-            })))
-            .mount(&server)
-            .await;
-        Mock::given(method("POST"))
-            .and(path("/token"))
-            .and(body_string_contains("grant_type=refresh_token"))
-            .and(body_string_contains("refresh_token=old-refresh"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "access_token": "new-access", "token_type": "Bearer",
-                "expires_in": 3600, "refresh_token": "new-refresh",
-            })))
-            .expect(1)
-            .mount(&server)
-            .await;
+        mount_authorization_server(&server, "", "/.well-known/oauth-authorization-server").await;
 
         let state = tempfile::tempdir().unwrap();
-        let tokens = TokenFile::new(state.path(), "s", &url);
-        std::fs::create_dir_all(tokens.path().parent().unwrap()).unwrap();
-        std::fs::write(tokens.path(), kept(&url, 7200)).unwrap();
+        let tokens = expired_tokens(state.path(), &url);
         assert!(tokens.logged_in());
         // The daemon's redactor, as built at start: it knows the tokens then kept.
         let redactor = Arc::new(Redactor::new(&tokens.secrets(), &[]));
@@ -719,27 +732,7 @@ mod tests {
             })))
             .mount(&server)
             .await;
-        Mock::given(method("GET"))
-            .and(path("/.well-known/oauth-authorization-server/as"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "issuer": format!("{base}/as"),
-                "authorization_endpoint": format!("{base}/as/authorize"),
-                "token_endpoint": format!("{base}/as/token"),
-                "response_types_supported": ["code"],
-                "grant_types_supported": ["authorization_code", "refresh_token"],
-                "code_challenge_methods_supported": ["S256"],
-            })))
-            .mount(&server)
-            .await;
-        Mock::given(method("POST"))
-            .and(path("/as/token"))
-            .and(body_string_contains("refresh_token=old-refresh"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
-                "access_token": "new-access", "token_type": "Bearer",
-                "expires_in": 3600, "refresh_token": "new-refresh",
-            })))
-            .expect(1)
-            .mount(&server)
+        mount_authorization_server(&server, "/as", "/.well-known/oauth-authorization-server/as")
             .await;
         Mock::given(method("POST"))
             .and(path("/token"))
@@ -748,9 +741,7 @@ mod tests {
             .mount(&server)
             .await;
         let state = tempfile::tempdir().unwrap();
-        let tokens = TokenFile::new(state.path(), "s", &url);
-        std::fs::create_dir_all(tokens.path().parent().unwrap()).unwrap();
-        std::fs::write(tokens.path(), kept(&url, 7200)).unwrap();
+        let tokens = expired_tokens(state.path(), &url);
         let manager = authorized(
             &url,
             tokens.clone(),

@@ -106,6 +106,24 @@ mod tests {
     use super::*;
     use std::os::fd::{FromRawFd, OwnedFd};
 
+    /// `socket()` of each family fails with EACCES.
+    fn denied(families: &[i32]) {
+        for &family in families {
+            let e = socket(family, libc::SOCK_DGRAM).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EACCES), "family {family}");
+        }
+    }
+
+    /// A connected pair of unix sockets (it reaches nothing outside) is still made.
+    fn a_socketpair_is_made() {
+        let mut pair = [0; 2];
+        // SAFETY: socketpair(2) writing two fds into a local array.
+        assert_eq!(
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) },
+            0
+        );
+    }
+
     fn socket(family: i32, kind: i32) -> std::io::Result<OwnedFd> {
         // SAFETY: socket(2) with plain integer arguments; the fd is owned at once.
         let fd = unsafe { libc::socket(family, kind, 0) };
@@ -123,22 +141,14 @@ mod tests {
         let offline = filter(false).unwrap();
         std::thread::spawn(move || {
             apply(&offline).unwrap();
-            for family in [
+            denied(&[
                 libc::AF_UNIX,
                 libc::AF_INET,
                 libc::AF_INET6,
                 libc::AF_NETLINK,
                 libc::AF_PACKET,
-            ] {
-                let e = socket(family, libc::SOCK_DGRAM).unwrap_err();
-                assert_eq!(e.raw_os_error(), Some(libc::EACCES), "family {family}");
-            }
-            let mut pair = [0; 2];
-            // SAFETY: socketpair(2) writing two fds into a local array.
-            assert_eq!(
-                unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) },
-                0
-            );
+            ]);
+            a_socketpair_is_made();
         })
         .join()
         .unwrap();
@@ -147,16 +157,8 @@ mod tests {
             apply(&online).unwrap();
             socket(libc::AF_INET, libc::SOCK_DGRAM).unwrap();
             // Not a unix socket: by path or abstract name it reaches what runs outside.
-            for family in [libc::AF_UNIX, libc::AF_PACKET] {
-                let e = socket(family, libc::SOCK_DGRAM).unwrap_err();
-                assert_eq!(e.raw_os_error(), Some(libc::EACCES), "family {family}");
-            }
-            let mut pair = [0; 2];
-            // SAFETY: socketpair(2) writing two fds into a local array.
-            assert_eq!(
-                unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) },
-                0
-            );
+            denied(&[libc::AF_UNIX, libc::AF_PACKET]);
+            a_socketpair_is_made();
         })
         .join()
         .unwrap();
