@@ -87,6 +87,128 @@ pub fn fsync_dir(dir: &Path) {
     });
 }
 
+/// Makes renames into or out of `dir` durable *soon*, for a caller that need not wait: the
+/// folder is marked, and a background thread fsyncs every marked folder once per round, a
+/// round starting [`FLUSH_LINGER`] after the first mark (so one round covers every note that
+/// moved meanwhile: under load, one fsync per folder for dozens of notes). What a crash can
+/// cost of such a rename, and why that is safe where it is used, is argued in
+/// `journal/mod.rs` ("Durability soon"). [`flush_folders`] waits for every mark so far.
+pub fn fsync_dir_soon(dir: &Path) {
+    FLUSHER.mark(dir);
+}
+
+/// Returns once every folder marked by [`fsync_dir_soon`] before the call is fsynced: at the
+/// end of `once` and of `run`, and before anything that must find the moves durable.
+pub fn flush_folders() {
+    FLUSHER.flush();
+}
+
+/// How long the flusher waits after a first mark before its round: long enough for the notes
+/// in flight to join it, short against what a crash could then cost (moves recovery redoes).
+pub const FLUSH_LINGER: std::time::Duration = std::time::Duration::from_millis(50);
+
+static FLUSHER: std::sync::LazyLock<Flusher> = std::sync::LazyLock::new(Flusher::default);
+
+/// The folders marked and not yet fsynced, and the rounds: marks numbered, the last covered.
+#[derive(Default)]
+struct Flusher {
+    state: Mutex<FlushState>,
+    /// Wakes the thread: a first mark, or a flush that cannot wait for the linger.
+    wake: Condvar,
+    /// Wakes flushers: a round ended.
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct FlushState {
+    dirty: std::collections::BTreeSet<PathBuf>,
+    marked: u64,
+    durable: u64,
+    urgent: bool,
+    started: bool,
+}
+
+impl Flusher {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FlushState> {
+        // Only plain values inside: a panic while it was held left them consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mark(&'static self, dir: &Path) {
+        let mut st = self.lock();
+        if !st.dirty.contains(dir) {
+            st.dirty.insert(dir.to_path_buf());
+        }
+        st.marked += 1;
+        if !st.started {
+            st.started = true;
+            let spawned = std::thread::Builder::new()
+                .name("vaultd-fsync".into())
+                .spawn(move || self.run());
+            if spawned.is_err() {
+                // No thread to be had: this caller makes its own mark durable.
+                st.started = false;
+                drop(st);
+                self.round();
+                return;
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    fn flush(&self) {
+        let mut st = self.lock();
+        let target = st.marked;
+        if st.durable >= target {
+            return;
+        }
+        if !st.started {
+            drop(st);
+            self.round();
+            return;
+        }
+        st.urgent = true;
+        self.wake.notify_one();
+        while st.durable < target {
+            st = self.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn run(&self) {
+        loop {
+            let mut st = self.lock();
+            while st.dirty.is_empty() {
+                st = self.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if !st.urgent {
+                st = self
+                    .wake
+                    .wait_timeout_while(st, FLUSH_LINGER, |st| !st.urgent)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            drop(st);
+            self.round();
+        }
+    }
+
+    /// fsyncs every marked folder (each through the shared [`fsync_dir`]) and records the
+    /// marks it covered.
+    fn round(&self) {
+        let (dirs, covers) = {
+            let mut st = self.lock();
+            st.urgent = false;
+            (std::mem::take(&mut st.dirty), st.marked)
+        };
+        for dir in &dirs {
+            fsync_dir(dir);
+        }
+        let mut st = self.lock();
+        st.durable = st.durable.max(covers);
+        self.done.notify_all();
+    }
+}
+
 /// One folder's shared fsync: generations requested and made durable.
 #[derive(Default)]
 struct SharedSync {
@@ -130,6 +252,36 @@ impl SharedSync {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn marked_folders_are_fsynced_in_shared_rounds_and_a_flush_waits_for_its_marks() {
+        let flusher: &'static Flusher = Box::leak(Box::default());
+        let dir = tempfile::tempdir().unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let sub = dir.path().join(format!("d{}", i % 3));
+                std::fs::create_dir_all(&sub).unwrap();
+                std::thread::spawn(move || {
+                    for _ in 0..20 {
+                        flusher.mark(&sub);
+                    }
+                    let mine = flusher.lock().marked;
+                    flusher.flush();
+                    let st = flusher.lock();
+                    assert!(
+                        st.durable >= mine,
+                        "a flush returned before its marks were covered"
+                    );
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let st = flusher.lock();
+        assert_eq!((st.marked, st.durable), (160, 160));
+        assert!(st.dirty.is_empty(), "{:?}", st.dirty);
+    }
 
     #[test]
     fn concurrent_folder_syncs_share_fsyncs_and_each_waits_for_one_started_after_it() {

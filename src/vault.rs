@@ -255,8 +255,22 @@ impl Vault {
     /// overwrites: a taken name gets ` (2)`, ` (3)`, … Returns the new path.
     pub fn move_to(&self, path: &Path, to: State) -> Result<PathBuf, VaultError> {
         let placed = self.place(path, to, |from, to| rename_noreplace(&self.root, from, to))?;
+        if let Some(parent) = placed.parent() {
+            fsync_dir(parent);
+        }
         if let Some(parent) = path.parent() {
             fsync_dir(parent);
+        }
+        Ok(placed)
+    }
+
+    /// [`move_to`](Self::move_to) whose folder fsyncs are left to the flusher
+    /// ([`crate::files::fsync_dir_soon`]): the claim's move and a finished note's move, which
+    /// a crash may undo because recovery redoes them (`journal/mod.rs`, "Durability soon").
+    pub fn move_soon(&self, path: &Path, to: State) -> Result<PathBuf, VaultError> {
+        let placed = self.place(path, to, |from, to| rename_noreplace(&self.root, from, to))?;
+        for folder in [placed.parent(), path.parent()].into_iter().flatten() {
+            crate::files::fsync_dir_soon(folder);
         }
         Ok(placed)
     }
@@ -298,6 +312,9 @@ impl Vault {
             VaultError::Move { source, .. } if link_unsupported(source) => LinkError::Unsupported,
             _ => LinkError::Vault(e),
         })?;
+        if let Some(parent) = placed.parent() {
+            fsync_dir(parent);
+        }
         // Read through the new name: the inode is the one claimed, whatever the old name
         // holds by now. The new name can be gone already: a person moved the note out of
         // In_Progress while the link's folder fsync waited on a busy disk. The first name is
@@ -388,8 +405,8 @@ impl Vault {
         restored
     }
 
-    /// Renames or links `path` into `to` under its relative path, numbering on collisions,
-    /// and fsyncs the folder it went into.
+    /// Renames or links `path` into `to` under its relative path, numbering on collisions.
+    /// The caller makes it durable (the folder it went into, and for a rename the one it left).
     fn place(
         &self,
         path: &Path,
@@ -417,12 +434,7 @@ impl Vault {
                 numbered(&target, n)
             };
             match op(path, &candidate) {
-                Ok(()) => {
-                    if let Some(parent) = candidate.parent() {
-                        fsync_dir(parent);
-                    }
-                    return Ok(candidate);
-                }
+                Ok(()) => return Ok(candidate),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => n += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound && !tried_again => {
                     tried_again = true;

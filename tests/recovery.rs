@@ -51,6 +51,25 @@ fn leftover_temp_files(vault: &TestVault) -> Vec<String> {
         .collect()
 }
 
+/// What a power loss (not a kill) can do to a note whose last write was the identity stamp,
+/// written without an fsync of its own (journal/mod.rs, "The stamp"): leave it empty. Done
+/// to every such note in In_Progress whose open run kept its claimed text; returns how many.
+fn lose_unsynced_stamps(vault: &TestVault) -> usize {
+    let open = vault.journal().open_runs().unwrap();
+    let mut damaged = 0;
+    for run in open.iter().filter(|r| r.claimed_text.is_some()) {
+        let path = vault.root.join(&run.note);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        if property(&text, "tool_note").is_some() && results_in(&text).is_empty() {
+            std::fs::write(&path, b"").unwrap();
+            damaged += 1;
+        }
+    }
+    damaged
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once() {
     let began = Instant::now();
@@ -79,6 +98,7 @@ async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once()
         .unwrap_or(0x5EED_2026_0001);
     let mut rng = Rng::new(seed);
     let kills = 14;
+    let mut damaged = 0;
     for k in 0..kills {
         server.set_delay(Duration::from_millis(50 + rng.below(151)));
         let log = vault.dir.path().join(format!("kill-{k:02}.log"));
@@ -96,6 +116,9 @@ async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once()
         }
         std::thread::sleep(Duration::from_millis(rng.below(350)));
         daemon.kill9();
+        if k % 2 == 1 {
+            damaged += lose_unsynced_stamps(&vault);
+        }
     }
     while dropped < NOTES {
         drop_torture_note(&vault, dropped);
@@ -166,7 +189,7 @@ async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once()
         leftover_temp_files(&vault)
     );
     eprintln!(
-        "torture: {kills} kills, {} search requests for 40 searches, {sends_ok} sends, {sends_unknown} unknown outcomes, {:?}",
+        "torture: {kills} kills, {damaged} notes damaged as a power loss could, {} search requests for 40 searches, {sends_ok} sends, {sends_unknown} unknown outcomes, {:?}",
         server.requests(),
         began.elapsed()
     );
@@ -226,6 +249,60 @@ async fn a_kill_during_an_smtp_send_never_sends_twice_and_says_unknown_outcome()
     let call_id = results[0]["call_id"].as_str().unwrap();
     assert!(mails[0].data.contains(&format!("<{call_id}@")));
     assert_journal_closed(&vault);
+}
+
+// The identity stamp is written without an fsync of its own (journal/mod.rs, "The stamp"): a
+// power loss can leave the note empty or zero-filled where a kill -9 cannot. Both are made
+// here by hand after the kill: the note is put back as claimed, from the journal, and its
+// send is not made again.
+async fn a_note_a_crash_damaged_mid_send_is_put_back_from_the_journal(damage: &[u8]) {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let smtp = SmtpServer::start_with_delay(Duration::from_secs(3));
+    let vault = TestVault::new(&server.base_url(), &smtp_config(&smtp));
+    let daemon = vault.start();
+    let claimed = note_with_calls(
+        "Mail",
+        &[json!({ "name": "send_notification", "parameters": {
+            "recipient": "bob@example.org", "subject": "Once only", "body": "Exactly once." } })],
+    );
+    let claimed = format!("{claimed}\nThe agent's own words, which must survive.\n");
+    vault.drop_note("mail.md", &claimed);
+    wait_until("the send is running", DEADLINE, || {
+        vault.exists("In_Progress", "mail.md")
+            && !vault.journal().running_calls().unwrap().is_empty()
+            && smtp.answering() == 1
+    });
+    daemon.kill9();
+    std::fs::write(vault.path("In_Progress", "mail.md"), damage).unwrap();
+
+    let daemon = vault.start_logged("after-damage.log");
+    let text = vault.wait_until_in("Failed", "mail.md");
+    assert!(
+        text.contains("The agent's own words, which must survive."),
+        "the note as claimed: {text}"
+    );
+    let results = results_in(&text);
+    assert_eq!(results.len(), 1, "{text}");
+    assert_eq!(results[0]["error"]["code"], "UNKNOWN_OUTCOME", "{text}");
+    wait_until("the server has the first message", DEADLINE, || {
+        !smtp.received().is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let log = daemon.log_text();
+    drop(daemon);
+    assert_eq!(smtp.received().len(), 1, "sent once");
+    assert!(log.contains("put back as it was claimed"), "{log}");
+    assert_journal_closed(&vault);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_note_a_crash_left_empty_mid_send_is_put_back_from_the_journal() {
+    a_note_a_crash_damaged_mid_send_is_put_back_from_the_journal(b"").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_note_a_crash_left_zero_filled_mid_send_is_put_back_from_the_journal() {
+    a_note_a_crash_damaged_mid_send_is_put_back_from_the_journal(&[0u8; 300]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

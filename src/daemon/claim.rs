@@ -113,7 +113,7 @@ impl Daemon {
         }
         let (vault, p) = (self.vault.clone(), path.to_path_buf());
         tokio::task::spawn_blocking(move || {
-            let claimed = vault.move_to(&p, State::InProgress)?;
+            let claimed = vault.move_soon(&p, State::InProgress)?;
             let read = note::read_settled(&claimed);
             Ok((claimed, None, read))
         })
@@ -289,19 +289,32 @@ impl Daemon {
     /// abandoned). Any other failure is logged: the results write adds them later. A note
     /// whose calls are all fresh `read_only` runs is not stamped here: its results write adds
     /// the three properties (see `stamp_at_claim` in `pipeline/execute.rs`).
+    ///
+    /// With `claimed` (the note's text as claimed), that text is first kept durable with the
+    /// run and the stamp is then written without an fsync of its own: recovery puts the text
+    /// back if a crash leaves the note damaged (`journal/mod.rs`, "The stamp"). Without it,
+    /// the stamp is a full durable write.
     pub(crate) async fn write_identity(
         &self,
         run: RunId,
         path: &Path,
         note_id: &str,
+        claimed: Option<&str>,
     ) -> Result<IdentityWrite, DaemonError> {
         let (p, id) = (path.to_path_buf(), note_id.to_string());
         let runner = self.runners.me.to_string();
         let root = self.vault.root().to_path_buf();
+        if let Some(text) = claimed {
+            self.journal.keep_claimed_text_async(run, text).await?;
+        }
+        let unsynced = claimed.is_some();
         let written = tokio::task::spawn_blocking(move || {
-            note::update_note_beneath(&root, &p, |current| {
-                note::stamp_claim(current, &id, &runner, SystemTime::now())
-            })
+            let stamp = |current: &str| note::stamp_claim(current, &id, &runner, SystemTime::now());
+            if unsynced {
+                note::update_note_unsynced(&root, &p, stamp)
+            } else {
+                note::update_note_beneath(&root, &p, stamp)
+            }
         })
         .await
         .expect("write task does not panic");

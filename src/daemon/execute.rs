@@ -43,7 +43,7 @@ impl Daemon {
             || id_on_note.is_some_and(|id| id != note.ident.note_id)
         {
             match self
-                .write_identity(note.run, &note.path, &note.ident.note_id)
+                .write_identity(note.run, &note.path, &note.ident.note_id, Some(&text))
                 .await?
             {
                 IdentityWrite::Gone => return Ok(()),

@@ -350,7 +350,12 @@ async fn run_reloading(
         runners,
         folder_pause: Default::default(),
     });
-    daemon.supervise(mode, shutdown).await
+    let outcome = daemon.supervise(mode, shutdown).await;
+    // The moves of the last notes, made durable soon (`journal/mod.rs`), are durable now.
+    tokio::task::spawn_blocking(crate::files::flush_folders)
+        .await
+        .expect("folder flush does not panic");
+    outcome
 }
 
 /// Where results too big for a note go (§10.6).

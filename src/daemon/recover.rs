@@ -66,7 +66,36 @@ impl Daemon {
         open: Option<crate::journal::OpenRun>,
     ) -> Result<(), DaemonError> {
         let rel = self.vault.relative(path);
-        let text = crate::vault::read_regular_text(path).unwrap_or_default();
+        let read = crate::vault::read_regular_text(path);
+        let is_damaged = match &read {
+            Ok(text) => damaged(text),
+            Err(e) => e.kind() == std::io::ErrorKind::InvalidData, // not UTF-8
+        };
+        let mut text = read.unwrap_or_default();
+        if let Some(claimed) = open.as_ref().and_then(|r| r.claimed_text.as_deref())
+            && is_damaged
+        {
+            // The stamp's write had no fsync of its own (`journal/mod.rs`, "The stamp"): a
+            // crash can leave the note empty or zero-filled. The journal kept its text.
+            let (root, p, t) = (
+                self.vault.root().to_path_buf(),
+                path.to_path_buf(),
+                claimed.to_string(),
+            );
+            let restored = tokio::task::spawn_blocking(move || note::restore_note(&root, &p, &t))
+                .await
+                .expect("restore task does not panic");
+            match restored {
+                Ok(()) => {
+                    tracing::warn!(note = %rel, "the note was damaged by a crash: put back as it was claimed, from the journal");
+                    text = claimed.to_string();
+                }
+                Err(e) => {
+                    tracing::error!(note = %rel, "the note was damaged by a crash and cannot be put back yet: {e}");
+                    return Ok(());
+                }
+            }
+        }
         let carried = note::frontmatter_property(&text, "tool_note")
             .filter(|id| valid_note_id(id))
             .map(str::to_string);
@@ -113,7 +142,7 @@ impl Daemon {
             }
             if carried.is_none()
                 && matches!(
-                    self.write_identity(run, path, &note_id).await?,
+                    self.write_identity(run, path, &note_id, None).await?,
                     IdentityWrite::Gone
                 )
             {
@@ -192,4 +221,11 @@ impl Daemon {
         while tasks.join_next().await.is_some() {}
         Ok(())
     }
+}
+
+/// What a crash can leave of a note replaced without an fsync (empty, or its length in
+/// zeros; old blocks that are not UTF-8 are caught by the read), never a note anyone wrote:
+/// markdown holds no NUL byte.
+fn damaged(text: &str) -> bool {
+    text.is_empty() || text.contains('\0')
 }

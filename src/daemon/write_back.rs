@@ -91,7 +91,7 @@ fn move_and_record(
     let here = vault.locate(&p).map(|(s, _)| s);
     let moves = here != Some(next) && p.exists();
     let dest = if moves {
-        match vault.move_to(&p, next) {
+        match vault.move_soon(&p, next) {
             Ok(dest) => dest,
             Err(e) => {
                 if let Some(folder) = p.parent() {

@@ -46,7 +46,46 @@
 //! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
 //! path to Done.
 //!
-//! # Tables (schema version 5, kept in `PRAGMA user_version`)
+//! # The stamp
+//! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)
+//! before any of them runs, so that a note moved by hand mid-run carries it. That write
+//! replaces the claimed note and has no fsync of its own (`note::update_note_unsynced`): first
+//! the note's text as claimed is kept with its run (`keep_claimed_text_async`, durable, so
+//! its commit also carries the claim record), then the stamped text is renamed over the note.
+//! What a power loss can leave (a kill leaves the page cache, so only the first two):
+//! - the note as claimed (the rename was lost): recovery knows it by the run's path and gives
+//!   it the run's id (`daemon/recover.rs`); a claim rename lost too leaves it at the path it
+//!   was claimed from, where the stale-copy rule (§9.6) knows it;
+//! - the note as stamped;
+//! - on a file system that does not flush a file renamed over another (ext4 does, with its
+//!   default `auto_da_alloc`; others need not), an empty or zero-filled note: recovery puts the
+//!   run's claimed text back (`restore_note`) and goes on from there, as from the first case.
+//!
+//! The text is cleared when the run ends. Every later write of the note (its results) is a
+//! full durable write, so the stamp's window is from the claim to the first result. The
+//! kill -9 stress test empties such notes after some of its kills (`tests/recovery.rs`).
+//!
+//! # Durability soon
+//! Some renames are made durable by the flusher (`files::fsync_dir_soon`: every marked folder
+//! fsynced once per round, a round 50 ms after its first mark) instead of by the caller: the
+//! claim's rename into In_Progress, the move of a finished note out of it (and with it the
+//! rename of its results write), and the folder of a new `.eml` in the outbox. Under load one
+//! round covers dozens of notes. What a crash can undo of them, and why that is safe:
+//! - the claim: the note is back at the path it was claimed from; a call that started has a
+//!   durable start record, so the stale-copy rule (§9.6) gives it its recorded outcome or
+//!   `UNKNOWN_OUTCOME` (or, after `stale_copy_grace`, holds it), never a second run;
+//! - the results write and the move: the note is back in In_Progress, as stamped or with its
+//!   results; every outcome of a side effect is durable before its result is written
+//!   (`call_finished_async`), so recovery writes what is missing and moves it on. The
+//!   "written and moved" record itself is not waited for: the note's own result blocks say
+//!   what was written (§9.3);
+//! - the `.eml`: it is a new file, fsynced before its send is recorded, and on the journaling
+//!   file systems Linux runs on (ext4, XFS, btrfs) that fsync also commits its name; the
+//!   folder's fsync, which POSIX asks for, follows within a round.
+//!
+//! `once` and `run` wait for the last round before they exit (`files::flush_folders`).
+//!
+//! # Tables (schema version 6, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
 //!   the note's identity (its `tool_note` property, docs/design.md §9.2) and `claimed_from` the path it
@@ -54,7 +93,8 @@
 //!   (kept, so a copy killed or moved mid-run still never runs that note's calls again).
 //!   Version 1 journals get these columns, empty, in place; a run without a note id is given one when its note is next seen.
 //!   `claimed_sha256` (version 5) is the note's text as claimed, by which a sync client's
-//!   duplicate of it under another name is known (§9.10).
+//!   duplicate of it under another name is known (§9.10); `claimed_text` (version 6) the text
+//!   itself while an unsynced identity stamp could be undone by a crash ("The stamp").
 //!   Calls are keyed by (note id, call id) through their run: what a note's call did is known
 //!   whatever path the note has now.
 //! - `calls`: one row per start (or per outcome recorded without a start: validation, policy,
@@ -485,7 +525,8 @@ fn record_move(tx: &Tx<'_>, run: RunId, to: &str, ends_run: bool) -> Result<(), 
         let state = to.split('/').next().unwrap_or(to);
         exec(
             tx,
-            "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3 WHERE id = ?4",
+            "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3, claimed_text = NULL
+                 WHERE id = ?4",
             params![to, now, state, run],
         )?;
     } else {

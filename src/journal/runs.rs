@@ -33,6 +33,10 @@ pub struct OpenRun {
     /// The note's identity; None for a run recorded by a version 1 journal.
     pub note_id: Option<String>,
     pub calls: Vec<JournalCall>,
+    /// The note's text as claimed, when its identity stamp was written without an fsync of
+    /// its own ([`Journal::keep_claimed_text_async`]): what recovery puts back if a crash left
+    /// the note damaged.
+    pub claimed_text: Option<String>,
 }
 
 impl Journal {
@@ -189,6 +193,27 @@ impl Journal {
         self.write_async(Wait::Executed, job).await
     }
 
+    /// Keeps `text`, the note as claimed, with its run, and returns once that is durable: the
+    /// identity stamp is then written without an fsync of its own, and recovery puts `text`
+    /// back if a crash leaves the note damaged (`journal/mod.rs`, "The stamp"). The run's end
+    /// clears it.
+    pub async fn keep_claimed_text_async(
+        &self,
+        run: RunId,
+        text: &str,
+    ) -> Result<(), JournalError> {
+        let text = text.to_owned();
+        self.write_async(Wait::Durable, move |tx| {
+            exec(
+                tx,
+                "UPDATE runs SET claimed_text = ?1 WHERE id = ?2",
+                params![text, run],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Records a rename of the run's note to `to` (vault-relative). `ends_run` closes the run
     /// (Done, Failed, Rejected, Pending_Approval): a later claim of the note is a new run.
     /// Otherwise the run stays open at its new path.
@@ -222,20 +247,23 @@ impl Journal {
     /// Every run not yet moved out of In_Progress, oldest first, with its calls in start order.
     pub fn open_runs(&self) -> Result<Vec<OpenRun>, JournalError> {
         self.read(|tx| {
-            let runs: Vec<(RunId, String, Option<String>)> = {
+            type Row = (RunId, String, Option<String>, Option<String>);
+            let runs: Vec<Row> = {
                 let mut stmt = tx.prepare(
-                    "SELECT id, note, note_id FROM runs WHERE ended_at_ms IS NULL ORDER BY id",
+                    "SELECT id, note, note_id, claimed_text FROM runs
+                     WHERE ended_at_ms IS NULL ORDER BY id",
                 )?;
-                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
                     .collect::<Result<_, _>>()?
             };
             runs.into_iter()
-                .map(|(run_id, note, note_id)| {
+                .map(|(run_id, note, note_id, claimed_text)| {
                     Ok(OpenRun {
                         run_id,
                         note,
                         note_id,
                         calls: run_calls(tx, run_id)?,
+                        claimed_text,
                     })
                 })
                 .collect()
@@ -245,20 +273,21 @@ impl Journal {
     /// The open run whose note is now at `note`, if any.
     pub fn run_for_note(&self, note: &str) -> Result<Option<OpenRun>, JournalError> {
         self.read(|tx| {
-            let run: Option<(RunId, Option<String>)> = query_one(
+            let run: Option<(RunId, Option<String>, Option<String>)> = query_one(
                 tx,
-                "SELECT id, note_id FROM runs WHERE note = ?1 AND ended_at_ms IS NULL
+                "SELECT id, note_id, claimed_text FROM runs WHERE note = ?1 AND ended_at_ms IS NULL
                      ORDER BY id DESC LIMIT 1",
                 params![note],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?;
-            run.map(|(run_id, note_id)| {
+            run.map(|(run_id, note_id, claimed_text)| {
                 Ok(OpenRun {
                     run_id,
                     note: note.to_string(),
                     note_id,
                     calls: run_calls(tx, run_id)?,
+                    claimed_text,
                 })
             })
             .transpose()

@@ -71,6 +71,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // Version 5: the note's text as claimed (SHA-256), so that a sync client's duplicate of
     // it under another name is known (docs/design.md §9.10). Older runs have none: no match.
     "ALTER TABLE runs ADD COLUMN claimed_sha256 TEXT;",
+    // Version 6: the note's text as claimed, kept while its identity stamp is written without
+    // an fsync of its own (`journal/mod.rs`, "The stamp"); cleared when the run ends.
+    "ALTER TABLE runs ADD COLUMN claimed_text TEXT;",
 ];
 
 /// Plans fixed when a statement is prepared, not redone for its bound values (SQLite's query

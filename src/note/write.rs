@@ -49,7 +49,7 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// temp file is dropped and `build` runs again on the new content, so the other writer's
 /// change is kept. When `build` changes nothing, nothing is written.
 pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
-    update(None, path, build, true)
+    update(None, path, build, Durable::Now)
 }
 
 /// [`update_note`] for a note below the vault `root` (the daemon's writes into state folders,
@@ -62,7 +62,7 @@ pub fn update_note_beneath(
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, true)
+    update(Some(root), path, build, Durable::Now)
 }
 
 /// [`update_note`] without the fsync of the note's folder after the rename, for a caller that
@@ -74,14 +74,56 @@ pub fn update_note_then_move(
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, false)
+    update(Some(root), path, build, Durable::ByTheMove)
+}
+
+/// [`update_note_beneath`] without an fsync of its own: neither the temp file nor the folder
+/// is synced now (the folder is left to the flusher, [`crate::files::fsync_dir_soon`]). A
+/// crash may then leave the note as it was, as written, or — on a file system that does not
+/// flush a file renamed over another — empty or zero-filled. Only for the identity stamp,
+/// whose caller first made the text it replaces durable in the journal, from which recovery
+/// puts a damaged note back (`journal/mod.rs`, "The stamp").
+pub fn update_note_unsynced(
+    root: &Path,
+    path: &Path,
+    build: impl Fn(&str) -> String,
+) -> Result<String, WriteError> {
+    update(Some(root), path, build, Durable::Soon)
+}
+
+/// Puts `text` back as the note at `path` (temp file, fsync, rename, folder fsync), whatever
+/// the note holds now: recovery's repair of a note a crash left damaged.
+pub fn restore_note(root: &Path, path: &Path, text: &str) -> Result<(), WriteError> {
+    if let Some(folder) = path.parent() {
+        crate::beneath::check_dir(root, folder).map_err(|e| io_error(path, e))?;
+    }
+    let temp = temp_path(path);
+    let written = write_temp(&temp, path, text.as_bytes(), true)
+        .and_then(|()| crate::beneath::rename(root, &temp, path));
+    if let Err(source) = written {
+        let _ = fs::remove_file(&temp);
+        return Err(io_error(path, source));
+    }
+    sync_parent(path);
+    Ok(())
+}
+
+/// How a note write is made durable.
+#[derive(Clone, Copy, PartialEq)]
+enum Durable {
+    /// The temp file fsynced before the rename, the folder after it.
+    Now,
+    /// The temp file fsynced; the folder's fsync left to the move that follows at once.
+    ByTheMove,
+    /// Neither now: see [`update_note_unsynced`].
+    Soon,
 }
 
 fn update(
     root: Option<&Path>,
     path: &Path,
     build: impl Fn(&str) -> String,
-    sync_folder: bool,
+    durable: Durable,
 ) -> Result<String, WriteError> {
     // After a writer was caught in the rename (see below): what we wrote, and their text.
     let mut carried: Option<(String, String)> = None;
@@ -115,7 +157,7 @@ fn update(
             crate::beneath::check_dir(root, folder).map_err(|e| io_error(path, e))?;
         }
         let temp = temp_path(path);
-        if let Err(source) = write_temp(&temp, path, new.as_bytes()) {
+        if let Err(source) = write_temp(&temp, path, new.as_bytes(), durable != Durable::Soon) {
             let _ = fs::remove_file(&temp);
             return Err(io_error(path, source));
         }
@@ -162,8 +204,14 @@ fn update(
         drop(guard);
         // The rename is done: a failed folder fsync only weakens durability after a crash,
         // and reporting it as a failed write would make the caller append twice.
-        if sync_folder {
-            sync_parent(path);
+        match durable {
+            Durable::Now => sync_parent(path),
+            Durable::ByTheMove => {}
+            Durable::Soon => {
+                if let Some(parent) = path.parent() {
+                    crate::files::fsync_dir_soon(parent);
+                }
+            }
         }
         return Ok(new);
     }
@@ -460,14 +508,17 @@ pub fn is_stale_temp(file_name: &str) -> bool {
 }
 
 /// Creates the temp file (never over an existing one) with the note's permissions, writes
-/// and fsyncs it.
-fn write_temp(temp: &Path, note: &Path, bytes: &[u8]) -> io::Result<()> {
+/// and (with `sync`) fsyncs it.
+fn write_temp(temp: &Path, note: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
     let mut file = OpenOptions::new().write(true).create_new(true).open(temp)?;
     if let Ok(meta) = fs::metadata(note) {
         file.set_permissions(meta.permissions())?;
     }
     file.write_all(bytes)?;
-    file.sync_all()
+    if sync {
+        file.sync_all()?;
+    }
+    Ok(())
 }
 
 /// The folder fsync after a rename, shared with other writers of the same folder
@@ -768,7 +819,7 @@ mod tests {
         // A temp file cannot be created where the folder is really a file's path.
         let dir = tempfile::tempdir().unwrap();
         let path = note(&dir, "a.md", b"keep me");
-        let err = write_temp(&dir.path().join("a.md/.x.tmp"), &path, b"x").unwrap_err();
+        let err = write_temp(&dir.path().join("a.md/.x.tmp"), &path, b"x", true).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotADirectory);
         assert_eq!(fs::read(&path).unwrap(), b"keep me");
     }

@@ -231,7 +231,10 @@ impl Email {
                 let file = outbox.join(format!("{id}.eml"));
                 // Durable before the call is recorded as done: after a crash the journal's
                 // "sent" must still have its message in the outbox (lettre writes without
-                // fsync). The folder fsync is shared with other emails finishing together.
+                // fsync). The file is new, so its fsync also makes its name durable on the
+                // journaling file systems Linux runs on; the folder's own fsync, which POSIX
+                // asks for, is left to the flusher, shared with every email of the next few
+                // milliseconds (`journal/mod.rs`, "Durability soon").
                 let (f, dir) = (file.clone(), outbox.clone());
                 tokio::task::spawn_blocking(move || {
                     crate::private::narrow(&f);
@@ -239,7 +242,7 @@ impl Email {
                     if let Err(e) = synced {
                         tracing::warn!(file = %f.display(), "cannot fsync the email in the outbox: {e}");
                     }
-                    crate::files::fsync_dir(&dir);
+                    crate::files::fsync_dir_soon(&dir);
                 })
                 .await
                 .expect("outbox fsync task does not panic");
