@@ -63,7 +63,7 @@ pub struct ParsedNote {
     pub held: Vec<HeldRef>,
     /// Every `tool_answer` block (outside blockquotes): a person's answer to a server's
     /// question (docs/design.md §10.4), by call id, in document order.
-    pub answers: Vec<(String, Value)>,
+    pub answers: Vec<(String, Result<Value, String>)>,
 }
 
 /// A `[!question]` approval notice: which call it asks about, and with what parameters.
@@ -104,13 +104,15 @@ impl ParsedNote {
         self.held.iter().any(|h| h.call_id == call_id)
     }
 
-    /// The person's answer to the question of `call_id`: the last `tool_answer` block for it.
-    pub fn answer_for(&self, call_id: &str) -> Option<&Value> {
+    /// The person's answer to the question of `call_id`: the last `tool_answer` block for it
+    /// (or a broken one whose call id cannot be read), `Err` saying what is wrong with a
+    /// broken one.
+    pub fn answer_for(&self, call_id: &str) -> Option<Result<&Value, &str>> {
         self.answers
             .iter()
             .rev()
-            .find(|(id, _)| id == call_id)
-            .map(|(_, a)| a)
+            .find(|(id, _)| id == call_id || id.is_empty())
+            .map(|(_, a)| a.as_ref().map_err(String::as_str))
     }
 
     /// True when a question in the note asks about `call_id` with exactly the parameters
@@ -413,23 +415,44 @@ fn html_terminator(block: &str) -> Option<String> {
 }
 
 /// A `tool_answer` block: `{"tool_answer": {"call_id": "c-1", "answer": …}}`, closed and
-/// with nothing else in it (an open or mixed block is left to the call parser, which says
-/// what is wrong with it if it is a call).
-fn record_answer(f: &Fence) -> Option<(String, Value)> {
-    if !f.closed || !f.content.contains("\"tool_answer\"") {
+/// with nothing else in it (an open block, or one that also says `"tool_call"`, is left to
+/// the call parser, which says what is wrong with it if it is a call). A block that means to
+/// be an answer but is broken (invalid JSON, another shape) is an answer too, an `Err` saying
+/// what is wrong: it must not let an older answer count in its place. Its call id is read
+/// leniently; with none to be found it stands for every call's answer (`""`).
+fn record_answer(f: &Fence) -> Option<(String, Result<Value, String>)> {
+    if !f.closed || !f.content.contains("\"tool_answer\"") || f.content.contains("\"tool_call\"") {
         return None;
     }
-    let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(&f.content) else {
-        return None;
+    let broken = |why: String| Some((lenient_call_id(&f.content).unwrap_or_default(), Err(why)));
+    let mut map = match serde_json::from_str::<Value>(&f.content) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => return broken("the `tool_answer` block is not a JSON object".into()),
+        Err(e) => return broken(format!("the `tool_answer` block is not valid JSON ({e})")),
     };
+    let shape = "the `tool_answer` block must be {\"tool_answer\": {\"call_id\": …, \"answer\": …}} and nothing else";
     if map.len() != 1 {
-        return None;
+        return broken(shape.into());
     }
     let Some(Value::Object(mut a)) = map.remove("tool_answer") else {
-        return None;
+        return broken(shape.into());
     };
-    let call_id = a.get("call_id")?.as_str()?.to_string();
-    Some((call_id, a.remove("answer").unwrap_or(Value::Null)))
+    let Some(call_id) = a.get("call_id").and_then(Value::as_str).map(str::to_string) else {
+        return broken("the `tool_answer` block has no \"call_id\" string".into());
+    };
+    Some((call_id, Ok(a.remove("answer").unwrap_or(Value::Null))))
+}
+
+/// The `"call_id": "…"` of a block that does not parse, if it can be read.
+fn lenient_call_id(content: &str) -> Option<String> {
+    let after = &content[content.find("\"call_id\"")? + "\"call_id\"".len()..];
+    let after = after
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start()
+        .strip_prefix('"')?;
+    let id = &after[..after.find('"')?];
+    (!id.is_empty()).then(|| id.to_string())
 }
 
 /// A `tool_result` or `tool_approval` block inside a callout.

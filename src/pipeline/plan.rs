@@ -302,7 +302,9 @@ fn plan_answer(
         Some(Decision::Approved) => {
             let next = note
                 .answer_for(call_id)
-                .ok_or_else(|| "the note has no `tool_answer` block for this call".to_string())
+                .ok_or("the note has no `tool_answer` block for this call")
+                .and_then(|answer| answer)
+                .map_err(str::to_string)
                 .and_then(|answer| question::resume(question, answer));
             match next {
                 Ok(next) => {
@@ -696,6 +698,26 @@ mod tests {
         let next = c.answer.as_ref().unwrap();
         assert_eq!(next["request_state"], "state");
         assert_eq!(next["responses"]["q"]["content"]["branch"], "main");
+        // A later answer that is broken is no fallback to the earlier one: asked again.
+        for broken in [
+            format!(
+                "{{\"tool_answer\": {{\"call_id\": \"{call_id}\", \"answer\": {{\"branch\": \"prod\",}}}}}}"
+            ),
+            format!(
+                "{{\"tool_answer\": {{\"id\": \"{call_id}\", \"answer\": {{\"branch\": \"prod\"}}}}}}"
+            ),
+        ] {
+            let again = format!("{answered}\n```json\n{broken}\n```\n");
+            let p = plan_of(&again, &approved, &facts);
+            let Step::Ask(asked) = &p.steps[0].1 else {
+                panic!("{broken}: {:?}", p.steps)
+            };
+            assert!(
+                asked.reason.contains("`tool_answer` block"),
+                "{}",
+                asked.reason
+            );
+        }
         // Rejected with `vaultd reject` (approval_via = "cli"): REJECTED, the server not called.
         let hash = params_hash("look", &c.parameters);
         facts
