@@ -386,6 +386,61 @@ async fn a_failed_result_written_before_the_kill_still_sends_the_note_to_failed(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_result_whose_written_mark_a_kill_took_runs_again_once_deleted() {
+    // Killed after the results write and the move, before the "written" mark (not waited
+    // for) committed: the journal holds the outcome as recorded only. Once the note is
+    // finished, deleting the result block must still mean "run again" (§9.3), not "write the
+    // recorded result back".
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let id = "n-0123456789ab";
+    let original = vaultd::note::set_note_id(&note_with_calls("Look", &[search_call("q")]), id);
+    let call_id = only_call_id(&vault, &original);
+    let timed_out = vaultd::call::CallResult::failed_now(
+        &call_id,
+        "search_web",
+        vaultd::call::CallError::new(vaultd::call::ErrorCode::Timeout, "the search took too long"),
+    );
+    let written = vaultd::note::append_blocks(
+        &original,
+        &[vaultd::note::Block::Result(&timed_out)],
+        "in_progress",
+        std::time::SystemTime::now(),
+    );
+    vault.drop_into("In_Progress", "look.md", written.as_bytes());
+    let journal = vault.journal();
+    let run = journal
+        .begin_note_run(
+            "In_Progress/look.md",
+            Some(id),
+            Some("Needs_Action/look.md"),
+            None,
+        )
+        .unwrap();
+    journal.call_finished(run, &timed_out).unwrap();
+    drop(journal);
+    assert_eq!(vault.once().0, 0);
+    let failed = vault.read("Failed", "look.md");
+    assert_eq!(results_in(&failed).len(), 1, "{failed}");
+    assert_eq!(server.requests(), 0);
+
+    // The agent deletes the TIMEOUT and moves the note back.
+    std::fs::remove_file(vault.path("Failed", "look.md")).unwrap();
+    vault.drop_note("look.md", &original);
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let text = vault.read("Done", "look.md");
+    let results = results_in(&text);
+    assert_eq!(results.len(), 1, "{text}");
+    assert_eq!(
+        results[0]["ok"], true,
+        "run again, not the old TIMEOUT: {text}"
+    );
+    assert_eq!(server.requests(), 1);
+    assert_journal_closed(&vault);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_note_unknown_to_the_journal_in_in_progress_is_finished_once() {
     // docs/design.md §8.15: a kill between the claim (rename) and its journal record.
     let server = SearxServer::start(Duration::ZERO).await;

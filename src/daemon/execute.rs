@@ -36,6 +36,24 @@ impl Daemon {
         let mut parsed = parse_note(&text);
         let mut facts = self.facts_for(&parsed, &mut note).await?;
         facts.journal_lost = self.journal_lost(&text, &facts)?;
+        // Results in the note that the journal holds only as recorded: their "written" mark
+        // was lost in a crash (it is not waited for); recorded with this run's move, so that
+        // deleting one later means "run again" (§9.3).
+        let in_note: Vec<String> = if facts.stale.is_none() {
+            parsed
+                .results
+                .iter()
+                .filter(|r| {
+                    matches!(
+                        facts.prior.get(&r.call_id).map(|c| &c.progress),
+                        Some(crate::journal::CallProgress::Finished(_))
+                    )
+                })
+                .map(|r| r.call_id.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
         let rules = rules(&live.config, pass);
         let mut plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
         let id_on_note = crate::note::frontmatter_property(&text, "tool_note");
@@ -96,7 +114,8 @@ impl Daemon {
                 )
                 .await;
         }
-        self.write_and_move(&note, &text, &parsed, outcome).await
+        self.write_and_move(&note, &text, &parsed, outcome, &in_note)
+            .await
     }
 
     /// The claimed note's text, read once its writer is done; None when there is nothing to
@@ -337,6 +356,7 @@ impl Daemon {
         text: &str,
         parsed: &ParsedNote,
         outcome: Gathered,
+        in_note: &[String],
     ) -> Result<(), DaemonError> {
         let (run, path, ident) = (note.run, note.path.as_path(), &note.ident);
         let Gathered {
@@ -372,6 +392,7 @@ impl Daemon {
                     next,
                     reason: &reason,
                     foreign: &foreign,
+                    in_note,
                 },
             )
             .await?

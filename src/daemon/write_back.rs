@@ -224,13 +224,15 @@ impl Daemon {
             next,
             reason,
             foreign,
+            in_note,
         } = ending;
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
-        let recorded_ids: Vec<String> = ids
+        let mut recorded_ids: Vec<String> = ids
             .iter()
             .filter(|id| !foreign.contains(*id))
             .cloned()
             .collect();
+        recorded_ids.extend(in_note.iter().filter(|id| !ids.contains(id)).cloned());
         let append = self.appender(path, note_id, results, held, next);
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
         let (written, moved) = tokio::task::spawn_blocking(move || {

@@ -13,6 +13,9 @@ pub(crate) struct Ending<'a> {
     pub next: State,
     pub reason: &'a str,
     pub foreign: &'a std::collections::HashSet<String>,
+    /// Ids whose result blocks were already in the note while the journal had them only as
+    /// recorded: the "written" mark a crash took (it is not waited for), recorded now.
+    pub in_note: &'a [String],
 }
 
 /// How appending a run's results into its note went.
