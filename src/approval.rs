@@ -44,6 +44,8 @@ pub struct DecidedCall {
     pub call_id: String,
     pub name: String,
     pub parameters: Map<String, Value>,
+    /// The answer decided with it, for a call whose tool asked a question.
+    pub answer: Option<Value>,
 }
 
 /// What `approve` or `reject` did.
@@ -133,6 +135,7 @@ fn decided(h: HeldInNote) -> DecidedCall {
         call_id: h.call_id,
         name: h.name,
         parameters: h.parameters,
+        answer: h.answer,
     }
 }
 

@@ -993,6 +993,69 @@ fn a_servers_question_waits_in_the_note_and_the_answer_resumes_the_call() {
     );
 }
 
+// With approval_via = "cli" a decision binds the answer as well as the parameters: `vaultd
+// approve` shows the answer, and one changed afterwards (an agent can write the vault) is not
+// sent but asked about again.
+#[test]
+fn a_cli_approval_binds_the_answer_it_showed() {
+    let (vault, dir) = mcp_vault(
+        "allow = [\"ask_question\"]\n[mcp.t.tools.ask_question]\napproval = \"never\"\n",
+        "",
+    );
+    let config = std::fs::read_to_string(&vault.config).unwrap();
+    std::fs::write(&vault.config, format!("approval_via = \"cli\"\n{config}")).unwrap();
+    vault.drop_note(
+        "cli.md",
+        &note_with_calls("deploy", &[call("mcp__t__ask_question", json!({}))]),
+    );
+    assert_eq!(vault.once().0, 0);
+    let asked = vault.read("Pending_Approval", "cli.md");
+    let answer = |text: &str, branch: &str| {
+        let at = text.rfind("\"branch\": ").unwrap() + "\"branch\": ".len();
+        let end = at + text[at..].find('\n').unwrap();
+        format!("{}\"{branch}\"{}", &text[..at], &text[end..])
+    };
+    vault.write_in_place("Pending_Approval", "cli.md", &answer(&asked, "main"));
+    let approve = || {
+        let note = ["Pending_Approval", "Approved"]
+            .into_iter()
+            .map(|f| vault.path(f, "cli.md"))
+            .find(|p| p.exists())
+            .unwrap();
+        let out = vault.cmd().arg("approve").arg(&note).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = approve();
+    assert!(
+        shown.contains("with the answer {\"branch\":\"main\"}"),
+        "{shown}"
+    );
+    // The agent swaps the answer after the approval.
+    let approved = vault.read("Approved", "cli.md");
+    vault.write_in_place("Approved", "cli.md", &answer(&approved, "prod"));
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(rounds(&dir), 1, "the changed answer was not sent");
+    let again = vault.read("Pending_Approval", "cli.md");
+    assert!(results_in(&again).is_empty(), "{again}");
+    // Approved as it now stands: sent.
+    let shown = approve();
+    assert!(
+        shown.contains("with the answer {\"branch\":\"prod\"}"),
+        "{shown}"
+    );
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let done = vault.read("Done", "cli.md");
+    let said = results_in(&done)[0]["data"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(said.starts_with("deploying prod"), "{said}");
+    assert_eq!(rounds(&dir), 2);
+}
+
 // Rejecting the note ends the call REJECTED without calling the server again; "decline" as
 // the answer tells the server, which answers as it sees fit.
 #[test]

@@ -27,6 +27,9 @@ pub(super) fn decide(g: &GlobalArgs, note: &Path, decision: Decision) -> Result<
             c.name,
             Value::Object(c.parameters.clone())
         )?;
+        if let Some(answer) = &c.answer {
+            writeln!(out, "  with the answer {answer}")?;
+        }
     }
     for id in &outcome.changed {
         writeln!(

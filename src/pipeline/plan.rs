@@ -88,7 +88,7 @@ impl Facts {
                 CallBody::Call { name, parameters } => {
                     let hash = params_hash(name, parameters);
                     note.is_held_as(&c.call_id, &hash)
-                        .then(|| (c.call_id.clone(), hash))
+                        .then(|| (c.call_id.clone(), decision_hash(note, &c.call_id, &hash)))
                 }
                 CallBody::Broken(_) => None,
             })
@@ -291,6 +291,9 @@ fn plan_answer(
     if !note.is_held_as(call_id, &hash) {
         return (Step::Ask(held), None);
     }
+    // A decision binds the answer too: `vaultd approve` shows it, and an answer changed
+    // afterwards (by an agent that writes the vault) is not the one approved.
+    let hash = decision_hash(note, call_id, &hash);
     let spend = Some((call_id.to_string(), hash.clone()));
     let decision = match rules.approval {
         Approval::Folder { in_approved } => in_approved.then_some(Decision::Approved),
@@ -463,9 +466,33 @@ pub struct HeldInNote {
     pub call_id: String,
     pub name: String,
     pub parameters: Map<String, Value>,
+    /// What a decision on it is bound to ([`decision_hash`]).
     pub hash: String,
     /// The question shows exactly these parameters (else the call was edited since).
     pub as_shown: bool,
+    /// The person's answer in the note, for a call whose tool asked a question.
+    pub answer: Option<Value>,
+}
+
+/// What a decision on the held call `call_id` (parameters hashed to `params_hash`) is bound
+/// to: its parameters and, when the note holds a `tool_answer` block for it, that answer
+/// (docs/design.md §4: approval bound to exactly what was shown; the answer is the next
+/// round's input).
+pub fn decision_hash(note: &ParsedNote, call_id: &str, params_hash: &str) -> String {
+    match note.answer_for(call_id) {
+        Some(Ok(answer)) => {
+            use sha2::{Digest, Sha256};
+            let bound = format!(
+                "{params_hash}\n{}",
+                crate::note::parse::canonical_json(answer)
+            );
+            Sha256::digest(bound.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        }
+        _ => params_hash.to_string(),
+    }
 }
 
 /// Every held call of `note` (what `vaultd approve`/`reject` and a note moved into Rejected/
@@ -478,10 +505,11 @@ pub fn held_calls(note: &ParsedNote) -> Vec<HeldInNote> {
                 let hash = params_hash(name, parameters);
                 Some(HeldInNote {
                     as_shown: note.is_held_as(&c.call_id, &hash),
-                    hash,
+                    hash: decision_hash(note, &c.call_id, &hash),
                     call_id: c.call_id.clone(),
                     name: name.clone(),
                     parameters: parameters.clone(),
+                    answer: note.answer_for(&c.call_id).and_then(Result::ok).cloned(),
                 })
             }
             CallBody::Broken(_) => None,
