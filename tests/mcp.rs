@@ -993,6 +993,42 @@ fn a_servers_question_waits_in_the_note_and_the_answer_resumes_the_call() {
     );
 }
 
+// A copy of a note whose call waits for an answer (a sync client's "q 2.md", a person's
+// duplicate) never resumes that note's round: answered and approved, it starts over and is
+// asked again; only the original's answer runs the answered round.
+#[test]
+fn a_copy_of_a_note_waiting_for_an_answer_does_not_run_its_round_again() {
+    let (vault, dir, asked) = asked_note("q.md");
+    let at = asked.rfind("\"branch\": null").unwrap();
+    let answered = format!(
+        "{}\"branch\": \"main\"{}",
+        &asked[..at],
+        &asked[at + "\"branch\": null".len()..]
+    );
+    vault.write_in_place("Pending_Approval", "q.md", &answered);
+    std::fs::write(vault.path("Approved", "q 2.md"), &answered).unwrap();
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    // The copy started over under its own id: the server asked it again (a round that acts
+    // on nothing), and the answer written in it before was not sent; the copy waits for its
+    // own approval.
+    assert!(!vault.exists("Done", "q 2.md"), "{log}");
+    let copy = vault.read("Pending_Approval", "q 2.md");
+    assert!(results_in(&copy).is_empty(), "{copy}");
+    assert_eq!(rounds(&dir), 2);
+    // The original, approved, runs its answered round once.
+    vault.move_note("Pending_Approval", "Approved", "q.md");
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    let done = vault.read("Done", "q.md");
+    let said = results_in(&done)[0]["data"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(said.starts_with("deploying main"), "{said}");
+    assert_eq!(rounds(&dir), 3);
+}
+
 // With approval_via = "cli" a decision binds the answer as well as the parameters: `vaultd
 // approve` shows the answer, and one changed afterwards (an agent can write the vault) is not
 // sent but asked about again.

@@ -246,7 +246,9 @@ fn valid_call(
 /// The question the last run of `call_id` asked a person (an MCP server's elicitation,
 /// docs/design.md §10.4), when that run was this note's (or its copy's within the grace).
 fn asked<'a>(facts: &'a Facts, call_id: &str) -> Option<&'a Value> {
-    if facts.stale == Some(false) {
+    // A copy never resumes the round of the note it copies: that note's answer is the one
+    // that counts ([`recorded`] holds the copy's call instead).
+    if facts.stale.is_some() {
         return None;
     }
     match &facts.prior.get(call_id)?.progress {
@@ -340,14 +342,23 @@ fn recorded(facts: &Facts, registry: &Registry, call_id: &str, name: &str) -> Re
     let within_grace = facts.stale == Some(true);
     match facts.prior.get(call_id) {
         Some(r) if same_note || within_grace => match (&r.progress, &r.recorded) {
-            // A question, not a result: the call's tool acted on nothing yet ([`asked`]).
+            // A question, not a result: the call's tool acted on nothing yet ([`asked`]). In a
+            // copy it is the copied note's question: answered there, not here, or the round
+            // it resumes would run twice (once per note).
             (CallProgress::Finished(result), _)
                 if result
                     .outcome
                     .as_ref()
                     .is_err_and(|e| e.code == ErrorCode::NeedsAnswer) =>
             {
-                Recorded::Nothing
+                if same_note {
+                    Recorded::Nothing
+                } else {
+                    Recorded::HoldAsCopy(format!(
+                        "this call's question waits for its answer in {} (this note looks like a copy of it): answer it there; approving this copy asks the server again from the start",
+                        r.note
+                    ))
+                }
             }
             (CallProgress::Finished(result), _) => Recorded::Step(Step::Recorded(result.clone())),
             // Written once and since deleted from the note: run again (§2), unless this is a
