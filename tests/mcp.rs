@@ -955,7 +955,7 @@ fn a_servers_question_waits_in_the_note_and_the_answer_resumes_the_call() {
     assert_eq!(code, 0, "{log}");
     let again = vault.read("Pending_Approval", "q.md");
     assert!(
-        again.contains("The answer was not sent: `branch` is not filled in (null)"),
+        again.contains("The answer was not sent: `branch` is not filled in (null"),
         "{again}"
     );
     assert_eq!(rounds(&dir), 1);

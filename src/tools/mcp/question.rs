@@ -136,9 +136,14 @@ fn check(schema: &Value, content: &Value) -> Result<(), String> {
         );
     };
     if let Some((field, _)) = fields.iter().find(|(_, v)| v.is_null()) {
-        return Err(format!("`{field}` is not filled in (null)"));
+        return Err(format!(
+            "`{field}` is not filled in (null; an optional field can be deleted)"
+        ));
     }
-    let validator = jsonschema::validator_for(schema)
+    // Formats (`email`, `date`, `uri`) are checked as the call's own parameters are.
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
         .map_err(|e| format!("the server's schema is not valid: {e}"))?;
     let problems: Vec<String> = validator
         .iter_errors(content)
@@ -209,6 +214,24 @@ mod tests {
         assert!(err.contains("`ok` is not filled in"), "{err}");
         let err = resume(&asked(), &json!({ "ok": "yes" })).unwrap_err();
         assert!(err.contains("/ok"), "{err}");
+    }
+
+    #[test]
+    fn an_answer_is_checked_against_the_formats_the_server_asks_for() {
+        let q = question(
+            "t",
+            vec![(
+                "who".into(),
+                "Whom to invite?".into(),
+                json!({ "type": "object", "properties": {
+                    "email": { "type": "string", "format": "email" } } }),
+            )],
+            None,
+            Map::new(),
+        );
+        let err = resume(&q, &json!({ "email": "not an address" })).unwrap_err();
+        assert!(err.contains("/email"), "{err}");
+        assert!(resume(&q, &json!({ "email": "ann@example.org" })).is_ok());
     }
 
     #[test]
