@@ -304,20 +304,20 @@ impl Daemon {
         let (p, id) = (path.to_path_buf(), note_id.to_string());
         let runner = self.runners.me.to_string();
         let root = self.vault.root().to_path_buf();
-        if let Some(text) = claimed {
-            self.journal.keep_claimed_text_async(run, text).await?;
-        }
-        let unsynced = claimed.is_some();
+        let (journal, claimed) = (self.journal.clone(), claimed.map(str::to_owned));
+        // The journal's write and the note's in one trip to the blocking pool.
         let written = tokio::task::spawn_blocking(move || {
             let stamp = |current: &str| note::stamp_claim(current, &id, &runner, SystemTime::now());
-            if unsynced {
-                note::update_note_unsynced(&root, &p, stamp)
-            } else {
-                note::update_note_beneath(&root, &p, stamp)
-            }
+            Ok::<_, crate::journal::JournalError>(match claimed {
+                Some(text) => {
+                    journal.keep_claimed_text(run, &text)?;
+                    note::update_note_unsynced(&root, &p, stamp)
+                }
+                None => note::update_note_beneath(&root, &p, stamp),
+            })
         })
         .await
-        .expect("write task does not panic");
+        .expect("write task does not panic")?;
         match written {
             Ok(text) => {
                 self.runners.wrote(path);

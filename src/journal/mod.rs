@@ -50,7 +50,7 @@
 //! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)
 //! before any of them runs, so that a note moved by hand mid-run carries it. That write
 //! replaces the claimed note and has no fsync of its own (`note::update_note_unsynced`): first
-//! the note's text as claimed is kept with its run (`keep_claimed_text_async`, durable, so
+//! the note's text as claimed is kept with its run (`keep_claimed_text`, durable, so
 //! its commit also carries the claim record), then the stamped text is renamed over the note.
 //! What a power loss can leave (a kill leaves the page cache, so only the first two):
 //! - the note as claimed (the rename was lost): recovery knows it by the run's path and gives

@@ -34,7 +34,7 @@ pub struct OpenRun {
     pub note_id: Option<String>,
     pub calls: Vec<JournalCall>,
     /// The note's text as claimed, when its identity stamp was written without an fsync of
-    /// its own ([`Journal::keep_claimed_text_async`]): what recovery puts back if a crash left
+    /// its own ([`Journal::keep_claimed_text`]): what recovery puts back if a crash left
     /// the note damaged.
     pub claimed_text: Option<String>,
 }
@@ -197,13 +197,9 @@ impl Journal {
     /// identity stamp is then written without an fsync of its own, and recovery puts `text`
     /// back if a crash leaves the note damaged (`journal/mod.rs`, "The stamp"). The run's end
     /// clears it.
-    pub async fn keep_claimed_text_async(
-        &self,
-        run: RunId,
-        text: &str,
-    ) -> Result<(), JournalError> {
+    pub fn keep_claimed_text(&self, run: RunId, text: &str) -> Result<(), JournalError> {
         let text = text.to_owned();
-        self.write_async(Wait::Durable, move |tx| {
+        self.write(move |tx| {
             exec(
                 tx,
                 "UPDATE runs SET claimed_text = ?1 WHERE id = ?2",
@@ -211,7 +207,6 @@ impl Journal {
             )?;
             Ok(())
         })
-        .await
     }
 
     /// Records a rename of the run's note to `to` (vault-relative). `ends_run` closes the run

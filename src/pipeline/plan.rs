@@ -758,7 +758,12 @@ mod tests {
             );
         }
         // Rejected with `vaultd reject` (approval_via = "cli"): REJECTED, the server not called.
-        let hash = params_hash("look", &c.parameters);
+        // Bound to the answer too (an answer changed after `vaultd reject` is asked again).
+        let hash = decision_hash(
+            &parse_note(&answered),
+            &call_id,
+            &params_hash("look", &c.parameters),
+        );
         facts
             .decisions
             .insert((call_id.clone(), hash), Decision::Rejected);

@@ -10,7 +10,7 @@ use lettre::message::header::ContentType;
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::transport::smtp::{AsyncSmtpTransport, AsyncSmtpTransportBuilder};
-use lettre::{Address, AsyncFileTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::{Address, AsyncTransport, FileTransport, Message, Tokio1Executor};
 use std::error::Error as _;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -31,7 +31,7 @@ pub(super) struct Email {
 enum Transport {
     File {
         outbox: PathBuf,
-        transport: AsyncFileTransport<Tokio1Executor>,
+        transport: FileTransport,
     },
     Smtp(Smtp),
 }
@@ -128,7 +128,7 @@ impl Email {
         let transport = match &config.transport {
             EmailTransport::File { outbox } => Transport::File {
                 outbox: outbox.clone(),
-                transport: AsyncFileTransport::<Tokio1Executor>::new(outbox),
+                transport: FileTransport::new(outbox),
             },
             EmailTransport::Smtp {
                 url,
@@ -207,46 +207,40 @@ impl Email {
         let message = self.build_message(&message_id, to.clone(), subject, body)?;
         match &self.transport {
             Transport::File { outbox, transport } => {
-                // §9.5: the outbox holds whole messages: its folder 0700, each file 0600.
-                let dir = outbox.clone();
-                tokio::task::spawn_blocking(move || crate::private::create_dir(&dir))
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-                    .map_err(|e| {
-                        CallError::new(
-                            ErrorCode::ExecutionError,
-                            format!("cannot create the outbox {}: {e}", outbox.display()),
-                        )
+                // One trip to the blocking pool for the whole write (a hop each cost more than
+                // the write itself under load). §9.5: the outbox holds whole messages: its
+                // folder 0700, each file 0600. Durable before the call is recorded as done:
+                // after a crash the journal's "sent" must still have its message in the
+                // outbox (lettre writes without fsync). The file is new, so its fsync also
+                // makes its name durable on the journaling file systems Linux runs on; the
+                // folder's own fsync, which POSIX asks for, is left to the flusher, shared
+                // with every email of the next few milliseconds (`journal/mod.rs`,
+                // "Durability soon").
+                let (dir, transport) = (outbox.clone(), transport.clone());
+                let written = tokio::task::spawn_blocking(move || {
+                    crate::private::create_dir(&dir).map_err(|e| {
+                        format!("cannot create the outbox {}: {e}", dir.display())
                     })?;
-                let id = transport.send(message).await.map_err(|e| {
-                    CallError::new(
-                        ErrorCode::ExecutionError,
+                    let id = lettre::Transport::send(&transport, &message).map_err(|e| {
                         format!(
                             "cannot write the email into the outbox {}: {}",
-                            outbox.display(),
+                            dir.display(),
                             super::root_cause(&e)
-                        ),
-                    )
-                })?;
-                let file = outbox.join(format!("{id}.eml"));
-                // Durable before the call is recorded as done: after a crash the journal's
-                // "sent" must still have its message in the outbox (lettre writes without
-                // fsync). The file is new, so its fsync also makes its name durable on the
-                // journaling file systems Linux runs on; the folder's own fsync, which POSIX
-                // asks for, is left to the flusher, shared with every email of the next few
-                // milliseconds (`journal/mod.rs`, "Durability soon").
-                let (f, dir) = (file.clone(), outbox.clone());
-                tokio::task::spawn_blocking(move || {
-                    crate::private::narrow(&f);
-                    let synced = std::fs::File::open(&f).and_then(|file| file.sync_all());
+                        )
+                    })?;
+                    let file = dir.join(format!("{id}.eml"));
+                    crate::private::narrow(&file);
+                    let synced = std::fs::File::open(&file).and_then(|f| f.sync_all());
                     if let Err(e) = synced {
-                        tracing::warn!(file = %f.display(), "cannot fsync the email in the outbox: {e}");
+                        tracing::warn!(file = %file.display(), "cannot fsync the email in the outbox: {e}");
                     }
                     crate::files::fsync_dir_soon(&dir);
+                    Ok::<_, String>(file)
                 })
                 .await
-                .expect("outbox fsync task does not panic");
-                tracing::info!(call_id = call.call_id, file = %file.display(), "email written to the outbox");
+                .expect("outbox write task does not panic")
+                .map_err(|message| CallError::new(ErrorCode::ExecutionError, message))?;
+                tracing::info!(call_id = call.call_id, file = %written.display(), "email written to the outbox");
             }
             Transport::Smtp(smtp) => {
                 let transport = smtp.transport.get_or_init(|| smtp.builder.clone().build());
