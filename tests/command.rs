@@ -998,3 +998,44 @@ fn an_interpreter_under_home_runs_with_read_and_the_denial_names_the_key() {
         "{message}"
     );
 }
+
+/// The program is started by its supervisor (docs/design.md §10.5), yet a program that
+/// cannot be run is still the call's clear error, as when std's spawn ran it: one made
+/// non-executable, then one removed, while the daemon runs (the config check at start-up
+/// found both fine). Nothing else runs in their place.
+#[test]
+fn a_program_made_non_executable_or_removed_is_the_calls_clear_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::tempdir().unwrap();
+    let program = bin.path().join("tool.sh");
+    std::fs::write(&program, "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let vault = command_vault(&format!(
+        "[tools.command.prog]\ndescription = \"A script\"\nargv = [{:?}]\neffect = \"read_only\"\n",
+        program.to_str().unwrap()
+    ));
+    let daemon = vault.start();
+    let run = |rel: &str, folder: &str| {
+        vault.drop_note(rel, &note_with_calls("Call", &[call("prog", json!({}))]));
+        let text = vault.wait_until_in(folder, rel);
+        results_in(&text)[0].clone()
+    };
+    let r = run("one.md", "Done");
+    assert_eq!(r["data"]["stdout"], "ran\n", "{r}");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let r = run("two.md", "Failed");
+    assert_eq!(r["error"]["code"], "EXECUTION_ERROR", "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("could not be started: Permission denied (os error 13)"),
+        "{message}"
+    );
+    std::fs::remove_file(&program).unwrap();
+    let r = run("three.md", "Failed");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("could not be started: No such file or directory (os error 2)"),
+        "{message}"
+    );
+    drop(daemon);
+}

@@ -188,23 +188,41 @@ impl CommandTool {
             control: Some(control_write),
             cgroup,
         };
-        let mut cmd = std::process::Command::new(&c.program);
-        cmd.arg0(&c.argv0)
-            .args(&args)
-            .env_clear()
-            .env(
-                "PATH",
+        // The program's argv and environment, made now: the supervisor starts it after
+        // the fork, where nothing may be allocated (`supervise::Program`).
+        let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = [
+            (
+                "PATH".into(),
                 std::env::var_os("PATH").unwrap_or_else(|| config::DEFAULT_PATH.into()),
-            )
-            .env(
-                "LANG",
+            ),
+            (
+                "LANG".into(),
                 std::env::var_os("LANG").unwrap_or_else(|| "C.UTF-8".into()),
+            ),
+            ("HOME".into(), scratch.path.clone().into()),
+            ("TMPDIR".into(), tmp.clone().into()),
+            ("VAULTD_NOTE_ID".into(), note_id(&call).into()),
+            ("VAULTD_CALL_ID".into(), call.call_id.into()),
+        ]
+        .into_iter()
+        .chain(c.env.iter().map(|(k, v)| (k.into(), v.value().into())))
+        .collect();
+        let program = supervise::Program::new(
+            c.program.as_os_str(),
+            std::ffi::OsStr::new(&c.argv0),
+            &args,
+            env,
+        )
+        .map_err(|e| {
+            CallError::new(
+                ErrorCode::ExecutionError,
+                format!("{} could not be started: {e}", c.argv0),
             )
-            .env("HOME", &scratch.path)
-            .env("TMPDIR", &tmp)
-            .env("VAULTD_NOTE_ID", note_id(&call))
-            .env("VAULTD_CALL_ID", call.call_id)
-            .envs(c.env.iter().map(|(k, v)| (k, v.value())))
+        })?;
+        // std's Command forks the supervisor (stdio, working directory); the program is
+        // started by the supervisor from `program`, so argv and environment are set there.
+        let mut cmd = std::process::Command::new(&c.program);
+        cmd.env_clear()
             .current_dir(match c.cwd {
                 Cwd::Vault => &self.vault,
                 Cwd::Scratch => &scratch.path,
@@ -221,18 +239,22 @@ impl CommandTool {
             .as_ref()
             .map(CallCgroup::procs_fds)
             .unwrap_or_default();
-        // SAFETY: `split` and `enter` make only system calls (setsid, write, prctl, fork,
-        // setrlimit, capset, landlock_restrict_self, seccomp; the supervisor: poll, waitpid,
-        // kill, /proc reads into stack buffers) and allocate nothing on their success path.
+        // SAFETY: `split` and `enter` make only system calls (setsid, write, prctl, clone,
+        // setrlimit, capset, landlock_restrict_self, seccomp, execve; the supervisor: poll,
+        // waitpid, kill, /proc reads into stack buffers) on memory made before the fork, and
+        // allocate nothing on their success path; `enter` runs in the program's process.
         unsafe {
             cmd.pre_exec(move || {
-                supervise::split(control, &procs)?;
-                sandbox::enter(&mut ruleset, filter.as_deref(), limits, mode)
+                Err(supervise::split(control, &procs, &program, &mut || {
+                    sandbox::enter(&mut ruleset, filter.as_deref(), limits, mode)
+                }))
             });
         }
         let mut cmd = tokio::process::Command::from(cmd);
         let spawned = cmd.spawn();
         drop(control_read);
+        // With it go vaultd's copies of argv, environment and the program's stack.
+        drop(cmd);
         let mut child = spawned.map_err(|e| {
             let message = if e.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error()) {
                 format!(

@@ -1043,25 +1043,36 @@ fn spawn_child(
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)
         .map_err(|e| not_started(format!("cannot make {}: {e}", tmp.display())))?;
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args)
-        .env_clear()
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    // The server's argv and environment, made now: the supervisor starts it after the
+    // fork, where nothing may be allocated (`supervise::Program`).
+    let mut vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = Vec::new();
     for var in INHERITED_ENV {
         if let Some(v) = std::env::var_os(var) {
-            cmd.env(var, v);
+            vars.push((var.into(), v));
         }
     }
     for (var, value) in env {
-        cmd.env(var, value.value());
+        vars.push((var.into(), value.value().into()));
     }
+    // Its own, sandboxed or not: a server's temporary files go with its folder.
+    vars.push(("TMPDIR".into(), tmp.clone().into()));
+    let started = supervise::Program::new(
+        std::ffi::OsStr::new(program),
+        std::ffi::OsStr::new(program),
+        args,
+        vars,
+    )
+    .map_err(|e| format!("cannot run `{program}` for MCP server `{server}`: {e}"))?;
+    // std's Command forks the supervisor (stdio, working directory); the server is started
+    // by the supervisor from `started`, so argv and environment are set there.
+    let mut cmd = std::process::Command::new(program);
+    cmd.env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     if std::fs::create_dir_all(cwd).is_ok() {
         cmd.current_dir(cwd);
     }
-    // Its own, sandboxed or not: a server's temporary files go with its folder.
-    cmd.env("TMPDIR", &tmp);
     let confined = match sandbox {
         McpSandbox::Off => None,
         McpSandbox::On(s) => {
@@ -1084,20 +1095,25 @@ fn spawn_child(
         Some((mode, ruleset)) => (Some(mode), ruleset),
         None => (None, None),
     };
-    // SAFETY: `split` and `enter` make only system calls and allocate nothing on their
-    // success path (the contract of `pre_exec`; see their docs).
+    // SAFETY: `split` and `enter` make only system calls on memory made before the fork
+    // and allocate nothing on their success path (the contract of `pre_exec`, and of
+    // `split`'s `enter`; see their docs).
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            supervise::split(control_fd, &[])?;
-            match mode {
-                Some(mode) => command_sandbox::enter(
-                    &mut ruleset,
-                    filter.as_ref(),
-                    Limits::for_server(),
-                    mode,
-                ),
-                None => Ok(()),
-            }
+            Err(supervise::split(
+                control_fd,
+                &[],
+                &started,
+                &mut || match mode {
+                    Some(mode) => command_sandbox::enter(
+                        &mut ruleset,
+                        filter.as_ref(),
+                        Limits::for_server(),
+                        mode,
+                    ),
+                    None => Ok(()),
+                },
+            ))
         });
     }
     let mut cmd = tokio::process::Command::from(cmd);
