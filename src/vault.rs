@@ -312,8 +312,10 @@ impl Vault {
             VaultError::Move { source, .. } if link_unsupported(source) => LinkError::Unsupported,
             _ => LinkError::Vault(e),
         })?;
+        // The claim's link is made durable soon, as a renamed claim is (`journal/mod.rs`,
+        // "Durability soon"): lost in a crash, the note is still at its first name.
         if let Some(parent) = placed.parent() {
-            fsync_dir(parent);
+            crate::files::fsync_dir_soon(parent);
         }
         // Read through the new name: the inode is the one claimed, whatever the old name
         // holds by now. The new name can be gone already: a person moved the note out of

@@ -207,6 +207,18 @@ impl Daemon {
             .as_ref()
             .ok()
             .map(|bytes| crate::tools::vault::sha256_hex(bytes));
+        // A note whose stamp is likely (a call that is not a known read_only tool's) has its
+        // text kept with the claim record, durable in the same commit ("The stamp").
+        let keep = read
+            .as_ref()
+            .ok()
+            .and_then(|bytes| std::str::from_utf8(bytes).ok())
+            .filter(|text| {
+                crate::pipeline::execute::may_stamp_at_claim(
+                    &parse_note(text),
+                    &self.live().runner.registry,
+                )
+            });
         let began = self
             .journal
             .begin_claim_async(
@@ -216,6 +228,7 @@ impl Daemon {
                 copy_of,
                 left_key.as_deref(),
                 sha.as_deref(),
+                keep,
             )
             .await;
         let run = match began {
@@ -234,6 +247,7 @@ impl Daemon {
             pass,
             ident: std::mem::take(ident),
             live: self.live(),
+            text_kept: keep.is_some(),
         };
         self.execute(run, Some(read)).await
     }
@@ -290,30 +304,36 @@ impl Daemon {
     /// whose calls are all fresh `read_only` runs is not stamped here: its results write adds
     /// the three properties (see `stamp_at_claim` in `pipeline/execute.rs`).
     ///
-    /// With `claimed` (the note's text as claimed), that text is first kept durable with the
-    /// run and the stamp is then written without an fsync of its own: recovery puts the text
-    /// back if a crash leaves the note damaged (`journal/mod.rs`, "The stamp"). Without it,
-    /// the stamp is a full durable write.
+    /// With `stamp` other than [`Stamp::Durable`], the stamp is written without an fsync of
+    /// its own once the note's text as claimed is durable with the run (kept now, or already
+    /// with the claim record): recovery puts the text back if a crash leaves the note damaged
+    /// (`journal/mod.rs`, "The stamp").
     pub(crate) async fn write_identity(
         &self,
         run: RunId,
         path: &Path,
         note_id: &str,
-        claimed: Option<&str>,
+        stamp: Stamp<'_>,
     ) -> Result<IdentityWrite, DaemonError> {
         let (p, id) = (path.to_path_buf(), note_id.to_string());
         let runner = self.runners.me.to_string();
         let root = self.vault.root().to_path_buf();
-        let (journal, claimed) = (self.journal.clone(), claimed.map(str::to_owned));
+        let journal = self.journal.clone();
+        let keep = match stamp {
+            Stamp::KeepThenUnsynced(text) => Some(text.to_owned()),
+            _ => None,
+        };
+        let unsynced = stamp != Stamp::Durable;
         // The journal's write and the note's in one trip to the blocking pool.
         let written = tokio::task::spawn_blocking(move || {
             let stamp = |current: &str| note::stamp_claim(current, &id, &runner, SystemTime::now());
-            Ok::<_, crate::journal::JournalError>(match claimed {
-                Some(text) => {
-                    journal.keep_claimed_text(run, &text)?;
-                    note::update_note_unsynced(&root, &p, stamp)
-                }
-                None => note::update_note_beneath(&root, &p, stamp),
+            if let Some(text) = keep {
+                journal.keep_claimed_text(run, &text)?;
+            }
+            Ok::<_, crate::journal::JournalError>(if unsynced {
+                note::update_note_unsynced(&root, &p, stamp)
+            } else {
+                note::update_note_beneath(&root, &p, stamp)
             })
         })
         .await
@@ -642,6 +662,17 @@ impl Daemon {
 /// The claimed note as read right after its claim, in the same trip to the blocking pool
 /// ([`note::read_settled`]).
 pub(crate) type Claimed = Result<Vec<u8>, note::WriteError>;
+
+/// How [`Daemon::write_identity`] makes the stamp durable.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stamp<'a> {
+    /// A full durable write (recovery's stamp: no claimed text in the journal).
+    Durable,
+    /// Keep this text (the note as claimed) durable with the run, then write unsynced.
+    KeepThenUnsynced(&'a str),
+    /// The claim record kept the text already: write unsynced.
+    Unsynced,
+}
 
 /// What [`Daemon::write_identity`] came to.
 pub(crate) enum IdentityWrite {

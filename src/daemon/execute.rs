@@ -5,7 +5,7 @@
 //! the daemon doing them.
 
 use crate::call::CallResult;
-use crate::daemon::claim::{Claimed, IdentityWrite};
+use crate::daemon::claim::{Claimed, IdentityWrite, Stamp};
 use crate::daemon::write_back::Finished;
 use crate::daemon::{Daemon, DaemonError, NoteRun, Pass};
 use crate::guard::budget;
@@ -61,7 +61,16 @@ impl Daemon {
             || id_on_note.is_some_and(|id| id != note.ident.note_id)
         {
             match self
-                .write_identity(note.run, &note.path, &note.ident.note_id, Some(&text))
+                .write_identity(
+                    note.run,
+                    &note.path,
+                    &note.ident.note_id,
+                    if note.text_kept {
+                        Stamp::Unsynced
+                    } else {
+                        Stamp::KeepThenUnsynced(&text)
+                    },
+                )
                 .await?
             {
                 IdentityWrite::Gone => return Ok(()),

@@ -2,7 +2,7 @@
 //! be written or whose note could not be moved, are finished from the journal (docs/design.md §5, §8.15).
 
 use super::Daemon;
-use crate::daemon::claim::{IdentityWrite, by_call_id, new_note_id, valid_note_id};
+use crate::daemon::claim::{IdentityWrite, Stamp, by_call_id, new_note_id, valid_note_id};
 use crate::daemon::{DaemonError, Identity, NoteRun, Pass};
 use crate::note::{self};
 use crate::vault::State;
@@ -142,7 +142,7 @@ impl Daemon {
             }
             if carried.is_none()
                 && matches!(
-                    self.write_identity(run, path, &note_id, None).await?,
+                    self.write_identity(run, path, &note_id, Stamp::Durable).await?,
                     IdentityWrite::Gone
                 )
             {
@@ -161,6 +161,7 @@ impl Daemon {
                 pass: Pass::Recover { known },
                 ident,
                 live: self.live(),
+                text_kept: false,
             };
             self.execute(run, None).await
         }

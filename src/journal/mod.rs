@@ -51,7 +51,9 @@
 //! before any of them runs, so that a note moved by hand mid-run carries it. That write
 //! replaces the claimed note and has no fsync of its own (`note::update_note_unsynced`): first
 //! the note's text as claimed is kept with its run (`keep_claimed_text`, durable, so
-//! its commit also carries the claim record), then the stamped text is renamed over the note.
+//! its commit also carries the claim record; for a note whose calls are not all known
+//! `read_only` ones the claim record itself carries the text and is waited for, one commit
+//! for both), then the stamped text is renamed over the note.
 //! What a power loss can leave (a kill leaves the page cache, so only the first two):
 //! - the note as claimed (the rename was lost): recovery knows it by the run's path and gives
 //!   it the run's id (`daemon/recover.rs`); a claim rename lost too leaves it at the path it
@@ -71,7 +73,8 @@
 //! claim's rename into In_Progress, the move of a finished note out of it (and with it the
 //! rename of its results write), and the folder of a new `.eml` in the outbox. Under load one
 //! round covers dozens of notes. What a crash can undo of them, and why that is safe:
-//! - the claim: the note is back at the path it was claimed from; a call that started has a
+//! - the claim (a rename, or a hard link for a note renamed in within `moved_in_grace`): the
+//!   note is back at (or still at) the path it was claimed from; a call that started has a
 //!   durable start record, so the stale-copy rule (§9.6) gives it its recorded outcome or
 //!   `UNKNOWN_OUTCOME` (or, after `stale_copy_grace`, holds it), never a second run;
 //! - the results write and the move: the note is back in In_Progress, as stamped or with its

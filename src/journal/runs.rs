@@ -118,6 +118,7 @@ impl Journal {
             copy_of,
             left_behind,
             None,
+            None,
         ))
     }
 }
@@ -130,6 +131,7 @@ fn claim_job(
     copy_of: Option<(String, bool)>,
     left_behind: Option<String>,
     claimed_sha256: Option<String>,
+    claimed_text: Option<String>,
 ) -> impl FnOnce(&Tx<'_>) -> Result<RunId, Failure> + Send + 'static {
     move |tx: &Tx<'_>| {
         let (note, note_id, claimed_from) =
@@ -148,8 +150,8 @@ fn claim_job(
         exec(
             tx,
             "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
-                                   copy_within_grace, left_behind, claimed_sha256)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                                   copy_within_grace, left_behind, claimed_sha256, claimed_text)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 note,
                 now,
@@ -158,7 +160,8 @@ fn claim_job(
                 copy_of.map(|c| c.0),
                 copy_of.map(|c| c.1),
                 left_behind,
-                claimed_sha256
+                claimed_sha256,
+                claimed_text
             ],
         )?;
         let run = tx.last_insert_rowid();
@@ -173,6 +176,11 @@ impl Journal {
     /// (Self::begin_note_run). Returns once it ran in the writer's transaction, not once it
     /// is durable (see "The claim" in the module doc): reads see it after its group commits.
     /// `claimed_sha256` is the SHA-256 of the note's text as claimed (docs/design.md §9.10).
+    /// With `claimed_text` (a note whose identity stamp will be written without an fsync of
+    /// its own, "The stamp" in the module doc) the text is kept with the run and the record
+    /// is waited for until it is durable, as [`keep_claimed_text`](Self::keep_claimed_text)
+    /// would make it: one commit for both.
+    #[allow(clippy::too_many_arguments)]
     pub async fn begin_claim_async(
         &self,
         note: &str,
@@ -181,7 +189,12 @@ impl Journal {
         copy_of: Option<(&str, bool)>,
         left_behind: Option<&str>,
         claimed_sha256: Option<&str>,
+        claimed_text: Option<&str>,
     ) -> Result<RunId, JournalError> {
+        let wait = match claimed_text {
+            Some(_) => Wait::Durable,
+            None => Wait::Executed,
+        };
         let job = claim_job(
             note.to_owned(),
             Some(note_id.to_owned()),
@@ -189,8 +202,9 @@ impl Journal {
             copy_of.map(|(of, grace)| (of.to_owned(), grace)),
             left_behind.map(str::to_owned),
             claimed_sha256.map(str::to_owned),
+            claimed_text.map(str::to_owned),
         );
-        self.write_async(Wait::Executed, job).await
+        self.write_async(wait, job).await
     }
 
     /// Keeps `text`, the note as claimed, with its run, and returns once that is durable: the

@@ -5,9 +5,10 @@
 
 use crate::call::{CallResult, HeldCall};
 use crate::config::Config;
+use crate::note::{CallBody, ParsedNote};
 use crate::pipeline::Pass;
 use crate::pipeline::plan::{Facts, Plan, Rules, Step};
-use crate::tools::Effect;
+use crate::tools::{Effect, Registry};
 use std::collections::HashSet;
 
 /// What the steps of a note came to, in call order.
@@ -46,6 +47,19 @@ pub(crate) fn stamp_at_claim(plan: &Plan, pass: Pass, facts: &Facts) -> bool {
             .iter()
             .all(|(_, step)| matches!(step, Step::Run(call) if call.effect() == Effect::ReadOnly));
     !fresh_read_only
+}
+
+/// Whether the claim of this note is likely to be followed by [`stamp_at_claim`]: any pending
+/// call that is not a well-formed call to a known `read_only` tool. Decided before the claim
+/// record, which then keeps the note's text with it (`journal/mod.rs`, "The stamp"); a run
+/// that stamps anyway keeps it then.
+pub(crate) fn may_stamp_at_claim(parsed: &ParsedNote, registry: &Registry) -> bool {
+    parsed.pending_calls().any(|c| match &c.body {
+        CallBody::Call { name, .. } => registry
+            .get(name)
+            .is_none_or(|t| t.spec().effect != Effect::ReadOnly),
+        CallBody::Broken(_) => true,
+    })
 }
 
 /// A run that ended with its tool asking a person (NEEDS_ANSWER: an MCP server's question,
