@@ -917,6 +917,14 @@ fn asked_note(name: &str) -> (TestVault, PathBuf, String) {
     (vault, dir, text)
 }
 
+/// `text` with the value of the last answer block's `branch` set to `branch`, as a person
+/// fills it in.
+fn answer_branch(text: &str, branch: &str) -> String {
+    let at = text.rfind("\"branch\": ").unwrap() + "\"branch\": ".len();
+    let end = at + text[at..].find('\n').unwrap();
+    format!("{}\"{branch}\"{}", &text[..at], &text[end..])
+}
+
 fn rounds(dir: &Path) -> usize {
     std::fs::read_to_string(dir.join("rounds")).map_or(0, |s| s.lines().count())
 }
@@ -961,13 +969,7 @@ fn a_servers_question_waits_in_the_note_and_the_answer_resumes_the_call() {
     assert_eq!(rounds(&dir), 1);
 
     // The person answers in the last answer block and approves.
-    let at = again.rfind("\"branch\": null").unwrap();
-    let answered = format!(
-        "{}\"branch\": \"main\"{}",
-        &again[..at],
-        &again[at + "\"branch\": null".len()..]
-    );
-    vault.write_in_place("Pending_Approval", "q.md", &answered);
+    vault.write_in_place("Pending_Approval", "q.md", &answer_branch(&again, "main"));
     vault.move_note("Pending_Approval", "Approved", "q.md");
     let (code, log) = vault.once();
     assert_eq!(code, 0, "{log}");
@@ -999,12 +1001,7 @@ fn a_servers_question_waits_in_the_note_and_the_answer_resumes_the_call() {
 #[test]
 fn a_copy_of_a_note_waiting_for_an_answer_does_not_run_its_round_again() {
     let (vault, dir, asked) = asked_note("q.md");
-    let at = asked.rfind("\"branch\": null").unwrap();
-    let answered = format!(
-        "{}\"branch\": \"main\"{}",
-        &asked[..at],
-        &asked[at + "\"branch\": null".len()..]
-    );
+    let answered = answer_branch(&asked, "main");
     vault.write_in_place("Pending_Approval", "q.md", &answered);
     std::fs::write(vault.path("Approved", "q 2.md"), &answered).unwrap();
     let (code, log) = vault.once();
@@ -1046,12 +1043,7 @@ fn a_cli_approval_binds_the_answer_it_showed() {
     );
     assert_eq!(vault.once().0, 0);
     let asked = vault.read("Pending_Approval", "cli.md");
-    let answer = |text: &str, branch: &str| {
-        let at = text.rfind("\"branch\": ").unwrap() + "\"branch\": ".len();
-        let end = at + text[at..].find('\n').unwrap();
-        format!("{}\"{branch}\"{}", &text[..at], &text[end..])
-    };
-    vault.write_in_place("Pending_Approval", "cli.md", &answer(&asked, "main"));
+    vault.write_in_place("Pending_Approval", "cli.md", &answer_branch(&asked, "main"));
     let approve = || {
         let note = ["Pending_Approval", "Approved"]
             .into_iter()
@@ -1069,7 +1061,7 @@ fn a_cli_approval_binds_the_answer_it_showed() {
     );
     // The agent swaps the answer after the approval.
     let approved = vault.read("Approved", "cli.md");
-    vault.write_in_place("Approved", "cli.md", &answer(&approved, "prod"));
+    vault.write_in_place("Approved", "cli.md", &answer_branch(&approved, "prod"));
     let (code, log) = vault.once();
     assert_eq!(code, 0, "{log}");
     assert_eq!(rounds(&dir), 1, "the changed answer was not sent");
