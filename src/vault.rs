@@ -312,10 +312,11 @@ impl Vault {
             VaultError::Move { source, .. } if link_unsupported(source) => LinkError::Unsupported,
             _ => LinkError::Vault(e),
         })?;
-        // The claim's link is made durable soon, as a renamed claim is (`journal/mod.rs`,
-        // "Durability soon"): lost in a crash, the note is still at its first name.
+        // Durable now, before the claim record that names the first name as left behind: a
+        // record that outlived a lost link would have the first name, the note's only one
+        // then, dropped at the next start.
         if let Some(parent) = placed.parent() {
-            crate::files::fsync_dir_soon(parent);
+            fsync_dir(parent);
         }
         // Read through the new name: the inode is the one claimed, whatever the old name
         // holds by now. The new name can be gone already: a person moved the note out of

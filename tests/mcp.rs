@@ -1026,6 +1026,44 @@ fn a_copy_of_a_note_waiting_for_an_answer_does_not_run_its_round_again() {
     assert_eq!(rounds(&dir), 3);
 }
 
+// The same with approval_via = "cli": `vaultd approve` on the copy (which still holds its
+// answer block) is the decision its hold waits for, so the copy starts over.
+#[test]
+fn a_copy_of_a_question_note_approved_with_the_cli_starts_over() {
+    let (vault, dir) = mcp_vault(
+        "allow = [\"ask_question\"]\n[mcp.t.tools.ask_question]\napproval = \"never\"\n",
+        "",
+    );
+    let config = std::fs::read_to_string(&vault.config).unwrap();
+    std::fs::write(&vault.config, format!("approval_via = \"cli\"\n{config}")).unwrap();
+    vault.drop_note(
+        "q.md",
+        &note_with_calls("deploy", &[call("mcp__t__ask_question", json!({}))]),
+    );
+    assert_eq!(vault.once().0, 0);
+    let answered = answer_branch(&vault.read("Pending_Approval", "q.md"), "main");
+    vault.write_in_place("Pending_Approval", "q.md", &answered);
+    std::fs::write(vault.path("Pending_Approval", "q 2.md"), &answered).unwrap();
+    let out = vault
+        .cmd()
+        .arg("approve")
+        .arg(vault.path("Pending_Approval", "q 2.md"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(
+        rounds(&dir),
+        2,
+        "the approved copy asked the server again: {log}"
+    );
+    assert!(
+        !vault.exists("Done", "q 2.md"),
+        "the answered round did not run: {log}"
+    );
+}
+
 // With approval_via = "cli" a decision binds the answer as well as the parameters: `vaultd
 // approve` shows the answer, and one changed afterwards (an agent can write the vault) is not
 // sent but asked about again.

@@ -111,22 +111,16 @@ impl Daemon {
                 Err(LinkError::Vault(e)) => return Err(e),
             }
         }
-        // The rename and the first read take microseconds now that the claim's folder fsyncs
-        // are the flusher's: done right here, as journal reads are, where a trip to the
-        // blocking pool cost two thread switches more than the work. Only a note whose writer
-        // is still at it (a read that must wait) goes to the pool.
-        let claimed = self.vault.move_soon(path, State::InProgress)?;
-        let read = match note::write::read_unless_busy(&claimed) {
-            Ok(Some(bytes)) => Ok(bytes),
-            Ok(None) => {
-                let p = claimed.clone();
-                tokio::task::spawn_blocking(move || note::read_settled(&p))
-                    .await
-                    .expect("read task does not panic")
-            }
-            Err(e) => Err(e),
-        };
-        Ok((claimed, None, read))
+        // In the blocking pool: a vault on a hung network or FUSE mount must not block the
+        // async workers (and with them the shutdown, docs/design.md §9.15).
+        let (vault, p) = (self.vault.clone(), path.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            let claimed = vault.move_soon(&p, State::InProgress)?;
+            let read = note::read_settled(&claimed);
+            Ok((claimed, None, read))
+        })
+        .await
+        .expect("claim task does not panic")
     }
 
     /// Moves a note into In_Progress. A note renamed in within `moved_in_grace` is claimed by

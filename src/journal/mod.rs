@@ -73,8 +73,9 @@
 //! claim's rename into In_Progress, the move of a finished note out of it (and with it the
 //! rename of its results write), and the folder of a new `.eml` in the outbox. Under load one
 //! round covers dozens of notes. What a crash can undo of them, and why that is safe:
-//! - the claim (a rename, or a hard link for a note renamed in within `moved_in_grace`): the
-//!   note is back at (or still at) the path it was claimed from; a call that started has a
+//! - the claim's rename (a hard-link claim's link is fsynced at once: its record names the
+//!   first name as left behind, to be dropped): the note is back at the path it was claimed
+//!   from; a call that started has a
 //!   durable start record, so the stale-copy rule (§9.6) gives it its recorded outcome or
 //!   `UNKNOWN_OUTCOME` (or, after `stale_copy_grace`, holds it), never a second run;
 //! - the results write and the move: the note is back in In_Progress, as stamped or with its

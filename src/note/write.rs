@@ -377,9 +377,8 @@ pub fn read_settled(path: &Path) -> Result<Vec<u8>, WriteError> {
 
 /// The note's bytes, or None while another process may still be writing it (as
 /// [`writer_busy`] tells): one open where a check and a read took two (every note is read
-/// so twice on its way to Done, so the saved open counts). Never waits: [`read_settled`]
-/// is the one that does.
-pub fn read_unless_busy(path: &Path) -> Result<Option<Vec<u8>>, WriteError> {
+/// so twice on its way to Done, so the saved open counts).
+fn read_unless_busy(path: &Path) -> Result<Option<Vec<u8>>, WriteError> {
     // Only a regular file: a FIFO named like a note would block the read forever (§9.15).
     let mut file = crate::files::open_regular(path).map_err(|e| read_error(path, e))?;
     let (bytes, busy) = read_noting_writer(&mut file).map_err(|e| read_error(path, e))?;

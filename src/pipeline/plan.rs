@@ -425,6 +425,9 @@ fn decide_held(
     if !note.is_held_as(&call.call_id, &hash) {
         return (Step::Ask(held), None);
     }
+    // As `vaultd approve` recorded it ([`held_calls`]): bound to an answer block the note
+    // may still hold for this call (a copy of a question note, a call edited since).
+    let hash = decision_hash(note, &call.call_id, &hash);
     let spend = Some((call.call_id.clone(), hash.clone()));
     match rules.approval {
         Approval::Folder { in_approved: false } => (Step::Waiting(held), None),
