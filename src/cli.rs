@@ -286,7 +286,11 @@ pub fn main() -> i32 {
         restore_sigpipe();
         ONE_SHOT.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    match dispatch(cli) {
+    let outcome = dispatch(cli);
+    // Whatever ended the command (an error before its daemon task finished, say: the
+    // gateway's handshake), the moves the flusher has yet to fsync are durable before exit.
+    crate::files::flush_folders();
+    match outcome {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {

@@ -295,6 +295,46 @@ async fn a_note_a_crash_damaged_mid_send_is_put_back_from_the_journal(damage: &[
     assert_journal_closed(&vault);
 }
 
+// A power loss can also undo a finished note's last steps after its run was recorded as
+// ended (the results' rename and the move are the flusher's): the note is back in
+// In_Progress, and its stamped version, never fsynced, can be empty. Recovery finds the text
+// by the note's name and the ended run, puts it back, and sends nothing again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_send_note_a_crash_left_empty_in_in_progress_is_put_back_and_not_resent() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let outbox = vault.dir.path().join("outbox");
+    vault.write_config(
+        &server.base_url(),
+        &format!(
+            "[tools.send_notification]\nallowed_recipients = [\"*@example.org\"]\n[tools.send_notification.email]\ntransport = \"file\"\noutbox = {:?}\n",
+            outbox.display().to_string()
+        ),
+    );
+    let note = note_with_calls("Mail", &[torture_send(1)]);
+    vault.drop_note("mail.md", &format!("{note}\nWords that must survive.\n"));
+    assert_eq!(vault.once().0, 0);
+    assert!(vault.exists("Done", "mail.md"));
+    // What the power loss left: the move and the results' rename undone, the stamp empty.
+    std::fs::rename(
+        vault.path("Done", "mail.md"),
+        vault.path("In_Progress", "mail.md"),
+    )
+    .unwrap();
+    std::fs::write(vault.path("In_Progress", "mail.md"), b"").unwrap();
+
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    assert!(log.contains("put back as it was claimed"), "{log}");
+    let folder = ["Done", "Failed"]
+        .into_iter()
+        .find(|f| vault.exists(f, "mail.md"))
+        .unwrap_or_else(|| panic!("{:?}", vault.all_notes()));
+    let text = vault.read(folder, "mail.md");
+    assert!(text.contains("Words that must survive."), "{text}");
+    assert_eq!(outbox_message_ids(&outbox).len(), 1, "sent once: {text}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_note_a_crash_left_empty_mid_send_is_put_back_from_the_journal() {
     a_note_a_crash_damaged_mid_send_is_put_back_from_the_journal(b"").await;

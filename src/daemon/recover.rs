@@ -20,6 +20,7 @@ impl Daemon {
         {
             return;
         }
+        self.forget_old_claimed_texts();
         let open = match self.blocking(|j| j.open_runs()).await {
             Ok(open) => open,
             Err(e) => {
@@ -44,7 +45,7 @@ impl Daemon {
             match current {
                 Ok(Some(now)) if now.run_id == r.run_id => {
                     tracing::info!(note = %r.note, "retrying a run whose note was not finished");
-                    if let Err(e) = self.recover_note(&path, Some(now)).await {
+                    if let Err(e) = self.recover_note(&path, Some(now), false).await {
                         tracing::error!(note = %r.note, "{e}");
                     }
                 }
@@ -59,11 +60,14 @@ impl Daemon {
 
     /// Finishes a note found in In_Progress (docs/design.md §5, §8.15, §9.3): continues its open run
     /// `open` if the journal has one at this path, else starts one. Its identity is the
-    /// `tool_note` it carries, else the run's, else a new one (written into it).
+    /// `tool_note` it carries, else the run's, else a new one (written into it). `at_start`:
+    /// start-up recovery, the only pass that puts back a note a crash damaged (later, an
+    /// empty note may be an editor's save in progress).
     pub(crate) async fn recover_note(
         self: &Arc<Self>,
         path: &Path,
         open: Option<crate::journal::OpenRun>,
+        at_start: bool,
     ) -> Result<(), DaemonError> {
         let rel = self.vault.relative(path);
         let read = crate::vault::read_regular_text(path);
@@ -72,8 +76,21 @@ impl Daemon {
             Err(e) => e.kind() == std::io::ErrorKind::InvalidData, // not UTF-8
         };
         let mut text = read.unwrap_or_default();
-        if let Some(claimed) = open.as_ref().and_then(|r| r.claimed_text.as_deref())
+        let claimed = match open.as_ref().and_then(|r| r.claimed_text.clone()) {
+            Some(text) => Some(text),
+            // The run may have ended before the crash undid its note's last rename and move
+            // (they were the flusher's): its text is found by the note's name.
+            None if at_start && is_damaged => {
+                let names = self.names_in_every_state(path);
+                self.read_journal(|j| j.claimed_text_at(&names))?
+            }
+            None => None,
+        };
+        let busy = || crate::note::write::writer_busy(path).unwrap_or(true);
+        if let Some(claimed) = claimed.as_deref()
+            && at_start
             && is_damaged
+            && !busy()
         {
             // The stamp's write had no fsync of its own (`journal/mod.rs`, "The stamp"): a
             // crash can leave the note empty or zero-filled. The journal kept its text.
@@ -170,6 +187,17 @@ impl Daemon {
         outcome
     }
 
+    /// `path`'s vault-relative name in each state folder: where the journal may know it.
+    fn names_in_every_state(&self, path: &Path) -> Vec<String> {
+        let Some((_, inner)) = self.vault.locate(path) else {
+            return vec![self.vault.relative(path)];
+        };
+        State::ALL
+            .iter()
+            .map(|s| self.vault.relative(&self.vault.folder(*s).join(&inner)))
+            .collect()
+    }
+
     /// Start-up: finishes every note left in In_Progress from the journal (docs/design.md §5, §8.15).
     pub(crate) async fn recover(
         self: &Arc<Self>,
@@ -200,7 +228,7 @@ impl Daemon {
             tasks.spawn(async move {
                 let _slot = slot;
                 let _unwinding = super::intake::ForgetOnPanic::new(&me.inflight, &path);
-                if let Err(e) = me.recover_note(&path, known).await {
+                if let Err(e) = me.recover_note(&path, known, true).await {
                     tracing::error!(note = %rel, "recovery failed: {e}");
                 }
                 me.inflight
@@ -220,7 +248,18 @@ impl Daemon {
         // Recovery must finish before the inbox is scanned: a recovered note may be claimed
         // again from Needs_Action only after its run is closed.
         while tasks.join_next().await.is_some() {}
+        self.forget_old_claimed_texts();
         Ok(())
+    }
+
+    /// The claimed texts of runs that ended over a minute ago: their notes' last writes are
+    /// durable (the flusher's rounds are 50 ms), so recovery will not need them ("The stamp"
+    /// in `journal/mod.rs`).
+    pub(crate) fn forget_old_claimed_texts(&self) {
+        let before = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        if let Err(e) = self.journal.forget_claimed_texts(before) {
+            tracing::warn!("journal: {e}");
+        }
     }
 }
 

@@ -63,8 +63,11 @@
 //!   default `auto_da_alloc`; others need not), an empty or zero-filled note: recovery puts the
 //!   run's claimed text back (`restore_note`) and goes on from there, as from the first case.
 //!
-//! The text is cleared when the run ends. Every later write of the note (its results) is a
-//! full durable write, so the stamp's window is from the claim to the first result. The
+//! Every later write of the note (its results) is a full durable write, so the stamp's
+//! window is from the claim to the first result; but that write's rename, and the move
+//! after it, are made durable by the flusher (below), so the text is kept a minute past the
+//! run's end (`forget_claimed_texts`, at each full scan and after start-up recovery), and
+//! recovery finds it by the note's name in any state folder, the run open or not. The
 //! kill -9 stress test empties such notes after some of its kills (`tests/recovery.rs`).
 //!
 //! # Durability soon
@@ -529,8 +532,7 @@ fn record_move(tx: &Tx<'_>, run: RunId, to: &str, ends_run: bool) -> Result<(), 
         let state = to.split('/').next().unwrap_or(to);
         exec(
             tx,
-            "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3, claimed_text = NULL
-                 WHERE id = ?4",
+            "UPDATE runs SET note = ?1, ended_at_ms = ?2, final_state = ?3 WHERE id = ?4",
             params![to, now, state, run],
         )?;
     } else {

@@ -223,6 +223,46 @@ impl Journal {
         })
     }
 
+    /// The newest claimed text kept for a note now at one of `paths` (the same name in each
+    /// state folder; the run open or ended): what recovery puts back when a crash left that
+    /// note damaged ("The stamp" in the module doc).
+    pub fn claimed_text_at(&self, paths: &[String]) -> Result<Option<String>, JournalError> {
+        self.read(|tx| {
+            let mut newest: Option<(i64, String)> = None;
+            for path in paths {
+                let found: Option<(i64, String)> = query_one(
+                    tx,
+                    "SELECT id, claimed_text FROM runs
+                     WHERE note = ?1 AND claimed_text IS NOT NULL ORDER BY id DESC LIMIT 1",
+                    params![path],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+                if let Some(f) = found
+                    && newest.as_ref().is_none_or(|n| f.0 > n.0)
+                {
+                    newest = Some(f);
+                }
+            }
+            Ok(newest.map(|(_, text)| text))
+        })
+    }
+
+    /// Forgets the claimed texts of runs that ended before `ended_before`: their notes' last
+    /// writes and moves are durable by then. Not waited for.
+    pub fn forget_claimed_texts(&self, ended_before: SystemTime) -> Result<(), JournalError> {
+        let before = to_ms(ended_before);
+        self.write_queued("forgetting claimed texts", move |tx| {
+            exec(
+                tx,
+                "UPDATE runs SET claimed_text = NULL
+                 WHERE claimed_text IS NOT NULL AND ended_at_ms < ?1",
+                params![before],
+            )?;
+            Ok(())
+        })
+    }
+
     /// Records a rename of the run's note to `to` (vault-relative). `ends_run` closes the run
     /// (Done, Failed, Rejected, Pending_Approval): a later claim of the note is a new run.
     /// Otherwise the run stays open at its new path.

@@ -72,8 +72,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // it under another name is known (docs/design.md §9.10). Older runs have none: no match.
     "ALTER TABLE runs ADD COLUMN claimed_sha256 TEXT;",
     // Version 6: the note's text as claimed, kept while its identity stamp is written without
-    // an fsync of its own (`journal/mod.rs`, "The stamp"); cleared when the run ends.
-    "ALTER TABLE runs ADD COLUMN claimed_text TEXT;",
+    // an fsync of its own (`journal/mod.rs`, "The stamp"); forgotten a minute after the run
+    // ends (`forget_claimed_texts`).
+    "ALTER TABLE runs ADD COLUMN claimed_text TEXT;
+    CREATE INDEX runs_claimed_text ON runs (ended_at_ms) WHERE claimed_text IS NOT NULL;",
 ];
 
 /// Plans fixed when a statement is prepared, not redone for its bound values (SQLite's query
