@@ -249,9 +249,22 @@ impl Journal {
     }
 
     /// Forgets the claimed texts of runs that ended before `ended_before`: their notes' last
-    /// writes and moves are durable by then. Not waited for.
+    /// writes and moves are durable by then. Not waited for; an idle daemon writes nothing
+    /// (a read, on the partial index, says whether there is anything to forget).
     pub fn forget_claimed_texts(&self, ended_before: SystemTime) -> Result<(), JournalError> {
         let before = to_ms(ended_before);
+        let any: bool = self.read(|tx| {
+            Ok(query_one(
+                tx,
+                "SELECT EXISTS (SELECT 1 FROM runs
+                     WHERE claimed_text IS NOT NULL AND ended_at_ms < ?1)",
+                params![before],
+                |r| r.get(0),
+            )?)
+        })?;
+        if !any {
+            return Ok(());
+        }
         self.write_queued("forgetting claimed texts", move |tx| {
             exec(
                 tx,
@@ -431,6 +444,34 @@ mod tests {
         assert_eq!(open.len(), 1);
         assert_eq!(open[0].run_id, again);
         assert!(open[0].calls.is_empty());
+    }
+
+    #[test]
+    fn a_claimed_text_outlives_its_run_until_forgotten_and_is_found_by_the_note_s_name() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        journal.keep_claimed_text(run, "as claimed").unwrap();
+        assert_eq!(
+            journal.open_runs().unwrap()[0].claimed_text.as_deref(),
+            Some("as claimed")
+        );
+        journal.note_moved(run, "Done/a.md", true).unwrap();
+        let names = ["In_Progress/a.md".to_string(), "Done/a.md".to_string()];
+        assert_eq!(
+            journal.claimed_text_at(&names).unwrap().as_deref(),
+            Some("as claimed"),
+            "kept past the run's end"
+        );
+        // Runs that ended after the cut-off keep theirs.
+        let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        journal.forget_claimed_texts(long_ago).unwrap();
+        journal.flush().unwrap();
+        assert!(journal.claimed_text_at(&names).unwrap().is_some());
+        journal
+            .forget_claimed_texts(std::time::SystemTime::now() + std::time::Duration::from_secs(1))
+            .unwrap();
+        journal.flush().unwrap();
+        assert_eq!(journal.claimed_text_at(&names).unwrap(), None);
     }
 
     #[test]
