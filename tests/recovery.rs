@@ -335,6 +335,41 @@ async fn a_finished_send_note_a_crash_left_empty_in_in_progress_is_put_back_and_
     assert_eq!(outbox_message_ids(&outbox).len(), 1, "sent once: {text}");
 }
 
+// Only start-up recovery puts a damaged note back: found empty at a rescan while the daemon
+// runs, a stranded note may be an editor's save in progress (truncated, not yet written),
+// and the journal's older text must not be renamed over it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_empty_stranded_note_found_at_a_rescan_is_not_replaced_by_the_claimed_text() {
+    let server = SearxServer::start(Duration::ZERO).await;
+    let vault = TestVault::new(&server.base_url(), "rescan_interval = \"1s\"\n");
+    let daemon = vault.start_logged("rescan.log");
+    let journal = vault.journal();
+    let run = journal.begin_run("In_Progress/saved.md").unwrap();
+    journal
+        .keep_claimed_text(run, "# Old\n\nThe text as claimed.\n")
+        .unwrap();
+    drop(journal);
+    std::fs::write(vault.path("In_Progress", "saved.md"), b"").unwrap();
+    wait_until("the rescan looked at the stranded run", DEADLINE, || {
+        daemon
+            .log_text()
+            .contains("retrying a run whose note was not finished")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let log = daemon.log_text();
+    drop(daemon);
+    assert!(!log.contains("put back as it was claimed"), "{log}");
+    let found: Vec<String> = vault
+        .all_notes()
+        .into_iter()
+        .filter(|n| n.ends_with("saved.md"))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let (folder, name) = found[0].split_once('/').unwrap();
+    let text = vault.read(folder, name);
+    assert!(!text.contains("The text as claimed."), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_note_a_crash_left_empty_mid_send_is_put_back_from_the_journal() {
     a_note_a_crash_damaged_mid_send_is_put_back_from_the_journal(b"").await;
