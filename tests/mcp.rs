@@ -903,10 +903,18 @@ fn input_required_rounds_are_followed_and_sampling_refused() {
 /// "Which branch should I deploy?" in an `input_required` round, and a note that calls it,
 /// run once: the note is in Pending_Approval with the question.
 fn asked_note(name: &str) -> (TestVault, PathBuf, String) {
+    asked_note_with(name, "")
+}
+
+/// [`asked_note`] with `top` (top-level config keys, e.g. `approval_via = "cli"`) first in
+/// the config.
+fn asked_note_with(name: &str, top: &str) -> (TestVault, PathBuf, String) {
     let (vault, dir) = mcp_vault(
         "allow = [\"ask_question\"]\n[mcp.t.tools.ask_question]\napproval = \"never\"\n",
         "",
     );
+    let config = std::fs::read_to_string(&vault.config).unwrap();
+    std::fs::write(&vault.config, format!("{top}{config}")).unwrap();
     vault.drop_note(
         name,
         &note_with_calls("deploy", &[call("mcp__t__ask_question", json!({}))]),
@@ -1030,17 +1038,7 @@ fn a_copy_of_a_note_waiting_for_an_answer_does_not_run_its_round_again() {
 // answer block) is the decision its hold waits for, so the copy starts over.
 #[test]
 fn a_copy_of_a_question_note_approved_with_the_cli_starts_over() {
-    let (vault, dir) = mcp_vault(
-        "allow = [\"ask_question\"]\n[mcp.t.tools.ask_question]\napproval = \"never\"\n",
-        "",
-    );
-    let config = std::fs::read_to_string(&vault.config).unwrap();
-    std::fs::write(&vault.config, format!("approval_via = \"cli\"\n{config}")).unwrap();
-    vault.drop_note(
-        "q.md",
-        &note_with_calls("deploy", &[call("mcp__t__ask_question", json!({}))]),
-    );
-    assert_eq!(vault.once().0, 0);
+    let (vault, dir, _) = asked_note_with("q.md", "approval_via = \"cli\"\n");
     let answered = answer_branch(&vault.read("Pending_Approval", "q.md"), "main");
     vault.write_in_place("Pending_Approval", "q.md", &answered);
     std::fs::write(vault.path("Pending_Approval", "q 2.md"), &answered).unwrap();
@@ -1069,17 +1067,7 @@ fn a_copy_of_a_question_note_approved_with_the_cli_starts_over() {
 // sent but asked about again.
 #[test]
 fn a_cli_approval_binds_the_answer_it_showed() {
-    let (vault, dir) = mcp_vault(
-        "allow = [\"ask_question\"]\n[mcp.t.tools.ask_question]\napproval = \"never\"\n",
-        "",
-    );
-    let config = std::fs::read_to_string(&vault.config).unwrap();
-    std::fs::write(&vault.config, format!("approval_via = \"cli\"\n{config}")).unwrap();
-    vault.drop_note(
-        "cli.md",
-        &note_with_calls("deploy", &[call("mcp__t__ask_question", json!({}))]),
-    );
-    assert_eq!(vault.once().0, 0);
+    let (vault, dir, _) = asked_note_with("cli.md", "approval_via = \"cli\"\n");
     let asked = vault.read("Pending_Approval", "cli.md");
     vault.write_in_place("Pending_Approval", "cli.md", &answer_branch(&asked, "main"));
     let approve = || {
