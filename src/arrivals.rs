@@ -11,6 +11,7 @@
 //! taken for a new note. A file system without hard links falls back to waiting
 //! `moved_in_grace`, then renaming.
 
+use crate::journal::LinkClaim;
 use crate::recent::Recent;
 use crate::vault::{FileKey, LeftBehind, Vault};
 use std::collections::HashMap;
@@ -248,14 +249,12 @@ impl Arrivals {
 }
 
 /// At start-up, before the inbox is scanned: names set aside by an interrupted drop get their
-/// names back; then every name a link claim left behind (recorded in the journal as
-/// `(vault-relative path, file key)`, or still sharing its inode with a note in In_Progress)
-/// that still names the claimed file is dropped. Returns how many were dropped.
-pub fn settle_after_crash(
-    vault: &Vault,
-    recorded: &[(String, String)],
-    in_progress: &[PathBuf],
-) -> usize {
+/// names back; then every name a link claim left behind (recorded in the journal, or still
+/// sharing its inode with a note in In_Progress) that still names the claimed file is dropped.
+/// A recorded one only while the claimed note is found (at the run's note, or under its name
+/// in In_Progress): the link's folder fsync was the flusher's, and a crash that undid the link
+/// left the first name the note's only one. Returns how many were dropped.
+pub fn settle_after_crash(vault: &Vault, recorded: &[LinkClaim], in_progress: &[PathBuf]) -> usize {
     use std::os::unix::fs::MetadataExt;
     let restored = vault.restore_set_aside();
     if restored > 0 {
@@ -264,12 +263,29 @@ pub fn settle_after_crash(
             "notes set aside by an interrupted claim got their names back"
         );
     }
+    let claimed_note_found = |claim: &LinkClaim| {
+        let note = vault.root().join(&claim.note);
+        let in_progress = note
+            .file_name()
+            .map(|name| vault.folder(crate::vault::State::InProgress).join(name));
+        note.symlink_metadata().is_ok() || in_progress.is_some_and(|p| p.symlink_metadata().is_ok())
+    };
     let mut left: Vec<LeftBehind> = recorded
         .iter()
-        .filter_map(|(rel, key)| {
+        .filter(|claim| {
+            let found = claimed_note_found(claim);
+            if !found {
+                tracing::warn!(
+                    note = %claim.first_name,
+                    "a claim by link was lost in a crash: the note stays where it was claimed from"
+                );
+            }
+            found
+        })
+        .filter_map(|claim| {
             Some(LeftBehind {
-                path: vault.root().join(rel),
-                file: FileKey::decode(key)?,
+                path: vault.root().join(&claim.first_name),
+                file: FileKey::decode(&claim.file_key)?,
             })
         })
         .collect();
@@ -379,14 +395,45 @@ mod tests {
         std::fs::remove_file(na.join("b.md")).unwrap();
         std::fs::write(na.join("b.md"), "a new b").unwrap();
         let recorded = [
-            ("Needs_Action/a.md".to_string(), left_a.file.encode()),
-            ("Needs_Action/b.md".to_string(), left_b.file.encode()),
-            ("Needs_Action/gone.md".to_string(), left_b.file.encode()),
-            ("Needs_Action/junk.md".to_string(), "not a key".to_string()),
+            link_claim("a.md", left_a.file.encode(), "In_Progress/a.md"),
+            link_claim("b.md", left_b.file.encode(), "In_Progress/b.md"),
+            link_claim("gone.md", left_b.file.encode(), "In_Progress/b.md"),
+            link_claim("junk.md", "not a key".to_string(), "In_Progress/b.md"),
         ];
         assert_eq!(settle_after_crash(&v, &recorded, &[]), 1);
         assert!(!na.join("a.md").exists());
         assert_eq!(std::fs::read_to_string(na.join("b.md")).unwrap(), "a new b");
+    }
+
+    fn link_claim(first_name: &str, file_key: String, note: &str) -> LinkClaim {
+        LinkClaim {
+            first_name: format!("Needs_Action/{first_name}"),
+            file_key,
+            note: note.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_recorded_name_whose_link_a_crash_undid_is_kept() {
+        // The link's folder fsync is the flusher's: a crash can keep the claim's record and
+        // lose the link. The first name is then the note's only one: it stays, to be claimed
+        // again (its run's calls are the stale-copy rule's, never run twice).
+        let (_d, v) = vault();
+        let na = v.folder(State::NeedsAction);
+        std::fs::write(na.join("a.md"), "a").unwrap();
+        std::fs::write(na.join("c.md"), "c").unwrap();
+        let (ca, left_a) = v.link_to(&na.join("a.md"), State::InProgress).unwrap();
+        let (cc, left_c) = v.link_to(&na.join("c.md"), State::InProgress).unwrap();
+        std::fs::remove_file(&ca).unwrap(); // the link a crash undid
+        // c's run moved on to Done, and the crash undid that move: found in In_Progress.
+        let recorded = [
+            link_claim("a.md", left_a.file.encode(), "In_Progress/a.md"),
+            link_claim("c.md", left_c.file.encode(), "Done/c.md"),
+        ];
+        assert_eq!(settle_after_crash(&v, &recorded, &[]), 1);
+        assert_eq!(std::fs::read_to_string(na.join("a.md")).unwrap(), "a");
+        assert!(!na.join("c.md").exists());
+        assert_eq!(std::fs::read_to_string(&cc).unwrap(), "c");
     }
 
     #[test]
@@ -464,7 +511,7 @@ mod tests {
         std::fs::rename(claimed.with_extension("tmp"), &claimed).unwrap();
         let approved = v.folder(State::Approved).join("y.md");
         std::fs::rename(na.join("x.md"), &approved).unwrap();
-        let recorded = [("Needs_Action/x.md".to_string(), left.file.encode())];
+        let recorded = [link_claim("x.md", left.file.encode(), "In_Progress/x.md")];
         assert_eq!(settle_after_crash(&v, &recorded, &[]), 1);
         assert!(!approved.exists());
         assert_eq!(

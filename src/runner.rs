@@ -5,10 +5,10 @@
 use crate::call::{CallError, CallResult, ErrorCode};
 use crate::guard::BreakerConfig;
 use crate::guard::breaker::{Breakers, Gate, circuit_key};
-use crate::journal::{Journal, RateWindow, RunId, StartAdmission};
+use crate::journal::{Committed, Journal, RateWindow, RunId, StartAdmission};
 use crate::results::ResultStore;
 use crate::secret::Redactor;
-use crate::tools::{Registry, ToolCall, ValidCall};
+use crate::tools::{Effect, Registry, ToolCall, ValidCall};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -92,6 +92,10 @@ impl Runner {
     /// Runs one validated call of `run` under `permit` and returns its result (never an
     /// `Err`: failures are results). `spend`: the parameters hash of the approval the call
     /// runs on, spent with its start record (or with its refusal when a circuit is open).
+    ///
+    /// The outcome is recorded before it is returned, durable, except a `read_only` tool's:
+    /// its commit is [`Ran::committed`], for the write back to settle before the note moves
+    /// (`Journal::call_finished_later`).
     pub async fn run_call(
         &self,
         run: RunId,
@@ -100,7 +104,49 @@ impl Runner {
         call: &ValidCall,
         spend: Option<&str>,
         permit: OwnedSemaphorePermit,
-    ) -> CallResult {
+    ) -> Ran {
+        let read_only = call.effect() == Effect::ReadOnly;
+        let result = self
+            .run_unrecorded(run, note, note_id, call, spend, permit)
+            .await;
+        match result {
+            Unrecorded::Recorded(result) => Ran {
+                result,
+                committed: None,
+            },
+            Unrecorded::Ran(result) if read_only => {
+                match self.journal.call_finished_later(run, &result).await {
+                    Ok(committed) => Ran {
+                        result,
+                        committed: Some(committed),
+                    },
+                    Err(e) => {
+                        tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}");
+                        Ran {
+                            result,
+                            committed: None,
+                        }
+                    }
+                }
+            }
+            Unrecorded::Ran(result) => Ran {
+                result: self.record(run, result).await,
+                committed: None,
+            },
+        }
+    }
+
+    /// [`run_call`](Self::run_call) up to its outcome's record: a call that ran is returned
+    /// unrecorded; one refused before it started is recorded already.
+    async fn run_unrecorded(
+        &self,
+        run: RunId,
+        note: &str,
+        note_id: &str,
+        call: &ValidCall,
+        spend: Option<&str>,
+        permit: OwnedSemaphorePermit,
+    ) -> Unrecorded {
         let (tool, call_id, name, parameters) = (
             &call.tool,
             call.call_id.as_str(),
@@ -125,9 +171,10 @@ impl Runner {
                         tracing::error!(call_id, "journal could not spend the approval: {e}");
                     }
                 }
-                return self
-                    .record(run, CallResult::failed_now(call_id, name, e))
-                    .await;
+                return Unrecorded::Recorded(
+                    self.record(run, CallResult::failed_now(call_id, name, e))
+                        .await,
+                );
             }
         };
 
@@ -136,7 +183,7 @@ impl Runner {
             self.breakers.release_trial(&circuit);
         }
         if let Err(refused) = started {
-            return refused;
+            return Unrecorded::Recorded(refused);
         }
 
         let started_at = SystemTime::now();
@@ -177,7 +224,7 @@ impl Runner {
         // The tool is done: its worker slot goes to the next call now, not after the outcome's
         // journal commit (which waits its turn behind other notes' commits).
         drop(permit);
-        self.record(run, result).await
+        Unrecorded::Ran(result)
     }
 
     /// The rate limit check and the durable start, in one journal transaction, so two calls
@@ -241,6 +288,23 @@ impl Runner {
             serde_json::from_str(&clean).unwrap_or(Value::String(clean))
         }
     }
+}
+
+/// A call's result from [`Runner::run_call`], and the commit of its outcome when that was
+/// left to the caller to wait for.
+#[derive(Debug)]
+pub struct Ran {
+    pub result: CallResult,
+    /// A `read_only` call's outcome, queued: settle it before the note's move.
+    pub committed: Option<Committed>,
+}
+
+/// What [`Runner::run_unrecorded`] returns.
+enum Unrecorded {
+    /// Refused before it started (open circuit, rate limit, no start record): recorded.
+    Recorded(CallResult),
+    /// The tool ran: its outcome is for the caller to record.
+    Ran(CallResult),
 }
 
 fn rate_windows(limit: crate::config::RateLimit) -> Vec<RateWindow> {

@@ -312,11 +312,12 @@ impl Vault {
             VaultError::Move { source, .. } if link_unsupported(source) => LinkError::Unsupported,
             _ => LinkError::Vault(e),
         })?;
-        // Durable now, before the claim record that names the first name as left behind: a
-        // record that outlived a lost link would have the first name, the note's only one
-        // then, dropped at the next start.
+        // Durable soon (the flusher): the first name is dropped only once the link is
+        // durable, live after a flush (`drop_left_behind`), at the next start only while a
+        // name of the claimed note is found (`arrivals::settle_after_crash`): a claim record
+        // that outlived a lost link leaves the first name, the note's only one then, in place.
         if let Some(parent) = placed.parent() {
-            fsync_dir(parent);
+            crate::files::fsync_dir_soon(parent);
         }
         // Read through the new name: the inode is the one claimed, whatever the old name
         // holds by now. The new name can be gone already: a person moved the note out of
@@ -345,6 +346,9 @@ impl Vault {
         let Some(aside) = aside_name(&left.path) else {
             return Ok(false);
         };
+        // The claim's link was made durable soon (`link_with`): it is, before its first name
+        // goes. Nothing waits when its round is long over (the grace is seconds).
+        crate::files::flush_folders();
         match rename_noreplace(&self.root, &left.path, &aside) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),

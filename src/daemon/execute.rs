@@ -13,6 +13,7 @@ use crate::guard::hold_alert::HeldSummary;
 use crate::note::{ParsedNote, parse_note};
 use crate::pipeline::next_state::{Ending, next_state, outcome_reason, place_as_written};
 use crate::pipeline::plan::{self, Facts, Step};
+use crate::runner::Ran;
 use crate::tools::Effect;
 use crate::vault::State;
 use std::collections::{HashMap, HashSet};
@@ -245,7 +246,7 @@ impl Daemon {
         run_of: &NoteRun,
         steps: &[(String, Step)],
         spend: &HashMap<String, String>,
-    ) -> Vec<Option<JoinHandle<CallResult>>> {
+    ) -> Vec<Option<JoinHandle<Ran>>> {
         let (live, run) = (&run_of.live, run_of.run);
         let mut handles = Vec::with_capacity(steps.len());
         let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
@@ -288,7 +289,7 @@ impl Daemon {
         note: &NoteRun,
         text: &str,
         steps: Vec<(String, Step)>,
-        calls: Vec<Option<JoinHandle<CallResult>>>,
+        calls: Vec<Option<JoinHandle<Ran>>>,
     ) -> Result<Gathered, DaemonError> {
         let (run, ident) = (note.run, &note.ident);
         let mut out = Gathered::default();
@@ -298,13 +299,19 @@ impl Daemon {
         for ((_, step), call) in steps.into_iter().zip(calls) {
             match (step, call) {
                 (step, Some(h)) => match h.await {
-                    Ok(r) => match asked_a_person(&step, &r) {
+                    Ok(Ran {
+                        result: r,
+                        committed,
+                    }) => match asked_a_person(&step, &r) {
                         Some(mut held) => {
                             held.reason = format!("{}\n{}", held.reason, self.how_to_decide());
                             out.held.push(held);
                             out.waiting = true;
                         }
-                        None => out.results.push(r),
+                        None => {
+                            out.committed.extend(committed);
+                            out.results.push(r)
+                        }
                     },
                     Err(e) => tracing::error!("call task failed: {e}"),
                 },
@@ -373,6 +380,7 @@ impl Daemon {
             held,
             waiting,
             foreign,
+            committed,
         } = outcome;
         // Results this run wrote before a crash count for Done or Failed (§8.5) as much as the
         // ones written now: a kill between the write and the move must not turn Failed into Done.
@@ -402,6 +410,7 @@ impl Daemon {
                     reason: &reason,
                     foreign: &foreign,
                     in_note,
+                    committed,
                 },
             )
             .await?

@@ -225,6 +225,7 @@ impl Daemon {
             reason,
             foreign,
             in_note,
+            committed,
         } = ending;
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
         let mut recorded_ids: Vec<String> = ids
@@ -237,6 +238,13 @@ impl Daemon {
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
         let (written, moved) = tokio::task::spawn_blocking(move || {
             let written = append.write();
+            // The outcomes of read_only calls committed meanwhile: found in the journal
+            // by whoever sees the note arrive.
+            for c in committed {
+                if let Err(e) = journal.settle(c) {
+                    tracing::error!("journal could not record an outcome: {e}");
+                }
+            }
             let moved = written
                 .is_ok()
                 .then(|| move_and_record(&vault, &journal, run, p, next, &recorded_ids));

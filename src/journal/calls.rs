@@ -2,11 +2,11 @@
 //! its outcome and when its result block was written into the note (docs/design.md §9.3).
 
 use super::events::{EventFields, event};
+use super::{Committed, Wait, record_move, run_note};
 use super::{
     Failure, Journal, JournalError, RunId, Tx, attach, exec, from_ms, from_ns, now_ms, query_one,
     to_ms, to_ns, undo,
 };
-use super::{Wait, record_move, run_note};
 use crate::call::Effect;
 use crate::call::{CallError, CallResult, ToolOutput, UndoRecord};
 use rusqlite::{OptionalExtension, params};
@@ -80,6 +80,31 @@ impl Journal {
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
         self.write_async(Wait::Durable, move |tx| record_outcome(tx, run, &outcome))
             .await
+    }
+
+    /// [`call_finished_async`](Self::call_finished_async) for a `read_only` call's outcome:
+    /// queued, and returned at once. Such a call may run again after a crash (§9.3), and its
+    /// result block in the note is the record; so its commit need not come before the
+    /// results write, only before the note's move, which [`settle`](Self::settle)s it: what
+    /// reads the journal once the note is in Done (`vaultd mcp serve`, `vaultd log`) finds
+    /// the outcome, and the commit's fsync overlaps the results write's.
+    pub async fn call_finished_later(
+        &self,
+        run: RunId,
+        result: &CallResult,
+    ) -> Result<Committed, JournalError> {
+        let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
+        self.writer
+            .submit_later(Wait::Durable, move |tx| record_outcome(tx, run, &outcome))
+            .await
+            .map(Committed)
+            .map_err(|e| self.failed(e))
+    }
+
+    /// Waits (blocking) for an outcome queued by
+    /// [`call_finished_later`](Self::call_finished_later) to commit.
+    pub fn settle(&self, committed: Committed) -> Result<(), JournalError> {
+        committed.0.wait().map_err(|e| self.failed(e))
     }
 
     /// [`call_finished`](Self::call_finished) for many results in one transaction: the
@@ -466,6 +491,39 @@ mod tests {
     use crate::call::{CallError, CallResult, ErrorCode};
     use crate::journal::testing::*;
     use crate::journal::*;
+
+    /// A `read_only` outcome is queued and returned at once, while the writer is busy; it is
+    /// in the journal once settled (the write back settles it before the note's move).
+    #[tokio::test]
+    async fn a_read_only_outcome_is_returned_before_its_commit_and_found_once_settled() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal
+            .begin_note_run("In_Progress/a.md", Some("n-a"), None, None)
+            .unwrap();
+        // The writer is held inside a job until `release` is sent.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (inside, entered) = std::sync::mpsc::channel::<()>();
+        journal
+            .write_queued("held", move |_tx| {
+                inside.send(()).unwrap();
+                held.recv().unwrap();
+                Ok(())
+            })
+            .unwrap();
+        entered.recv().unwrap();
+        let committed = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            journal.call_finished_later(run, &search_ok("c-1")),
+        )
+        .await
+        .expect("returned while the writer was busy: not waited for")
+        .unwrap();
+        release.send(()).unwrap();
+        journal.settle(committed).unwrap();
+        let calls = journal.note_calls("n-a").unwrap();
+        let c1 = calls.iter().find(|c| c.call_id == "c-1").expect("recorded");
+        assert!(c1.recorded.is_some(), "its outcome is in the journal");
+    }
 
     #[test]
     fn calls_are_found_by_note_id_across_runs_and_paths() {

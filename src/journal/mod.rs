@@ -76,9 +76,10 @@
 //! claim's rename into In_Progress, the move of a finished note out of it (and with it the
 //! rename of its results write), and the folder of a new `.eml` in the outbox. Under load one
 //! round covers dozens of notes. What a crash can undo of them, and why that is safe:
-//! - the claim's rename (a hard-link claim's link is fsynced at once: its record names the
-//!   first name as left behind, to be dropped): the note is back at the path it was claimed
-//!   from; a call that started has a
+//! - the claim's rename or hard link: the note is back at the path it was claimed from (a
+//!   link's first name is dropped live only after a flush, and at start-up only while the
+//!   claimed note is found, so a record that outlived its link never drops the note's only
+//!   name: `arrivals::settle_after_crash`); a call that started has a
 //!   durable start record, so the stale-copy rule (§9.6) gives it its recorded outcome or
 //!   `UNKNOWN_OUTCOME` (or, after `stale_copy_grace`, holds it), never a second run;
 //! - the results write and the move: the note is back in In_Progress, as stamped or with its
@@ -86,6 +87,10 @@
 //!   (`call_finished_async`), so recovery writes what is missing and moves it on. The
 //!   "written and moved" record itself is not waited for: the note's own result blocks say
 //!   what was written (§9.3);
+//! - a `read_only` call's outcome (`call_finished_later`): committed while its results are
+//!   written, waited for only before the note's move. A crash before the commit loses a
+//!   record of a call that may run again (§9.3): its result block in the note, if written,
+//!   is the record; else it runs again;
 //! - the `.eml`: it is a new file, fsynced before its send is recorded, and on the journaling
 //!   file systems Linux runs on (ext4, XFS, btrfs) that fsync also commits its name; the
 //!   folder's fsync, which POSIX asks for, follows within a round.
@@ -140,7 +145,7 @@ pub use approvals::Decision;
 pub use calls::{CallProgress, JournalCall};
 pub use events::{LogEntry, LogFilter, RecentFailure};
 pub use rates::{RateUse, RateWindow, StartAdmission};
-pub use runs::{Claim, OpenRun, RunId};
+pub use runs::{Claim, LinkClaim, OpenRun, RunId};
 
 use rusqlite::{Connection, TransactionBehavior};
 use std::path::{Path, PathBuf};
@@ -442,6 +447,11 @@ impl Journal {
         attach(&self.path, failure)
     }
 }
+
+/// A call's outcome queued by [`Journal::call_finished_later`], not yet known committed:
+/// [`Journal::settle`] waits for it.
+#[derive(Debug)]
+pub struct Committed(writer::Later<()>);
 
 fn attach(path: &Path, failure: Failure) -> JournalError {
     match failure {

@@ -83,18 +83,21 @@ impl Journal {
         )
     }
 
-    /// Names left behind by link claims since `since`: (the vault-relative name, its file
-    /// key). The daemon checks them at start-up (see [`begin_linked_run`](Self::begin_linked_run)).
-    pub fn left_behind_since(
-        &self,
-        since: SystemTime,
-    ) -> Result<Vec<(String, String)>, JournalError> {
+    /// Names left behind by link claims since `since`, with the run's note. The daemon checks
+    /// them at start-up (see [`begin_linked_run`](Self::begin_linked_run)).
+    pub fn left_behind_since(&self, since: SystemTime) -> Result<Vec<LinkClaim>, JournalError> {
         self.read(|tx| {
             let mut st = tx.prepare_cached(
-                "SELECT claimed_from, left_behind FROM runs
+                "SELECT claimed_from, left_behind, note FROM runs
                  WHERE left_behind IS NOT NULL AND claimed_at_ms >= ?1",
             )?;
-            let rows = st.query_map(params![to_ms(since)], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let rows = st.query_map(params![to_ms(since)], |r| {
+                Ok(LinkClaim {
+                    first_name: r.get(0)?,
+                    file_key: r.get(1)?,
+                    note: r.get(2)?,
+                })
+            })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
     }
@@ -121,6 +124,17 @@ impl Journal {
             None,
         ))
     }
+}
+
+/// A run's claim by hard link, as recorded: the first name it left behind, to be dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkClaim {
+    /// The vault-relative name the note was claimed from.
+    pub first_name: String,
+    /// The claimed file's key (`FileKey::encode`), which that name held.
+    pub file_key: String,
+    /// The run's note, where it was last recorded (In_Progress, or where it moved on to).
+    pub note: String,
 }
 
 /// The job of a claim's run record (see [`Journal::begin_note_run`]).

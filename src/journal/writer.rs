@@ -99,23 +99,44 @@ impl Writer {
         f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, Failure> {
         let (reply, answer) = tokio::sync::oneshot::channel::<Result<T, Failure>>();
-        let job = answering(wait, f, move |r| {
+        self.send_async(answering(wait, f, move |r| {
             let _ = reply.send(r);
-        });
+        }))
+        .await?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Queues `f` for the next group from an async caller and returns at once with its
+    /// [`Later`] answer: the caller goes on with its own work (a file's fsync, say) while the
+    /// group commits, and takes the answer when it needs it.
+    pub(super) async fn submit_later<T: Send + 'static>(
+        &self,
+        wait: Wait,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<Later<T>, Failure> {
+        let (reply, answer) = sync_channel::<Result<T, Failure>>(1);
+        self.send_async(answering(wait, f, move |r| {
+            let _ = reply.send(r);
+        }))
+        .await?;
+        Ok(Later(answer))
+    }
+
+    /// Queues `job` without blocking an async worker (backpressure waits in the blocking pool).
+    async fn send_async(&self, job: Job) -> Result<(), Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
         match jobs.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Disconnected(_)) => return Err(stopped()),
+            Ok(()) => Ok(()),
+            Err(TrySendError::Disconnected(_)) => Err(stopped()),
             // The queue is full (backpressure): wait for room off the async workers.
             Err(TrySendError::Full(job)) => {
                 let jobs = jobs.clone();
                 tokio::task::spawn_blocking(move || jobs.send(job))
                     .await
                     .map_err(|_| stopped())?
-                    .map_err(|_| stopped())?;
+                    .map_err(|_| stopped())
             }
         }
-        answer.await.map_err(|_| stopped())?
     }
 
     /// Queues `f` and returns at once: it joins the next group commit. Its errors, and a
@@ -178,6 +199,17 @@ fn answering<T: Send + 'static>(
             reply(commit.map(|()| out));
         }))),
     })
+}
+
+/// The answer of a job queued by [`Writer::submit_later`], taken with [`Later::wait`].
+#[derive(Debug)]
+pub(super) struct Later<T>(Receiver<Result<T, Failure>>);
+
+impl<T> Later<T> {
+    /// Blocks until the job's wait is met (at once when it already is).
+    pub(super) fn wait(self) -> Result<T, Failure> {
+        self.0.recv().map_err(|_| stopped())?
+    }
 }
 
 fn stopped() -> Failure {

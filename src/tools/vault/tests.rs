@@ -90,9 +90,14 @@ impl Fixture {
             assert_eq!(call.admit(), Admission::Run, "{name} would be held");
         }
         let permit = self.runner.permit().await;
-        self.runner
+        let ran = self
+            .runner
             .run_call(self.run, NOTE, "n-000000000001", &call, None, permit)
-            .await
+            .await;
+        if let Some(committed) = ran.committed {
+            self.journal.settle(committed).unwrap();
+        }
+        ran.result
     }
 
     async fn ok(&self, call_id: &str, name: &str, params: Value) -> Value {
