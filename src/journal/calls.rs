@@ -95,7 +95,7 @@ impl Journal {
     ) -> Result<Committed, JournalError> {
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
         self.writer
-            .submit_later(Wait::Durable, move |tx| record_outcome(tx, run, &outcome))
+            .submit_later(Wait::Committed, move |tx| record_outcome(tx, run, &outcome))
             .await
             .map(Committed)
             .map_err(|e| self.failed(e))

@@ -3,8 +3,8 @@
 //! restarts without losing a note, running a side effect twice or writing a result twice.
 //! The only SQL in the crate lives here.
 //!
-//! Every write method is committed (and, with `synchronous=FULL`, on disk) before it returns:
-//! a "call started" row exists before the tool runs. Writes go through one writer thread that
+//! Every write method is committed (and on disk) before it returns, unless it says otherwise
+//! (below): a "call started" row exists before the tool runs. Writes go through one writer thread that
 //! owns the write connection ([`writer`], group commit): the writes that arrive while a commit
 //! is on its way to the disk share the next transaction, each in its own savepoint, and each
 //! caller returns once its group's commit is durable. Reads run on a second connection and
@@ -21,10 +21,21 @@
 //! recovery runs it again anyway, and a call with no start record at all is simply pending in
 //! its note (recovery of a run, §8.15, and the next claim both run pending calls). So its
 //! start is queued and not waited for (it joins the next group commit); a kill before that
-//! commit loses the record and the call runs again — never lost. It is never written twice
-//! either: its outcome (`call_finished`) is durable before its result block is written into the
-//! note, and the single writer runs jobs in order, so a durable outcome implies its start
-//! committed too, and a written result block makes the call no longer pending.
+//! commit loses the record and the call runs again — never lost. Its outcome is not waited
+//! for either before its result block is written (`call_finished_later`): the block in the
+//! note is the record (a call with one is no longer pending, so it is never written twice),
+//! and the commit, which the write back settles before the note's move, is only for whoever
+//! reads the journal once the note has moved (`vaultd mcp serve`, `vaultd log`).
+//!
+//! # Commits without an fsync
+//! A group of writes none of whose callers waits for durability (queued, `Executed` or
+//! `Committed` ones: the `read_only` starts and outcomes, the claim of a note with only
+//! `read_only` calls, "written and moved") commits with `synchronous=NORMAL`: no fsync. A
+//! group with a durable write commits with `synchronous=FULL`, and its fsync of the WAL (one
+//! file, appended in order) makes every commit before it durable too; the writer fsyncs the
+//! WAL itself once it has been idle for 50 ms after a commit without one. So a search note's
+//! path to Done waits for no journal fsync at all, and what a power loss can take is what a
+//! kill before those commits could: the cases argued here and below.
 //!
 //! Rate limits count start records. A `read_only` call with limits waits until its start ran
 //! in the writer's transaction (admission check and insert in one job, serialised with every
@@ -529,6 +540,9 @@ pub(crate) enum Wait {
     /// Until the transaction holding the write is durable (`synchronous=FULL`): the default,
     /// and what every record that must precede a side effect needs.
     Durable,
+    /// Until the transaction holding the write committed (readers see it), not until it is
+    /// durable: a group of such writes commits without an fsync (the writer's `WalSync`).
+    Committed,
     /// Until the write ran in the writer's open transaction (its answer, such as a rate-limit
     /// admission, is known and is atomic with every other write), not until it commits.
     Executed,

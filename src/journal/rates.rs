@@ -57,8 +57,8 @@ impl Journal {
     ) -> Result<StartAdmission, JournalError> {
         match start_write(run, call_id, tool, effect, params, limits, None) {
             StartWrite::Queued(insert) => self.queue_start(insert),
-            StartWrite::Admit(Wait::Durable, admit) => self.write(admit),
             StartWrite::Admit(Wait::Executed, admit) => self.write_executed(admit),
+            StartWrite::Admit(_, admit) => self.write(admit),
         }
     }
 

@@ -17,7 +17,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
+use std::sync::mpsc::{
+    Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
+};
 use std::thread::JoinHandle;
 
 /// Jobs that may wait for the writer before a caller blocks on sending: backpressure, so a
@@ -40,15 +42,47 @@ enum Ran {
 
 /// One write: given the group's transaction (or the reason there is none), it runs and says
 /// how it went.
-type Job = Box<dyn FnOnce(Result<&Tx<'_>, Failure>) -> Ran + Send>;
+struct Job {
+    /// Its caller waits until the commit is durable: the group commits with an fsync
+    /// (`synchronous=FULL`). A group with no such job commits with `synchronous=NORMAL`, no
+    /// fsync; the next durable group's fsync, or the writer's flush once idle for
+    /// [`FLUSH_LINGER`](crate::files::FLUSH_LINGER), makes it durable (the WAL is one file,
+    /// appended in order: its fsync covers every commit before).
+    durable: bool,
+    run: RunJob,
+}
+
+/// A job's work, given the group's transaction (or the reason there is none).
+type RunJob = Box<dyn FnOnce(Result<&Tx<'_>, Failure>) -> Ran + Send>;
 
 /// The sending side, held by the [`Journal`](super::Journal).
 pub(super) struct Writer {
     /// None once dropped: closing it ends the thread.
     jobs: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<()>>,
-    /// How many group transactions the thread has run (tests prove grouping with it).
-    groups: Arc<AtomicU64>,
+    counts: Arc<Counts>,
+}
+
+/// What the thread has done, for tests to prove grouping and fsyncs with, and how long it
+/// waits, idle after a commit without an fsync, before it fsyncs the WAL.
+struct Counts {
+    /// Group transactions run.
+    groups: AtomicU64,
+    /// fsyncs of the WAL: by a durable group's commit, or by the writer itself.
+    wal_syncs: AtomicU64,
+    linger_ms: AtomicU64,
+}
+
+impl Default for Counts {
+    fn default() -> Counts {
+        Counts {
+            groups: AtomicU64::new(0),
+            wal_syncs: AtomicU64::new(0),
+            linger_ms: AtomicU64::new(
+                u64::try_from(crate::files::FLUSH_LINGER.as_millis()).unwrap_or(50),
+            ),
+        }
+    }
 }
 
 impl Writer {
@@ -59,21 +93,33 @@ impl Writer {
         storage: Arc<StorageHealth>,
     ) -> std::io::Result<Writer> {
         let (jobs, queue) = sync_channel::<Job>(QUEUE);
-        let groups = Arc::new(AtomicU64::new(0));
-        let counter = groups.clone();
+        let counts = Arc::new(Counts::default());
+        let counter = counts.clone();
         let thread = std::thread::Builder::new()
             .name("journal-writer".into())
             .spawn(move || write_groups(&conn, &queue, &path, &counter, &storage))?;
         Ok(Writer {
             jobs: Some(jobs),
             thread: Some(thread),
-            groups,
+            counts,
         })
     }
 
     #[cfg(test)]
     pub(super) fn groups(&self) -> u64 {
-        self.groups.load(Ordering::SeqCst)
+        self.counts.groups.load(Ordering::SeqCst)
+    }
+
+    #[cfg(test)]
+    pub(super) fn wal_syncs(&self) -> u64 {
+        self.counts.wal_syncs.load(Ordering::SeqCst)
+    }
+
+    /// The idle linger before the writer's own fsync, from the next wait on.
+    #[cfg(test)]
+    pub(super) fn set_linger(&self, linger: std::time::Duration) {
+        let ms = u64::try_from(linger.as_millis()).unwrap_or(u64::MAX);
+        self.counts.linger_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Runs `f` in the writer's next group transaction and returns its answer once `wait`
@@ -146,14 +192,16 @@ impl Writer {
         what: &'static str,
         f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
     ) -> Result<(), Failure> {
-        let job: Job = Box::new(move |tx| match tx.and_then(f) {
-            Ok(()) => Ran::Done(None),
-            Err(e) => {
-                tracing::error!("journal: {what} not recorded: {e}");
-                Ran::Failed
-            }
-        });
-        self.send(job)
+        self.send(Job {
+            durable: false,
+            run: Box::new(move |tx| match tx.and_then(f) {
+                Ok(()) => Ran::Done(None),
+                Err(e) => {
+                    tracing::error!("journal: {what} not recorded: {e}");
+                    Ran::Failed
+                }
+            }),
+        })
     }
 
     fn send(&self, job: Job) -> Result<(), Failure> {
@@ -168,7 +216,7 @@ impl Drop for Writer {
     fn drop(&mut self) {
         drop(self.jobs.take());
         tracing::debug!(
-            groups = self.groups.load(Ordering::SeqCst),
+            groups = self.counts.groups.load(Ordering::SeqCst),
             "journal: writer stopping"
         );
         if let Some(thread) = self.thread.take()
@@ -186,19 +234,22 @@ fn answering<T: Send + 'static>(
     f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
     reply: impl FnOnce(Result<T, Failure>) + Send + 'static,
 ) -> Job {
-    Box::new(move |tx| match tx.and_then(f) {
-        Err(e) => {
-            reply(Err(e));
-            Ran::Failed
-        }
-        Ok(out) if wait == Wait::Executed => {
-            reply(Ok(out));
-            Ran::Done(None)
-        }
-        Ok(out) => Ran::Done(Some(Box::new(move |commit: Result<(), Failure>| {
-            reply(commit.map(|()| out));
-        }))),
-    })
+    Job {
+        durable: wait == Wait::Durable,
+        run: Box::new(move |tx| match tx.and_then(f) {
+            Err(e) => {
+                reply(Err(e));
+                Ran::Failed
+            }
+            Ok(out) if wait == Wait::Executed => {
+                reply(Ok(out));
+                Ran::Done(None)
+            }
+            Ok(out) => Ran::Done(Some(Box::new(move |commit: Result<(), Failure>| {
+                reply(commit.map(|()| out));
+            }))),
+        }),
+    }
 }
 
 /// The answer of a job queued by [`Writer::submit_later`], taken with [`Later::wait`].
@@ -221,11 +272,29 @@ fn write_groups(
     conn: &Connection,
     queue: &Receiver<Job>,
     path: &std::path::Path,
-    groups: &AtomicU64,
+    counts: &Counts,
     storage: &StorageHealth,
 ) {
     let rates = RefCell::new(RateCache::default());
-    while let Ok(first) = queue.recv() {
+    let mut sync = WalSync::default();
+    loop {
+        // Commits not durable yet: flushed once the queue has been idle for a linger.
+        let first = if sync.behind {
+            let linger = std::time::Duration::from_millis(counts.linger_ms.load(Ordering::SeqCst));
+            match queue.recv_timeout(linger) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) => {
+                    sync.flush_wal(path, counts);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match queue.recv() {
+                Ok(job) => job,
+                Err(_) => break,
+            }
+        };
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match queue.try_recv() {
@@ -233,10 +302,72 @@ fn write_groups(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        let durable = group.iter().any(|job| job.durable);
+        sync.set(conn, durable);
+        let changes = conn.total_changes();
         // Counted before its callers are answered: one who reads the count after its write
         // returned sees its own group (the tests count groups so).
-        groups.fetch_add(1, Ordering::SeqCst);
-        commit_group(conn, group, path, &rates, storage);
+        counts.groups.fetch_add(1, Ordering::SeqCst);
+        commit_group(conn, group, path, &rates, storage, &mut || {
+            if !durable {
+                return;
+            }
+            if conn.total_changes() != changes {
+                counts.wal_syncs.fetch_add(1, Ordering::SeqCst); // SQLite's, at the commit
+            } else if sync.behind {
+                // A durable group that wrote nothing (`Journal::flush`) commits no WAL
+                // frame, so SQLite fsyncs nothing: the commits before it are made durable here.
+                sync.flush_wal(path, counts);
+            }
+            sync.behind = false;
+        });
+        if !durable {
+            sync.behind = true;
+        }
+    }
+    if sync.behind {
+        sync.flush_wal(path, counts);
+    }
+}
+
+/// The write connection's `synchronous` setting, switched per group (it cannot change
+/// inside a transaction), and whether commits since the last fsync are not durable yet.
+#[derive(Default)]
+struct WalSync {
+    /// `Some(true)`: FULL (every commit fsyncs the WAL); `Some(false)`: NORMAL.
+    full: Option<bool>,
+    behind: bool,
+}
+
+impl WalSync {
+    fn set(&mut self, conn: &Connection, full: bool) {
+        if self.full == Some(full) {
+            return;
+        }
+        let sql = if full {
+            "PRAGMA synchronous = FULL"
+        } else {
+            "PRAGMA synchronous = NORMAL"
+        };
+        match fixed(conn, sql) {
+            Ok(()) => self.full = Some(full),
+            // Left as it was: FULL is only slower, NORMAL is then flushed by `behind`.
+            Err(e) => tracing::error!("journal: cannot set synchronous: {e}"),
+        }
+    }
+
+    /// fsyncs the WAL file: every commit so far is durable.
+    fn flush_wal(&mut self, path: &std::path::Path, counts: &Counts) {
+        counts.wal_syncs.fetch_add(1, Ordering::SeqCst);
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        match std::fs::File::open(&wal).and_then(|f| f.sync_data()) {
+            Ok(()) => {}
+            // No WAL: checkpointed and removed, and a checkpoint fsyncs the database.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %path.display(), "journal: cannot fsync the WAL: {e}"),
+        }
+        self.behind = false;
     }
 }
 
@@ -252,6 +383,7 @@ fn commit_group(
     path: &std::path::Path,
     rates: &RefCell<RateCache>,
     storage: &StorageHealth,
+    before_answers: &mut dyn FnMut(),
 ) {
     let begun = fixed(conn, "BEGIN IMMEDIATE").and_then(|()| rates.borrow_mut().check(conn));
     if let Err(e) = begun {
@@ -261,7 +393,7 @@ fn commit_group(
             let _ = conn.execute_batch("ROLLBACK");
         }
         for job in group {
-            job(Err(shared(&e)));
+            (job.run)(Err(shared(&e)));
         }
         return;
     }
@@ -272,12 +404,12 @@ fn commit_group(
     let mut waiting: Vec<AfterCommit> = Vec::with_capacity(group.len());
     for job in group {
         if let Err(e) = fixed(conn, "SAVEPOINT job") {
-            job(Err(shared(&e)));
+            (job.run)(Err(shared(&e)));
             continue;
         }
         // A panicking job (a bug) is rolled back like a failed one; its caller sees the
         // writer drop its reply.
-        let ran = catch_unwind(AssertUnwindSafe(|| job(Ok(&tx)))).unwrap_or_else(|_| {
+        let ran = catch_unwind(AssertUnwindSafe(|| (job.run)(Ok(&tx)))).unwrap_or_else(|_| {
             tracing::error!("journal: a write panicked; rolled back");
             Ran::Failed
         });
@@ -303,6 +435,9 @@ fn commit_group(
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
+    }
+    if commit.is_ok() {
+        before_answers();
     }
     for after in waiting {
         after(commit.as_ref().map(|_| ()).map_err(shared));
@@ -384,6 +519,51 @@ mod tests {
 
     /// The async path: answers after the commit (`Durable`) or the run (`Executed`), and a
     /// full queue makes the caller wait for room (off the async worker) instead of failing.
+    /// Writes nobody waits to be durable commit without an fsync; a durable write's commit
+    /// fsyncs the WAL (and with it every commit before), one that wrote nothing
+    /// (`flush`) has the writer fsync it, and so has a linger of idleness after a commit
+    /// without one.
+    #[tokio::test]
+    async fn only_durable_writes_wait_for_an_fsync_and_the_rest_follow_within_a_linger() {
+        let (_dir, journal) = fresh_journal();
+        journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync until the end
+        let run = journal.begin_run("In_Progress/a.md").unwrap(); // durable
+        let synced = || journal.writer.wal_syncs();
+        let at_start = synced();
+        for id in ["c-1", "c-2", "c-3"] {
+            let committed = journal
+                .call_finished_later(run, &search_ok(id))
+                .await
+                .unwrap();
+            journal.settle(committed).unwrap(); // committed: readers see it
+            assert_eq!(synced(), at_start, "no fsync for a commit nobody waits on");
+        }
+        journal.flush().unwrap();
+        assert_eq!(synced(), at_start + 1, "a flush makes them durable");
+        journal.flush().unwrap();
+        assert_eq!(synced(), at_start + 1, "nothing left to make durable");
+        // Durable write after a non-durable one: its own commit's fsync covers both.
+        let committed = journal
+            .call_finished_later(run, &search_ok("c-4"))
+            .await
+            .unwrap();
+        journal.settle(committed).unwrap();
+        journal.begin_run("In_Progress/b.md").unwrap();
+        assert_eq!(synced(), at_start + 2);
+        // Idle after a commit without an fsync: the writer makes it durable itself.
+        journal.writer.set_linger(Duration::from_millis(50));
+        let committed = journal
+            .call_finished_later(run, &search_ok("c-5"))
+            .await
+            .unwrap();
+        journal.settle(committed).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while synced() == at_start + 2 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(synced(), at_start + 3, "fsynced once idle for a linger");
+    }
+
     #[test]
     fn async_writes_are_answered_and_wait_for_room_in_a_full_queue() {
         let (_dir, journal) = shared_journal();
