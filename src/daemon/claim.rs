@@ -87,13 +87,12 @@ impl Daemon {
     ) -> Result<(PathBuf, Option<LeftBehind>, Claimed), VaultError> {
         if let Some(keep) = self.arrivals.keep_first_name_for(path) {
             let (vault, p) = (self.vault.clone(), path.to_path_buf());
-            let linked = tokio::task::spawn_blocking(move || {
+            let linked = Daemon::on_this_thread(move || {
                 let (claimed, left) = vault.link_to(&p, State::InProgress)?;
                 let read = note::read_settled(&claimed);
                 Ok((claimed, left, read))
             })
-            .await
-            .expect("claim task does not panic");
+            .await;
             match linked {
                 Ok((claimed, left, read)) => {
                     self.arrivals.hold(&left);
@@ -111,16 +110,15 @@ impl Daemon {
                 Err(LinkError::Vault(e)) => return Err(e),
             }
         }
-        // In the blocking pool: a vault on a hung network or FUSE mount must not block the
-        // async workers (and with them the shutdown, docs/design.md §9.15).
+        // Off the async workers: a vault on a hung network or FUSE mount must not block them
+        // (and with them the shutdown, docs/design.md §9.15).
         let (vault, p) = (self.vault.clone(), path.to_path_buf());
-        tokio::task::spawn_blocking(move || {
+        Daemon::on_this_thread(move || {
             let claimed = vault.move_soon(&p, State::InProgress)?;
             let read = note::read_settled(&claimed);
             Ok((claimed, None, read))
         })
         .await
-        .expect("claim task does not panic")
     }
 
     /// Moves a note into In_Progress. A note renamed in within `moved_in_grace` is claimed by

@@ -612,6 +612,25 @@ impl Daemon {
         Ok(f(&self.journal)?)
     }
 
+    /// Runs blocking file work on a note's path (its claim, its results write) on this very
+    /// thread (`block_in_place`: the worker's other tasks go to another thread first), so a
+    /// hung network or FUSE mount blocks no async worker (and with them the shutdown, §9.15),
+    /// without the hop to a pool thread and back: on an idle machine each hop is a sleeping
+    /// thread woken, the larger part of a note's time to Done (BENCHMARKS.md, issue 31). On a
+    /// current-thread runtime (some tests), which cannot hand its tasks over, in the pool.
+    pub(crate) async fn on_this_thread<T: Send + 'static>(
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+            tokio::task::block_in_place(f)
+        } else {
+            tokio::task::spawn_blocking(f)
+                .await
+                .expect("blocking file work does not panic")
+        }
+    }
+
     pub(crate) async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Journal) -> Result<T, JournalError> + Send + 'static,

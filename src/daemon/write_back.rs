@@ -236,7 +236,7 @@ impl Daemon {
         recorded_ids.extend(in_note.iter().filter(|id| !ids.contains(id)).cloned());
         let append = self.appender(path, note_id, results, held, next);
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
-        let (written, moved) = tokio::task::spawn_blocking(move || {
+        let (written, moved) = Daemon::on_this_thread(move || {
             let written = append.write();
             // The outcomes of read_only calls committed meanwhile: found in the journal
             // by whoever sees the note arrive.
@@ -250,8 +250,7 @@ impl Daemon {
                 .then(|| move_and_record(&vault, &journal, run, p, next, &recorded_ids));
             (written, moved)
         })
-        .await
-        .expect("write task does not panic");
+        .await;
         match self.written(path, ids, written).await? {
             WriteBack::Written(_) => {
                 let moved = moved.expect("a written note was moved on");
