@@ -87,12 +87,13 @@ impl Daemon {
     ) -> Result<(PathBuf, Option<LeftBehind>, Claimed), VaultError> {
         if let Some(keep) = self.arrivals.keep_first_name_for(path) {
             let (vault, p) = (self.vault.clone(), path.to_path_buf());
-            let linked = Daemon::on_this_thread(move || {
-                let (claimed, left) = vault.link_to(&p, State::InProgress)?;
-                let read = note::read_settled(&claimed);
-                Ok((claimed, left, read))
-            })
-            .await;
+            let linked = self
+                .on_this_thread(move || {
+                    let (claimed, left) = vault.link_to(&p, State::InProgress)?;
+                    let read = note::read_settled(&claimed);
+                    Ok((claimed, left, read))
+                })
+                .await;
             match linked {
                 Ok((claimed, left, read)) => {
                     self.arrivals.hold(&left);
@@ -113,7 +114,7 @@ impl Daemon {
         // Off the async workers: a vault on a hung network or FUSE mount must not block them
         // (and with them the shutdown, docs/design.md §9.15).
         let (vault, p) = (self.vault.clone(), path.to_path_buf());
-        Daemon::on_this_thread(move || {
+        self.on_this_thread(move || {
             let claimed = vault.move_soon(&p, State::InProgress)?;
             let read = note::read_settled(&claimed);
             Ok((claimed, None, read))

@@ -157,6 +157,8 @@ pub struct Daemon {
     pub(crate) inflight: Mutex<HashMap<PathBuf, bool>>,
     /// Bounds how many notes are held in memory and processed at once.
     pub(crate) note_slots: Arc<Semaphore>,
+    /// How many note slots there are (`workers * 4`).
+    pub(crate) note_slots_total: usize,
     /// Notes waiting for a note slot, in the order they were found: a note task is spawned
     /// only with its slot in hand (STYLE habit 3), so a backlog of 10,000 notes is 10,000
     /// paths here, not 10,000 tasks.
@@ -336,6 +338,7 @@ async fn run_reloading(
         results,
         hold_alerts,
         note_slots: Arc::new(Semaphore::new(config.workers * 4)),
+        note_slots_total: config.workers * 4,
         queue: Mutex::new(VecDeque::new()),
         queued: tokio::sync::Notify::new(),
         live: std::sync::RwLock::new(Arc::new(reload::Live { config, runner })),
@@ -612,17 +615,22 @@ impl Daemon {
         Ok(f(&self.journal)?)
     }
 
-    /// Runs blocking file work on a note's path (its claim, its results write) on this very
-    /// thread (`block_in_place`: the worker's other tasks go to another thread first), so a
-    /// hung network or FUSE mount blocks no async worker (and with them the shutdown, §9.15),
-    /// without the hop to a pool thread and back: on an idle machine each hop is a sleeping
-    /// thread woken, the larger part of a note's time to Done (BENCHMARKS.md, issue 31). On a
-    /// current-thread runtime (some tests), which cannot hand its tasks over, in the pool.
+    /// Runs blocking file work on a note's path (its claim, its results write) off the async
+    /// workers, so a hung network or FUSE mount blocks none of them (and with them the
+    /// shutdown, §9.15). A note worked on alone runs it on this very thread
+    /// (`block_in_place`: the worker's other tasks go to another thread first), without the
+    /// hop to a pool thread and back: on an idle machine each hop wakes a sleeping thread, the
+    /// larger part of a note's time to Done (BENCHMARKS.md, issue 31). With other notes in
+    /// flight the pool's threads are awake and a hop is cheap, while handing the worker over
+    /// for every note costs throughput: there, and on a current-thread runtime (some tests),
+    /// which cannot hand its tasks over, the pool.
     pub(crate) async fn on_this_thread<T: Send + 'static>(
+        &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> T {
         use tokio::runtime::{Handle, RuntimeFlavor};
-        if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        let alone = self.note_slots.available_permits() + 1 >= self.note_slots_total;
+        if alone && Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
             tokio::task::block_in_place(f)
         } else {
             tokio::task::spawn_blocking(f)

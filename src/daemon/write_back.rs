@@ -236,21 +236,22 @@ impl Daemon {
         recorded_ids.extend(in_note.iter().filter(|id| !ids.contains(id)).cloned());
         let append = self.appender(path, note_id, results, held, next);
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
-        let (written, moved) = Daemon::on_this_thread(move || {
-            let written = append.write();
-            // The outcomes of read_only calls committed meanwhile: found in the journal
-            // by whoever sees the note arrive.
-            for c in committed {
-                if let Err(e) = journal.settle(c) {
-                    tracing::error!("journal could not record an outcome: {e}");
+        let (written, moved) = self
+            .on_this_thread(move || {
+                let written = append.write();
+                // The outcomes of read_only calls committed meanwhile: found in the journal
+                // by whoever sees the note arrive.
+                for c in committed {
+                    if let Err(e) = journal.settle(c) {
+                        tracing::error!("journal could not record an outcome: {e}");
+                    }
                 }
-            }
-            let moved = written
-                .is_ok()
-                .then(|| move_and_record(&vault, &journal, run, p, next, &recorded_ids));
-            (written, moved)
-        })
-        .await;
+                let moved = written
+                    .is_ok()
+                    .then(|| move_and_record(&vault, &journal, run, p, next, &recorded_ids));
+                (written, moved)
+            })
+            .await;
         match self.written(path, ids, written).await? {
             WriteBack::Written(_) => {
                 let moved = moved.expect("a written note was moved on");

@@ -30,10 +30,12 @@
 //! # Commits without an fsync
 //! A group of writes none of whose callers waits for durability (queued, `Executed` or
 //! `Committed` ones: the `read_only` starts and outcomes, the claim of a note with only
-//! `read_only` calls, "written and moved") commits with `synchronous=NORMAL`: no fsync. A
-//! group with a durable write commits with `synchronous=FULL`, and its fsync of the WAL (one
-//! file, appended in order) makes every commit before it durable too; the writer fsyncs the
-//! WAL itself once it has been idle for 50 ms after a commit without one. So a search note's
+//! `read_only` calls, "written and moved") that came to an idle writer (notes arriving one at
+//! a time) commits with `synchronous=NORMAL`: no fsync. Every other group commits with
+//! `synchronous=FULL` (under load, the fsync's time is what gathers the next writes into one
+//! group), and its fsync of the WAL (one file, appended in order) makes every commit before
+//! it durable too; the writer fsyncs the WAL itself once it has been idle for 50 ms after a
+//! commit without one. So a search note's
 //! path to Done waits for no journal fsync at all, and what a power loss can take is what a
 //! kill before those commits could: the cases argued here and below.
 //!
