@@ -251,9 +251,10 @@ impl Arrivals {
 /// At start-up, before the inbox is scanned: names set aside by an interrupted drop get their
 /// names back; then every name a link claim left behind (recorded in the journal, or still
 /// sharing its inode with a note in In_Progress) that still names the claimed file is dropped.
-/// A recorded one only while the claimed note is found (at the run's note, or under its name
-/// in In_Progress): the link's folder fsync was the flusher's, and a crash that undid the link
-/// left the first name the note's only one. Returns how many were dropped.
+/// A recorded one only while the claimed note is found (at the run's recorded note, or under
+/// its name in a state folder carrying the run's `tool_note`): the link's folder fsync was the
+/// flusher's, and a crash that undid the link left the first name the note's only one.
+/// Returns how many were dropped.
 pub fn settle_after_crash(vault: &Vault, recorded: &[LinkClaim], in_progress: &[PathBuf]) -> usize {
     use std::os::unix::fs::MetadataExt;
     let restored = vault.restore_set_aside();
@@ -265,10 +266,16 @@ pub fn settle_after_crash(vault: &Vault, recorded: &[LinkClaim], in_progress: &[
     }
     let claimed_note_found = |claim: &LinkClaim| {
         let note = vault.root().join(&claim.note);
-        let in_progress = note
-            .file_name()
-            .map(|name| vault.folder(crate::vault::State::InProgress).join(name));
-        note.symlink_metadata().is_ok() || in_progress.is_some_and(|p| p.symlink_metadata().is_ok())
+        if note.symlink_metadata().is_ok() {
+            return true;
+        }
+        let (Some(name), Some(id)) = (note.file_name(), claim.note_id.as_deref()) else {
+            return false;
+        };
+        crate::vault::State::ALL.iter().any(|state| {
+            crate::vault::read_regular_text(&vault.folder(*state).join(name))
+                .is_ok_and(|text| crate::note::frontmatter_property(&text, "tool_note") == Some(id))
+        })
     };
     let mut left: Vec<LeftBehind> = recorded
         .iter()
@@ -410,6 +417,7 @@ mod tests {
             first_name: format!("Needs_Action/{first_name}"),
             file_key,
             note: note.to_string(),
+            note_id: Some("n-000000000001".to_string()),
         }
     }
 
@@ -420,20 +428,37 @@ mod tests {
         // again (its run's calls are the stale-copy rule's, never run twice).
         let (_d, v) = vault();
         let na = v.folder(State::NeedsAction);
-        std::fs::write(na.join("a.md"), "a").unwrap();
-        std::fs::write(na.join("c.md"), "c").unwrap();
+        for name in ["a.md", "c.md", "d.md"] {
+            std::fs::write(na.join(name), name).unwrap();
+        }
         let (ca, left_a) = v.link_to(&na.join("a.md"), State::InProgress).unwrap();
         let (cc, left_c) = v.link_to(&na.join("c.md"), State::InProgress).unwrap();
+        let (cd, left_d) = v.link_to(&na.join("d.md"), State::InProgress).unwrap();
         std::fs::remove_file(&ca).unwrap(); // the link a crash undid
-        // c's run moved on to Done, and the crash undid that move: found in In_Progress.
+        // An older note of that name in Done/ is another note (another tool_note).
+        std::fs::write(
+            v.folder(State::Done).join("a.md"),
+            "---\ntool_note: n-00000000000f\n---\nolder",
+        )
+        .unwrap();
+        // c's run moved on to Done with its results, the record of that move not committed
+        // yet when it was killed: found there by its tool_note.
+        // (the results write: a new file renamed over the claimed one)
+        let results = cc.with_extension("tmp");
+        std::fs::write(&results, "---\ntool_note: n-000000000001\n---\nc").unwrap();
+        std::fs::rename(&results, v.folder(State::Done).join("c.md")).unwrap();
+        std::fs::remove_file(&cc).unwrap();
+        // d's note is where its run recorded it (not stamped yet: found by that path).
         let recorded = [
             link_claim("a.md", left_a.file.encode(), "In_Progress/a.md"),
-            link_claim("c.md", left_c.file.encode(), "Done/c.md"),
+            link_claim("c.md", left_c.file.encode(), "In_Progress/c.md"),
+            link_claim("d.md", left_d.file.encode(), "In_Progress/d.md"),
         ];
-        assert_eq!(settle_after_crash(&v, &recorded, &[]), 1);
-        assert_eq!(std::fs::read_to_string(na.join("a.md")).unwrap(), "a");
+        assert_eq!(settle_after_crash(&v, &recorded, &[]), 2);
+        assert_eq!(std::fs::read_to_string(na.join("a.md")).unwrap(), "a.md");
         assert!(!na.join("c.md").exists());
-        assert_eq!(std::fs::read_to_string(&cc).unwrap(), "c");
+        assert!(!na.join("d.md").exists());
+        assert_eq!(std::fs::read_to_string(&cd).unwrap(), "d.md");
     }
 
     #[test]

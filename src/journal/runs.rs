@@ -88,7 +88,7 @@ impl Journal {
     pub fn left_behind_since(&self, since: SystemTime) -> Result<Vec<LinkClaim>, JournalError> {
         self.read(|tx| {
             let mut st = tx.prepare_cached(
-                "SELECT claimed_from, left_behind, note FROM runs
+                "SELECT claimed_from, left_behind, note, note_id FROM runs
                  WHERE left_behind IS NOT NULL AND claimed_at_ms >= ?1",
             )?;
             let rows = st.query_map(params![to_ms(since)], |r| {
@@ -96,6 +96,7 @@ impl Journal {
                     first_name: r.get(0)?,
                     file_key: r.get(1)?,
                     note: r.get(2)?,
+                    note_id: r.get(3)?,
                 })
             })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
@@ -133,8 +134,11 @@ pub struct LinkClaim {
     pub first_name: String,
     /// The claimed file's key (`FileKey::encode`), which that name held.
     pub file_key: String,
-    /// The run's note, where it was last recorded (In_Progress, or where it moved on to).
+    /// The run's note, where it was last recorded (In_Progress, or where it moved on to: that
+    /// record is not waited for, so it can lag behind the note).
     pub note: String,
+    /// The run's note id (`tool_note`).
+    pub note_id: Option<String>,
 }
 
 /// The job of a claim's run record (see [`Journal::begin_note_run`]).
