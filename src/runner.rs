@@ -109,31 +109,18 @@ impl Runner {
         let result = self
             .run_unrecorded(run, note, note_id, call, spend, permit)
             .await;
-        match result {
-            Unrecorded::Recorded(result) => Ran {
-                result,
-                committed: None,
-            },
+        let (result, committed) = match result {
+            Unrecorded::Recorded(result) => (result, None),
             Unrecorded::Ran(result) if read_only => {
-                match self.journal.call_finished_later(run, &result).await {
-                    Ok(committed) => Ran {
-                        result,
-                        committed: Some(committed),
-                    },
-                    Err(e) => {
-                        tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}");
-                        Ran {
-                            result,
-                            committed: None,
-                        }
-                    }
+                let committed = self.journal.call_finished_later(run, &result).await;
+                if let Err(e) = &committed {
+                    tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}");
                 }
+                (result, committed.ok())
             }
-            Unrecorded::Ran(result) => Ran {
-                result: self.record(run, result).await,
-                committed: None,
-            },
-        }
+            Unrecorded::Ran(result) => (self.record(run, result).await, None),
+        };
+        Ran { result, committed }
     }
 
     /// [`run_call`](Self::run_call) up to its outcome's record: a call that ran is returned
