@@ -272,10 +272,23 @@ pub fn settle_after_crash(vault: &Vault, recorded: &[LinkClaim], in_progress: &[
         let (Some(name), Some(id)) = (note.file_name(), claim.note_id.as_deref()) else {
             return false;
         };
-        crate::vault::State::ALL.iter().any(|state| {
-            crate::vault::read_regular_text(&vault.folder(*state).join(name))
-                .is_ok_and(|text| crate::note::frontmatter_property(&text, "tool_note") == Some(id))
-        })
+        // Only where a run moves its note: the folders notes are claimed from hold the first
+        // name itself, which carries the run's id when the note had one before its claim.
+        // And never the claimed file itself (its results write made a new one).
+        let first = FileKey::decode(&claim.file_key);
+        use crate::vault::State::{Done, Failed, InProgress, PendingApproval};
+        [InProgress, PendingApproval, Done, Failed]
+            .iter()
+            .any(|state| {
+                let candidate = vault.folder(*state).join(name);
+                let other_file = candidate
+                    .symlink_metadata()
+                    .is_ok_and(|m| Some(FileKey::of(&m)) != first);
+                other_file
+                    && crate::vault::read_regular_text(&candidate).is_ok_and(|text| {
+                        crate::note::frontmatter_property(&text, "tool_note") == Some(id)
+                    })
+            })
     };
     let mut left: Vec<LeftBehind> = recorded
         .iter()
@@ -456,6 +469,18 @@ mod tests {
         ];
         assert_eq!(settle_after_crash(&v, &recorded, &[]), 2);
         assert_eq!(std::fs::read_to_string(na.join("a.md")).unwrap(), "a.md");
+        // A note that had its id before the claim (approved by a move into Approved/):
+        // its first name carries the run's id and is not taken for the claimed note.
+        let approved = v.folder(State::Approved).join("e.md");
+        std::fs::write(&approved, "---\ntool_note: n-000000000001\n---\ne").unwrap();
+        let (ce, left_e) = v.link_to(&approved, State::InProgress).unwrap();
+        std::fs::remove_file(&ce).unwrap(); // the link a crash undid
+        let recorded = [LinkClaim {
+            first_name: "Approved/e.md".to_string(),
+            ..link_claim("e.md", left_e.file.encode(), "In_Progress/e.md")
+        }];
+        assert_eq!(settle_after_crash(&v, &recorded, &[]), 0);
+        assert!(approved.exists(), "the note's only name is kept");
         assert!(!na.join("c.md").exists());
         assert!(!na.join("d.md").exists());
         assert_eq!(std::fs::read_to_string(&cd).unwrap(), "d.md");

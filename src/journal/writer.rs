@@ -316,7 +316,10 @@ fn write_groups(
             if !full {
                 return;
             }
-            if conn.total_changes() != changes {
+            if sync.full != Some(true) {
+                // `synchronous` could not be set to FULL: this commit had no fsync.
+                sync.flush_wal(path, counts);
+            } else if conn.total_changes() != changes {
                 counts.wal_syncs.fetch_add(1, Ordering::SeqCst); // SQLite's, at the commit
             } else if sync.behind {
                 // A durable group that wrote nothing (`Journal::flush`) commits no WAL
