@@ -276,19 +276,25 @@ pub fn settle_after_crash(vault: &Vault, recorded: &[LinkClaim], in_progress: &[
         // name itself, which carries the run's id when the note had one before its claim.
         // And never the claimed file itself (its results write made a new one).
         let first = FileKey::decode(&claim.file_key);
+        let is_the_note = |candidate: &Path| {
+            let other_file = candidate
+                .symlink_metadata()
+                .is_ok_and(|m| Some(FileKey::of(&m)) != first);
+            other_file
+                && crate::vault::read_regular_text(candidate).is_ok_and(|text| {
+                    crate::note::frontmatter_property(&text, "tool_note") == Some(id)
+                })
+        };
         use crate::vault::State::{Done, Failed, InProgress, PendingApproval};
-        [InProgress, PendingApproval, Done, Failed]
+        let moved_to = [InProgress, PendingApproval, Done, Failed];
+        // Under its name; else under any (moved on under a numbered name, `a (2).md`): a
+        // scan of those folders, made only after a crash inside a link claim's grace.
+        moved_to
             .iter()
-            .any(|state| {
-                let candidate = vault.folder(*state).join(name);
-                let other_file = candidate
-                    .symlink_metadata()
-                    .is_ok_and(|m| Some(FileKey::of(&m)) != first);
-                other_file
-                    && crate::vault::read_regular_text(&candidate).is_ok_and(|text| {
-                        crate::note::frontmatter_property(&text, "tool_note") == Some(id)
-                    })
-            })
+            .any(|state| is_the_note(&vault.folder(*state).join(name)))
+            || moved_to
+                .iter()
+                .any(|state| vault.scan(*state).iter().any(|p| is_the_note(p)))
     };
     let mut left: Vec<LeftBehind> = recorded
         .iter()
@@ -430,8 +436,13 @@ mod tests {
             first_name: format!("Needs_Action/{first_name}"),
             file_key,
             note: note.to_string(),
-            note_id: Some("n-000000000001".to_string()),
+            note_id: Some(id_of(first_name)),
         }
+    }
+
+    /// The note id of the test claim of `name`: one per note.
+    fn id_of(name: &str) -> String {
+        format!("n-{:012x}", name.as_bytes()[0])
     }
 
     #[test]
@@ -458,21 +469,30 @@ mod tests {
         // yet when it was killed: found there by its tool_note.
         // (the results write: a new file renamed over the claimed one)
         let results = cc.with_extension("tmp");
-        std::fs::write(&results, "---\ntool_note: n-000000000001\n---\nc").unwrap();
+        std::fs::write(&results, format!("---\ntool_note: {}\n---\nc", id_of("c"))).unwrap();
         std::fs::rename(&results, v.folder(State::Done).join("c.md")).unwrap();
         std::fs::remove_file(&cc).unwrap();
+        // Moved on under a numbered name: found by its tool_note all the same.
+        std::fs::write(na.join("f.md"), "f.md").unwrap();
+        let (cf, left_f) = v.link_to(&na.join("f.md"), State::InProgress).unwrap();
+        let results = cf.with_extension("tmp");
+        std::fs::write(&results, format!("---\ntool_note: {}\n---\nf", id_of("f"))).unwrap();
+        std::fs::rename(&results, v.folder(State::Done).join("f (2).md")).unwrap();
+        std::fs::remove_file(&cf).unwrap();
         // d's note is where its run recorded it (not stamped yet: found by that path).
         let recorded = [
             link_claim("a.md", left_a.file.encode(), "In_Progress/a.md"),
             link_claim("c.md", left_c.file.encode(), "In_Progress/c.md"),
             link_claim("d.md", left_d.file.encode(), "In_Progress/d.md"),
+            link_claim("f.md", left_f.file.encode(), "In_Progress/f.md"),
         ];
-        assert_eq!(settle_after_crash(&v, &recorded, &[]), 2);
+        assert_eq!(settle_after_crash(&v, &recorded, &[]), 3);
+        assert!(!na.join("f.md").exists());
         assert_eq!(std::fs::read_to_string(na.join("a.md")).unwrap(), "a.md");
         // A note that had its id before the claim (approved by a move into Approved/):
         // its first name carries the run's id and is not taken for the claimed note.
         let approved = v.folder(State::Approved).join("e.md");
-        std::fs::write(&approved, "---\ntool_note: n-000000000001\n---\ne").unwrap();
+        std::fs::write(&approved, format!("---\ntool_note: {}\n---\ne", id_of("e"))).unwrap();
         let (ce, left_e) = v.link_to(&approved, State::InProgress).unwrap();
         std::fs::remove_file(&ce).unwrap(); // the link a crash undid
         let recorded = [LinkClaim {
