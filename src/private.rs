@@ -64,6 +64,33 @@ pub fn create_new_file(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// Writes `bytes` as a new private file (0600) at `path`, which must not exist yet, and
+/// fsyncs it. The file is written before it has a name ([`crate::files::unnamed_in`]) and
+/// linked whole, so no reader (an outbox's mail pickup) and no crash ever finds a part of it
+/// under its name; the fsync after the link makes the name durable with it on the journaling
+/// file systems Linux runs on (the folder's own fsync is the caller's). Where `O_TMPFILE` is
+/// missing, the file is created by name and written in place.
+pub fn create_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let unnamed = path
+        .parent()
+        .and_then(|dir| crate::files::unnamed_in(dir, FILE_MODE));
+    let file = match unnamed {
+        Some(mut file) => {
+            file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+            file.write_all(bytes)?;
+            crate::files::link_unnamed(&file, path)?;
+            file
+        }
+        None => {
+            let mut file = create_new_file(path)?;
+            file.write_all(bytes)?;
+            file
+        }
+    };
+    file.sync_all()
+}
+
 /// Takes group and other permissions off an existing regular file (not through a symlink).
 /// Missing files and failures are ignored: this only tidies what an older release left.
 pub fn narrow(path: &Path) {
@@ -111,6 +138,36 @@ mod tests {
         std::fs::set_permissions(&g, std::fs::Permissions::from_mode(0o666)).unwrap();
         narrow(&g);
         assert_eq!(mode(&g), 0o600);
+    }
+
+    #[test]
+    fn a_whole_file_is_private_never_seen_in_part_and_never_over_an_existing_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("outbox");
+        create_dir(&out).unwrap();
+        // Written without a name: the folder shows nothing until the link.
+        let mut unnamed = crate::files::unnamed_in(&out, FILE_MODE).expect("O_TMPFILE here");
+        std::io::Write::write_all(&mut unnamed, b"half").unwrap();
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+        drop(unnamed);
+        assert_eq!(
+            std::fs::read_dir(&out).unwrap().count(),
+            0,
+            "an unlinked file leaves nothing"
+        );
+        let eml = out.join("a.eml");
+        create_whole(&eml, b"Subject: hi\r\n\r\nbody").unwrap();
+        assert_eq!(std::fs::read(&eml).unwrap(), b"Subject: hi\r\n\r\nbody");
+        assert_eq!(mode(&eml), 0o600);
+        // Never over a file or through a symlink at the name.
+        let err = create_whole(&eml, b"other").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        let target = dir.path().join("precious");
+        std::fs::write(&target, "keep").unwrap();
+        std::os::unix::fs::symlink(&target, out.join("b.eml")).unwrap();
+        assert!(create_whole(&out.join("b.eml"), b"other").is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 2);
     }
 
     #[test]

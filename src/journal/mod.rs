@@ -104,7 +104,8 @@
 //!   written, waited for only before the note's move. A crash before the commit loses a
 //!   record of a call that may run again (§9.3): its result block in the note, if written,
 //!   is the record; else it runs again;
-//! - the `.eml`: it is a new file, fsynced before its send is recorded, and on the journaling
+//! - the `.eml`: it is a new file, written unnamed and linked whole (`private::create_whole`),
+//!   fsynced after the link and before its send is recorded, and on the journaling
 //!   file systems Linux runs on (ext4, XFS, btrfs) that fsync also commits its name; the
 //!   folder's fsync, which POSIX asks for, follows within a round.
 //!

@@ -541,23 +541,8 @@ fn fill_temp(file: &mut File, note: &Path, bytes: &[u8], sync: bool) -> io::Resu
 /// cannot be done, the caller then creates `temp` by name (an error of that create is the one
 /// to report).
 fn create_unnamed_then_link(temp: &Path) -> Option<File> {
-    use rustix::fs::{AtFlags, CWD, Mode, OFlags};
-    use std::os::fd::AsRawFd;
-    let folder = match temp.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let fd = rustix::fs::openat(
-        CWD,
-        folder,
-        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o666),
-    )
-    .ok()?;
-    let file = File::from(fd);
-    // `AT_EMPTY_PATH` would need CAP_DAC_READ_SEARCH; `/proc/self/fd` does not.
-    let by_fd = format!("/proc/self/fd/{}", file.as_raw_fd());
-    rustix::fs::linkat(CWD, by_fd.as_str(), CWD, temp, AtFlags::SYMLINK_FOLLOW).ok()?;
+    let file = crate::files::unnamed_in(temp.parent()?, 0o666)?;
+    crate::files::link_unnamed(&file, temp).ok()?;
     Some(file)
 }
 

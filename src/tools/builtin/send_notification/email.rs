@@ -10,7 +10,7 @@ use lettre::message::header::ContentType;
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::transport::smtp::{AsyncSmtpTransport, AsyncSmtpTransportBuilder};
-use lettre::{Address, AsyncTransport, FileTransport, Message, Tokio1Executor};
+use lettre::{Address, AsyncTransport, Message, Tokio1Executor};
 use std::error::Error as _;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -31,9 +31,8 @@ pub(super) struct Email {
 enum Transport {
     File {
         outbox: PathBuf,
-        transport: FileTransport,
     },
-    Smtp(Smtp),
+    Smtp(Box<Smtp>),
 }
 
 struct Smtp {
@@ -128,7 +127,6 @@ impl Email {
         let transport = match &config.transport {
             EmailTransport::File { outbox } => Transport::File {
                 outbox: outbox.clone(),
-                transport: FileTransport::new(outbox),
             },
             EmailTransport::Smtp {
                 url,
@@ -181,11 +179,11 @@ impl Email {
                 if let Some(c) = credentials {
                     builder = builder.credentials(c);
                 }
-                Transport::Smtp(Smtp {
+                Transport::Smtp(Box::new(Smtp {
                     server: format!("{}:{}", plan.host, plan.port),
                     builder,
                     transport: OnceLock::new(),
-                })
+                }))
             }
         };
         Ok(Email {
@@ -206,34 +204,28 @@ impl Email {
         let message_id = format!("<{}@{}>", call.call_id, self.message_id_host);
         let message = self.build_message(&message_id, to.clone(), subject, body)?;
         match &self.transport {
-            Transport::File { outbox, transport } => {
+            Transport::File { outbox } => {
                 // One trip to the blocking pool for the whole write (a hop each cost more than
                 // the write itself under load). §9.5: the outbox holds whole messages: its
-                // folder 0700, each file 0600. Durable before the call is recorded as done:
-                // after a crash the journal's "sent" must still have its message in the
-                // outbox (lettre writes without fsync). The file is new, so its fsync also
-                // makes its name durable on the journaling file systems Linux runs on; the
-                // folder's own fsync, which POSIX asks for, is left to the flusher, shared
-                // with every email of the next few milliseconds (`journal/mod.rs`,
-                // "Durability soon").
-                let (dir, transport) = (outbox.clone(), transport.clone());
+                // folder 0700, each file 0600, named `<uuid>.eml` as lettre's file transport
+                // names them. Durable before the call is recorded as done: after a crash the
+                // journal's "sent" must still have its message in the outbox. The file is
+                // written before it has a name (`private::create_whole`), so a mail pickup
+                // reading the outbox, or a crash, never finds half a message; its fsync after
+                // the link makes the name durable too on the journaling file systems Linux
+                // runs on. The folder's own fsync, which POSIX asks for, is left to the
+                // flusher, shared with every email of the next few milliseconds
+                // (`journal/mod.rs`, "Durability soon").
+                let dir = outbox.clone();
+                let bytes = message.formatted();
                 let written = tokio::task::spawn_blocking(move || {
                     crate::private::create_dir(&dir).map_err(|e| {
                         format!("cannot create the outbox {}: {e}", dir.display())
                     })?;
-                    let id = lettre::Transport::send(&transport, &message).map_err(|e| {
-                        format!(
-                            "cannot write the email into the outbox {}: {}",
-                            dir.display(),
-                            super::root_cause(&e)
-                        )
+                    let file = dir.join(format!("{}.eml", uuid::Uuid::new_v4()));
+                    crate::private::create_whole(&file, &bytes).map_err(|e| {
+                        format!("cannot write the email into the outbox {}: {e}", dir.display())
                     })?;
-                    let file = dir.join(format!("{id}.eml"));
-                    crate::private::narrow(&file);
-                    let synced = std::fs::File::open(&file).and_then(|f| f.sync_all());
-                    if let Err(e) = synced {
-                        tracing::warn!(file = %file.display(), "cannot fsync the email in the outbox: {e}");
-                    }
                     crate::files::fsync_dir_soon(&dir);
                     Ok::<_, String>(file)
                 })
@@ -276,7 +268,7 @@ impl Email {
     ) -> serde_json::Value {
         let message_id = format!("<{}@{}>", call.call_id, self.message_id_host);
         let transport = match &self.transport {
-            Transport::File { outbox, .. } => {
+            Transport::File { outbox } => {
                 format!(
                     "written as an .eml file into the outbox {}",
                     outbox.display()
