@@ -93,9 +93,10 @@ impl Runner {
     /// `Err`: failures are results). `spend`: the parameters hash of the approval the call
     /// runs on, spent with its start record (or with its refusal when a circuit is open).
     ///
-    /// The outcome is recorded before it is returned, durable, except a `read_only` tool's:
-    /// its commit is [`Ran::committed`], for the write back to settle before the note moves
-    /// (`Journal::call_finished_later`).
+    /// The outcome of a call that ran is queued, not waited for: its commit (durable for a
+    /// side effect) is [`Ran::committed`], for the write back to settle before the note moves
+    /// (`Journal::call_finished_later`). A call refused before it started is recorded before
+    /// it is returned.
     pub async fn run_call(
         &self,
         run: RunId,
@@ -111,14 +112,16 @@ impl Runner {
             .await;
         let (result, committed) = match result {
             Unrecorded::Recorded(result) => (result, None),
-            Unrecorded::Ran(result) if read_only => {
-                let committed = self.journal.call_finished_later(run, &result).await;
+            Unrecorded::Ran(result) => {
+                let committed = self
+                    .journal
+                    .call_finished_later(run, &result, !read_only)
+                    .await;
                 if let Err(e) = &committed {
                     tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}");
                 }
                 (result, committed.ok())
             }
-            Unrecorded::Ran(result) => (self.record(run, result).await, None),
         };
         Ran { result, committed }
     }
@@ -282,7 +285,7 @@ impl Runner {
 #[derive(Debug)]
 pub struct Ran {
     pub result: CallResult,
-    /// A `read_only` call's outcome, queued: settle it before the note's move.
+    /// The outcome of a call that ran, queued: settle it before the note's move.
     pub committed: Option<Committed>,
 }
 

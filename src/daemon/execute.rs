@@ -304,6 +304,7 @@ impl Daemon {
                         committed,
                     }) => match asked_a_person(&step, &r) {
                         Some(mut held) => {
+                            out.committed.extend(committed);
                             held.reason = format!("{}\n{}", held.reason, self.how_to_decide());
                             out.held.push(held);
                             out.waiting = true;

@@ -239,8 +239,8 @@ impl Daemon {
         let (written, moved) = self
             .on_this_thread(move || {
                 let written = append.write();
-                // The outcomes of read_only calls committed meanwhile: found in the journal
-                // by whoever sees the note arrive.
+                // The outcomes committed meanwhile (a side effect's durable): found in the
+                // journal by whoever sees the note arrive.
                 for c in committed {
                     if let Err(e) = journal.settle(c) {
                         tracing::error!("journal could not record an outcome: {e}");

@@ -82,20 +82,29 @@ impl Journal {
             .await
     }
 
-    /// [`call_finished_async`](Self::call_finished_async) for a `read_only` call's outcome:
-    /// queued, and returned at once. Such a call may run again after a crash (§9.3), and its
-    /// result block in the note is the record; so its commit need not come before the
-    /// results write, only before the note's move, which [`settle`](Self::settle)s it: what
-    /// reads the journal once the note is in Done (`vaultd mcp serve`, `vaultd log`) finds
-    /// the outcome, and the commit's fsync overlaps the results write's.
+    /// [`call_finished_async`](Self::call_finished_async) for the runner: queued, and
+    /// returned at once. The commit need not come before the call's results write, only
+    /// before the note's move, which [`settle`](Self::settle)s it: the result block in the
+    /// note is a record of the call as good as this one (a call with a block is no longer
+    /// pending, so it never runs again and its result is never written twice), and what
+    /// reads the journal once the note has moved (`vaultd mcp serve`, `vaultd log`, the
+    /// stale-copy rule) finds the outcome. So the commit's fsync overlaps the results
+    /// write's. `durable` (a side effect's outcome): the settle waits for the commit's fsync;
+    /// else for the commit ("Per-effect durability" above).
     pub async fn call_finished_later(
         &self,
         run: RunId,
         result: &CallResult,
+        durable: bool,
     ) -> Result<Committed, JournalError> {
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
+        let wait = if durable {
+            Wait::Durable
+        } else {
+            Wait::Committed
+        };
         self.writer
-            .submit_later(Wait::Committed, move |tx| record_outcome(tx, run, &outcome))
+            .submit_later(wait, move |tx| record_outcome(tx, run, &outcome))
             .await
             .map(Committed)
             .map_err(|e| self.failed(e))
@@ -513,7 +522,7 @@ mod tests {
         entered.recv().unwrap();
         let committed = tokio::time::timeout(
             std::time::Duration::from_secs(10),
-            journal.call_finished_later(run, &search_ok("c-1")),
+            journal.call_finished_later(run, &search_ok("c-1"), false),
         )
         .await
         .expect("returned while the writer was busy: not waited for")

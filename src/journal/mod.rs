@@ -22,10 +22,12 @@
 //! its note (recovery of a run, §8.15, and the next claim both run pending calls). So its
 //! start is queued and not waited for (it joins the next group commit); a kill before that
 //! commit loses the record and the call runs again — never lost. Its outcome is not waited
-//! for either before its result block is written (`call_finished_later`): the block in the
-//! note is the record (a call with one is no longer pending, so it is never written twice),
-//! and the commit, which the write back settles before the note's move, is only for whoever
-//! reads the journal once the note has moved (`vaultd mcp serve`, `vaultd log`).
+//! for either before its result block is written (`call_finished_later`, like every outcome:
+//! a side effect's is durable before the note's move, not before its results write; see
+//! below): the block in the note is the record (a call with one is no longer pending, so it
+//! is never written twice), and the commit, which the write back settles before the note's
+//! move, is for whoever reads the journal once the note has moved (`vaultd mcp serve`,
+//! `vaultd log`).
 //!
 //! # Commits without an fsync
 //! A group of writes none of whose callers waits for durability (queued, `Executed` or
@@ -96,14 +98,19 @@
 //!   durable start record, so the stale-copy rule (§9.6) gives it its recorded outcome or
 //!   `UNKNOWN_OUTCOME` (or, after `stale_copy_grace`, holds it), never a second run;
 //! - the results write and the move: the note is back in In_Progress, as stamped or with its
-//!   results; every outcome of a side effect is durable before its result is written
-//!   (`call_finished_async`), so recovery writes what is missing and moves it on. The
-//!   "written and moved" record itself is not waited for: the note's own result blocks say
-//!   what was written (§9.3);
-//! - a `read_only` call's outcome (`call_finished_later`): committed while its results are
-//!   written, waited for only before the note's move. A crash before the commit loses a
-//!   record of a call that may run again (§9.3): its result block in the note, if written,
-//!   is the record; else it runs again;
+//!   results; recovery writes what is missing (the recorded outcome, or `UNKNOWN_OUTCOME`
+//!   for a side effect started with none) and moves it on. The "written and moved" record
+//!   itself is not waited for: the note's own result blocks say what was written (§9.3);
+//! - a call's outcome (`call_finished_later`): committed while its results are written, and
+//!   waited for (a side effect's with its fsync) only before the note's move, so a note in
+//!   Done or Failed always has its outcomes in the journal. A crash before that commit
+//!   leaves the note in In_Progress and loses a record the note may hold anyway: with its
+//!   result block written, the block is the record (the call is no longer pending, so it
+//!   never runs again and its result is never written twice); without, a `read_only` call
+//!   runs again (§9.3) and a side effect, whose start is durable, gets `UNKNOWN_OUTCOME`
+//!   (the `.eml` it wrote is in the outbox, durable before the call returned), never a
+//!   second run. A copy of the note made before its results carries the call pending and
+//!   gets `UNKNOWN_OUTCOME` too, where the outcome would have given it the result;
 //! - the `.eml`: it is a new file, written unnamed and linked whole (`private::create_whole`),
 //!   fsynced after the link and before its send is recorded, and on the journaling
 //!   file systems Linux runs on (ext4, XFS, btrfs) that fsync also commits its name; the

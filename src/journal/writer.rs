@@ -548,7 +548,7 @@ mod tests {
             // One note at a time: the writer idle before each (busy, every group fsyncs).
             std::thread::sleep(Duration::from_millis(5));
             let committed = journal
-                .call_finished_later(run, &search_ok(id))
+                .call_finished_later(run, &search_ok(id), false)
                 .await
                 .unwrap();
             journal.settle(committed).unwrap(); // committed: readers see it
@@ -561,7 +561,7 @@ mod tests {
         // Durable write after a non-durable one: its own commit's fsync covers both.
         std::thread::sleep(Duration::from_millis(5));
         let committed = journal
-            .call_finished_later(run, &search_ok("c-4"))
+            .call_finished_later(run, &search_ok("c-4"), false)
             .await
             .unwrap();
         journal.settle(committed).unwrap();
@@ -571,7 +571,7 @@ mod tests {
         journal.writer.set_linger(Duration::from_millis(50));
         std::thread::sleep(Duration::from_millis(5));
         let committed = journal
-            .call_finished_later(run, &search_ok("c-5"))
+            .call_finished_later(run, &search_ok("c-5"), false)
             .await
             .unwrap();
         journal.settle(committed).unwrap();
@@ -580,6 +580,43 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(synced(), at_start + 3, "fsynced once idle for a linger");
+    }
+
+    /// A side effect's outcome, queued like any other, is settled only once its commit is
+    /// fsynced (a `read_only` one's once committed): the note's move waits for that, its
+    /// results write does not.
+    #[tokio::test]
+    async fn a_side_effect_outcome_settles_only_once_fsynced() {
+        let (_dir, journal) = fresh_journal();
+        journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync meanwhile
+        let run = journal
+            .begin_note_run("In_Progress/a.md", Some("n-a"), None, None)
+            .unwrap();
+        let synced = || journal.writer.wal_syncs();
+        let at_start = synced();
+        let mut sent = search_ok("c-send");
+        sent.name = "send_notification".into();
+        // An idle writer, as for a note alone: only the wait makes the group fsync.
+        std::thread::sleep(Duration::from_millis(5));
+        let committed = journal.call_finished_later(run, &sent, true).await.unwrap();
+        journal.settle(committed).unwrap();
+        assert_eq!(synced(), at_start + 1, "settled once fsynced");
+        std::thread::sleep(Duration::from_millis(5));
+        let committed = journal
+            .call_finished_later(run, &search_ok("c-search"), false)
+            .await
+            .unwrap();
+        journal.settle(committed).unwrap();
+        assert_eq!(
+            synced(),
+            at_start + 1,
+            "a read_only outcome: committed, no fsync"
+        );
+        let calls = journal.note_calls("n-a").unwrap();
+        for id in ["c-send", "c-search"] {
+            let c = calls.iter().find(|c| c.call_id == id).expect("recorded");
+            assert!(c.recorded.is_some(), "{id}: its outcome is in the journal");
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub(crate) struct Gathered {
     pub(crate) waiting: bool,
     /// Results recorded for the note a stale copy copies, not for this one (§9.6).
     pub(crate) foreign: HashSet<String>,
-    /// The commits of `read_only` outcomes, queued: settled before the note moves.
+    /// The commits of the outcomes of calls that ran, queued: settled before the note moves.
     pub(crate) committed: Vec<crate::journal::Committed>,
 }
 

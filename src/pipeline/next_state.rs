@@ -16,7 +16,7 @@ pub(crate) struct Ending<'a> {
     /// Ids whose result blocks were already in the note while the journal had them only as
     /// recorded: the "written" mark a crash took (it is not waited for), recorded now.
     pub in_note: &'a [String],
-    /// The run's `read_only` outcomes still committing (`Journal::call_finished_later`):
+    /// The run's outcomes still committing (`Journal::call_finished_later`):
     /// settled after the results write, before the move.
     pub committed: Vec<crate::journal::Committed>,
 }

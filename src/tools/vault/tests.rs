@@ -771,3 +771,31 @@ fn vaultds_own_schemas_mean_the_same_in_draft_7() {
     );
     assert_eq!(found, ["/items", "/properties/items/prefixItems"]);
 }
+
+/// A state change's outcome is queued by the runner, not waited for: the write back's settle
+/// before the note's move is what waits for its fsync (`Journal::call_finished_later`).
+#[tokio::test]
+async fn a_state_change_outcome_is_left_for_the_write_back_to_settle() {
+    let f = fixture();
+    f.journal.adopt_run(f.run, "n-000000000001").unwrap();
+    let params = json!({ "path": "Agent/queued.md", "content": "x" });
+    let call = f
+        .runner
+        .registry
+        .valid_call("c1", "vault_create", params.as_object().unwrap())
+        .unwrap();
+    let permit = f.runner.permit().await;
+    let ran = f
+        .runner
+        .run_call(f.run, NOTE, "n-000000000001", &call, None, permit)
+        .await;
+    assert!(ran.result.outcome.is_ok(), "{:?}", ran.result.outcome);
+    let committed = ran.committed.expect("the outcome is queued for the settle");
+    f.journal.settle(committed).unwrap();
+    let calls = f.journal.note_calls("n-000000000001").unwrap();
+    let c1 = calls.iter().find(|c| c.call_id == "c1").expect("recorded");
+    assert!(
+        c1.recorded.is_some(),
+        "its outcome is in the journal once settled"
+    );
+}
