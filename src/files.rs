@@ -174,6 +174,10 @@ impl Flusher {
 
     fn mark(&'static self, dir: &Path) {
         let mut st = self.lock();
+        // The thread waits for a first mark only: with folders marked already it is in its
+        // linger or its round, and waking it for every mark (a context switch each, several
+        // per note) would only put it back to sleep.
+        let first = st.dirty.is_empty();
         if !st.dirty.contains(dir) {
             st.dirty.insert(dir.to_path_buf());
         }
@@ -191,7 +195,9 @@ impl Flusher {
                 return;
             }
         }
-        self.wake.notify_one();
+        if first {
+            self.wake.notify_one();
+        }
     }
 
     fn flush(&self) {
