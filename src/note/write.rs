@@ -164,7 +164,7 @@ fn update(
         // From the check to the rename, other writers are kept out (see `Guard`); a note
         // changed meanwhile — saved in place, or a save renamed over it — starts us over on
         // its version.
-        let guard = match Guard::take(path) {
+        let mut guard = match Guard::take(path) {
             Ok(Some(guard)) => guard,
             Ok(None) => {
                 let _ = fs::remove_file(&temp);
@@ -194,6 +194,7 @@ fn update(
             let _ = fs::remove_file(&temp);
             return Err(io_error(path, source));
         }
+        guard.replaced = true;
         // A process that opened the note between the check and the rename waited for the
         // lease and now writes into the replaced file: its change is read from there once it
         // is done, and the note is written again on it.
@@ -234,6 +235,8 @@ fn update(
 struct Guard {
     file: File,
     write_lease: bool,
+    /// The note was renamed over: `file` is the replaced one.
+    replaced: bool,
 }
 
 impl Guard {
@@ -250,6 +253,7 @@ impl Guard {
                 return Ok(Some(Guard {
                     file,
                     write_lease: true,
+                    replaced: false,
                 }));
             }
             if io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
@@ -257,6 +261,7 @@ impl Guard {
                 return Ok((!writer_busy(path)?).then_some(Guard {
                     file,
                     write_lease: false,
+                    replaced: false,
                 }));
             }
         }
@@ -266,6 +271,7 @@ impl Guard {
         Ok(Some(Guard {
             file,
             write_lease: false,
+            replaced: false,
         }))
     }
 
@@ -348,6 +354,15 @@ impl Drop for Guard {
             use std::os::fd::AsRawFd;
             // SAFETY: as above; releasing lets a waiting opener proceed.
             unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+        }
+        // After the rename this is the replaced file's last descriptor: its close frees the
+        // old inode, which can wait for the disk (`files::close_soon`). A second descriptor
+        // keeps the inode until the flusher closes it. Never for a note still named: an open
+        // descriptor would keep the next write from taking its lease.
+        if self.replaced
+            && let Ok(kept) = self.file.try_clone()
+        {
+            crate::files::close_soon(kept);
         }
     }
 }
