@@ -67,9 +67,8 @@ pub fn read_regular_text(path: &Path) -> io::Result<String> {
 
 /// A new file without a name in `folder` (`O_TMPFILE`), `mode` less the umask, open for
 /// writing; `None` where the file system or kernel has no `O_TMPFILE` (NFS, some FUSE file
-/// systems). Its inode is found without the folder's lock held, unlike a create by name: on a
-/// busy folder that search is most of a write's cost (ext4 without a journal passes over
-/// every inode freed in the last minute). [`link_unnamed`] gives it its name.
+/// systems). [`link_unnamed`] gives it its name once it is written, so no reader ever finds
+/// it in part.
 pub fn unnamed_in(folder: &Path, mode: u32) -> Option<std::fs::File> {
     use rustix::fs::{Mode, OFlags};
     let folder = if folder.as_os_str().is_empty() {

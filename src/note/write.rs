@@ -524,24 +524,8 @@ pub fn is_stale_temp(file_name: &str) -> bool {
 
 /// Creates the temp file (never over an existing one) with the note's permissions, writes
 /// and (with `sync`) fsyncs it.
-///
-/// The file is made unnamed first (`O_TMPFILE`) and then linked under `temp`: a new inode
-/// is found without the folder's lock held, and on a busy folder that search is most of a
-/// note write's cost (ext4 without a journal skips every inode freed in the last minute).
-/// Only the link, which allocates nothing, takes the lock; every note write of a backlog
-/// goes through `In_Progress/`, so the others no longer wait on one another's search
-/// (BENCHMARKS.md, "Sends"). The temp file is named, as before, before it is fsynced: what a
-/// crash can leave is the same named temp file. Where `O_TMPFILE` or `/proc` is missing
-/// (NFS, FUSE, a container without `/proc`), the temp file is created by name.
 fn write_temp(temp: &Path, note: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
-    let mut file = match create_unnamed_then_link(temp) {
-        Some(file) => file,
-        None => OpenOptions::new().write(true).create_new(true).open(temp)?,
-    };
-    fill_temp(&mut file, note, bytes, sync)
-}
-
-fn fill_temp(file: &mut File, note: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
+    let mut file = OpenOptions::new().write(true).create_new(true).open(temp)?;
     if let Ok(meta) = fs::metadata(note) {
         file.set_permissions(meta.permissions())?;
     }
@@ -550,15 +534,6 @@ fn fill_temp(file: &mut File, note: &Path, bytes: &[u8], sync: bool) -> io::Resu
         file.sync_all()?;
     }
     Ok(())
-}
-
-/// An empty file linked at `temp`, made unnamed in `temp`'s folder first; `None` where that
-/// cannot be done, the caller then creates `temp` by name (an error of that create is the one
-/// to report).
-fn create_unnamed_then_link(temp: &Path) -> Option<File> {
-    let file = crate::files::unnamed_in(temp.parent()?, 0o666)?;
-    crate::files::link_unnamed(&file, temp).ok()?;
-    Some(file)
 }
 
 /// The folder fsync after a rename, shared with other writers of the same folder
@@ -880,28 +855,6 @@ mod tests {
             temp_path(Path::new("/v/a.md")),
             temp_path(Path::new("/v/a.md"))
         );
-    }
-
-    #[test]
-    fn the_temp_file_is_made_unnamed_then_linked_never_over_an_existing_name() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = note(&dir, "a.md", b"old");
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
-        let temp = temp_path(&path);
-        let mut file = create_unnamed_then_link(&temp).expect("O_TMPFILE and /proc here");
-        // The linked name is the file written through the descriptor.
-        fill_temp(&mut file, &path, b"new text", true).unwrap();
-        assert_eq!(fs::read(&temp).unwrap(), b"new text");
-        let mode = fs::metadata(&temp).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o640);
-        // A name that exists is never replaced: the link refuses, and so does the fallback.
-        assert!(create_unnamed_then_link(&temp).is_none());
-        let err = write_temp(&temp, &path, b"other", true).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
-        assert_eq!(fs::read(&temp).unwrap(), b"new text");
-        // No unnamed file is left linked anywhere else.
-        assert_eq!(leftovers(&dir).len(), 1, "{:?}", leftovers(&dir));
     }
 
     #[test]
