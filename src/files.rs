@@ -289,10 +289,13 @@ impl Flusher {
         for dir in &dirs {
             fsync_dir(dir);
         }
+        {
+            let mut st = self.lock();
+            st.durable = st.durable.max(covers);
+            self.done.notify_all();
+        }
+        // After the flushers are answered: a close can wait for the disk.
         drop(closing);
-        let mut st = self.lock();
-        st.durable = st.durable.max(covers);
-        self.done.notify_all();
     }
 }
 

@@ -65,30 +65,42 @@ pub fn create_new_file(path: &Path) -> io::Result<File> {
 }
 
 /// Writes `bytes` as a new private file (0600) at `path`, which must not exist yet, and
-/// fsyncs it. The file is written before it has a name ([`crate::files::unnamed_in`]) and
-/// linked whole, so no reader (an outbox's mail pickup) and no crash ever finds a part of it
-/// under its name; the fsync after the link makes the name durable with it on the journaling
-/// file systems Linux runs on (the folder's own fsync is the caller's). Where `O_TMPFILE` is
-/// missing, the file is created by name and written in place.
-pub fn create_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// returns it, named, for the caller to fsync. The file is written before it has a name
+/// ([`crate::files::unnamed_in`]) and linked whole, so no reader (an outbox's mail pickup)
+/// ever finds a part of it under its name. The fsync after the link makes the data and the
+/// name durable together on the journaling file systems Linux runs on, as for a file created
+/// by name (the folder's own fsync is the caller's); a power loss before it returns can leave
+/// the file empty or missing. Where `O_TMPFILE` or `/proc` is missing, the file is created by
+/// name and written in place (removed again if the write fails).
+pub fn create_whole(path: &Path, bytes: &[u8]) -> io::Result<File> {
     use std::io::Write;
     let unnamed = path
         .parent()
         .and_then(|dir| crate::files::unnamed_in(dir, FILE_MODE));
-    let file = match unnamed {
+    let linked = match unnamed {
         Some(mut file) => {
             file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
             file.write_all(bytes)?;
-            crate::files::link_unnamed(&file, path)?;
-            file
+            match crate::files::link_unnamed(&file, path) {
+                Ok(()) => Some(file),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(e),
+                Err(_) => None, // no /proc: by name below
+            }
         }
+        None => None,
+    };
+    let file = match linked {
+        Some(file) => file,
         None => {
             let mut file = create_new_file(path)?;
-            file.write_all(bytes)?;
+            if let Err(e) = file.write_all(bytes) {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
             file
         }
     };
-    file.sync_all()
+    Ok(file)
 }
 
 /// Takes group and other permissions off an existing regular file (not through a symlink).
@@ -156,7 +168,10 @@ mod tests {
             "an unlinked file leaves nothing"
         );
         let eml = out.join("a.eml");
-        create_whole(&eml, b"Subject: hi\r\n\r\nbody").unwrap();
+        create_whole(&eml, b"Subject: hi\r\n\r\nbody")
+            .unwrap()
+            .sync_all()
+            .unwrap();
         assert_eq!(std::fs::read(&eml).unwrap(), b"Subject: hi\r\n\r\nbody");
         assert_eq!(mode(&eml), 0o600);
         // Never over a file or through a symlink at the name.

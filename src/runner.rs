@@ -94,7 +94,8 @@ impl Runner {
     /// runs on, spent with its start record (or with its refusal when a circuit is open).
     ///
     /// The outcome of a call that ran is queued, not waited for: its commit (durable for a
-    /// side effect) is [`Ran::committed`], for the write back to settle before the note moves
+    /// side effect) is [`Ran::committed`], for the write back to settle before its result block
+    /// replaces the note
     /// (`Journal::call_finished_later`). A call refused before it started is recorded before
     /// it is returned.
     pub async fn run_call(
@@ -285,7 +286,7 @@ impl Runner {
 #[derive(Debug)]
 pub struct Ran {
     pub result: CallResult,
-    /// The outcome of a call that ran, queued: settle it before the note's move.
+    /// The outcome of a call that ran, queued: settle it before its result block replaces the note.
     pub committed: Option<Committed>,
 }
 

@@ -113,7 +113,9 @@ impl Daemon {
             .iter()
             .any(crate::runner::start_not_recorded)
         {
-            // The journal's storage failed, not the note (docs/design.md §9.12).
+            // The journal's storage failed, not the note (docs/design.md §9.12). The outcomes
+            // of the calls that ran are waited for before their results are written.
+            self.settle_outcomes(outcome.committed).await;
             return self
                 .wait_for_storage(
                     note.run,
@@ -282,6 +284,26 @@ impl Daemon {
         handles
     }
 
+    /// Waits for outcomes queued by the runner (`Journal::call_finished_later`) where no
+    /// results write settles them; a failed commit is logged.
+    async fn settle_outcomes(&self, committed: Vec<crate::journal::Committed>) {
+        if committed.is_empty() {
+            return;
+        }
+        let journal = self.journal.clone();
+        let settled = tokio::task::spawn_blocking(move || {
+            for c in committed {
+                if let Err(e) = journal.settle(c) {
+                    tracing::error!("journal could not record an outcome: {e}");
+                }
+            }
+        })
+        .await;
+        if let Err(e) = settled {
+            tracing::error!("settling outcomes failed: {e}");
+        }
+    }
+
     /// Collects the steps' results in call order; the results of calls that never ran are
     /// journaled together, in one commit.
     async fn gather(
@@ -358,6 +380,8 @@ impl Daemon {
             // are still written into the note, or planned again at its next claim.
             if let Err(e) = recorded {
                 if !self.storage_paused() {
+                    self.settle_outcomes(std::mem::take(&mut out.committed))
+                        .await;
                     return Err(e);
                 }
                 tracing::warn!("{e}");

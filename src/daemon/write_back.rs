@@ -44,14 +44,11 @@ struct Appender {
 
 impl Appender {
     /// The results write; `Gone` when the note at the path carries another `tool_note`.
-    fn write(self) -> Result<String, note::WriteError> {
+    /// `before_rename` runs once the new text is written and fsynced, before it replaces the
+    /// note ([`note::update_note_settling`]).
+    fn write(self, before_rename: &mut dyn FnMut()) -> Result<String, note::WriteError> {
         let other_note = std::cell::Cell::new(false);
-        let update = if self.moves_on {
-            note::update_note_then_move
-        } else {
-            note::update_note_beneath
-        };
-        let written = update(&self.root, &self.path, &|current: &str| {
+        let build = |current: &str| {
             let appended = append_results(
                 current,
                 &self.note_id,
@@ -63,7 +60,9 @@ impl Appender {
             );
             other_note.set(appended.is_none());
             appended.unwrap_or_else(|| current.to_string())
-        });
+        };
+        let written =
+            note::update_note_settling(&self.root, &self.path, build, self.moves_on, before_rename);
         if other_note.get() {
             return Err(note::WriteError::Gone(self.path));
         }
@@ -203,7 +202,7 @@ impl Daemon {
     ) -> Result<WriteBack, DaemonError> {
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
         let append = self.appender(path, note_id, results, held, next);
-        let written = tokio::task::spawn_blocking(move || append.write())
+        let written = tokio::task::spawn_blocking(move || append.write(&mut || {}))
             .await
             .expect("write task does not panic");
         self.written(path, ids, written).await
@@ -238,14 +237,20 @@ impl Daemon {
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
         let (written, moved) = self
             .on_this_thread(move || {
-                let written = append.write();
-                // The outcomes committed meanwhile (a side effect's durable): found in the
-                // journal by whoever sees the note arrive.
-                for c in committed {
-                    if let Err(e) = journal.settle(c) {
-                        tracing::error!("journal could not record an outcome: {e}");
+                // The outcomes committing meanwhile (a side effect's durable) are waited for
+                // once the new text is fsynced, before it replaces the note: a result block
+                // is never in the note before its outcome is in the journal, and the two
+                // fsyncs overlap (`journal/mod.rs`, "Durability soon").
+                let mut committed = committed;
+                let mut settle = || {
+                    for c in committed.drain(..) {
+                        if let Err(e) = journal.settle(c) {
+                            tracing::error!("journal could not record an outcome: {e}");
+                        }
                     }
-                }
+                };
+                let written = append.write(&mut settle);
+                settle(); // a write that ended before its rename
                 let moved = written
                     .is_ok()
                     .then(|| move_and_record(&vault, &journal, run, p, next, &recorded_ids));

@@ -83,14 +83,12 @@ impl Journal {
     }
 
     /// [`call_finished_async`](Self::call_finished_async) for the runner: queued, and
-    /// returned at once. The commit need not come before the call's results write, only
-    /// before the note's move, which [`settle`](Self::settle)s it: the result block in the
-    /// note is a record of the call as good as this one (a call with a block is no longer
-    /// pending, so it never runs again and its result is never written twice), and what
-    /// reads the journal once the note has moved (`vaultd mcp serve`, `vaultd log`, the
-    /// stale-copy rule) finds the outcome. So the commit's fsync overlaps the results
-    /// write's. `durable` (a side effect's outcome): the settle waits for the commit's fsync;
-    /// else for the commit ("Per-effect durability" above).
+    /// returned at once. The results write [`settle`](Self::settle)s it once the note's new
+    /// text is written and fsynced to its temp file, before that replaces the note
+    /// (`note::update_note_settling`): a result block is never in the note before its outcome
+    /// is in the journal, and the commit's fsync overlaps the temp file's. `durable` (a side
+    /// effect's outcome): the settle waits for the commit's fsync; else for the commit
+    /// ("Per-effect durability" above).
     pub async fn call_finished_later(
         &self,
         run: RunId,

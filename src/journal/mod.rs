@@ -22,12 +22,9 @@
 //! its note (recovery of a run, §8.15, and the next claim both run pending calls). So its
 //! start is queued and not waited for (it joins the next group commit); a kill before that
 //! commit loses the record and the call runs again — never lost. Its outcome is not waited
-//! for either before its result block is written (`call_finished_later`, like every outcome:
-//! a side effect's is durable before the note's move, not before its results write; see
-//! below): the block in the note is the record (a call with one is no longer pending, so it
-//! is never written twice), and the commit, which the write back settles before the note's
-//! move, is for whoever reads the journal once the note has moved (`vaultd mcp serve`,
-//! `vaultd log`).
+//! for either before its results write begins (`call_finished_later`, like every outcome; see
+//! below): it commits while the new text is written, and is settled before that text
+//! replaces the note.
 //!
 //! # Commits without an fsync
 //! A group of writes none of whose callers waits for durability (queued, `Executed` or
@@ -101,18 +98,15 @@
 //!   results; recovery writes what is missing (the recorded outcome, or `UNKNOWN_OUTCOME`
 //!   for a side effect started with none) and moves it on. The "written and moved" record
 //!   itself is not waited for: the note's own result blocks say what was written (§9.3);
-//! - a call's outcome (`call_finished_later`): committed while its results are written, and
-//!   waited for (a side effect's with its fsync) only before the note's move, so a note in
-//!   Done or Failed always has its outcomes in the journal. A crash before that commit
-//!   leaves the note in In_Progress and loses a record the note may hold anyway: with its
-//!   result block written, the block is the record (the call is no longer pending, so it
-//!   never runs again and its result is never written twice); without, a `read_only` call
-//!   runs again (§9.3) and a side effect, whose start is durable, gets `UNKNOWN_OUTCOME`
-//!   (the `.eml` it wrote is in the outbox, durable before the call returned), never a
-//!   second run. A copy of the note made before its results carries the call pending and
-//!   gets `UNKNOWN_OUTCOME` too, where the outcome would have given it the result;
-//! - the `.eml`: it is a new file, written unnamed and linked whole (`private::create_whole`),
-//!   fsynced after the link and before its send is recorded, and on the journaling
+//! - a call's outcome (`call_finished_later`): committed while the note's new text is
+//!   written to its temp file and fsynced, and waited for (a side effect's with its fsync)
+//!   before that file is renamed over the note (`note::update_note_settling`). So a result
+//!   block is never in the note before its outcome is in the journal, as when the outcome was
+//!   waited for before the write began, and the two fsyncs overlap. A crash before the
+//!   commit leaves no block: a `read_only` call runs again (§9.3), a side effect, whose start
+//!   is durable, gets `UNKNOWN_OUTCOME`, never a second run;
+//! - the `.eml`: it is a new file, written unnamed and linked whole (`private::create_whole`:
+//!   a reader never finds it in part), fsynced after the link and before its send is recorded, and on the journaling
 //!   file systems Linux runs on (ext4, XFS, btrfs) that fsync also commits its name; the
 //!   folder's fsync, which POSIX asks for, follows within a round.
 //!

@@ -49,7 +49,7 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// temp file is dropped and `build` runs again on the new content, so the other writer's
 /// change is kept. When `build` changes nothing, nothing is written.
 pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
-    update(None, path, build, Durable::Now)
+    update(None, path, build, Durable::Now, &mut || {})
 }
 
 /// [`update_note`] for a note below the vault `root` (the daemon's writes into state folders,
@@ -62,7 +62,7 @@ pub fn update_note_beneath(
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, Durable::Now)
+    update(Some(root), path, build, Durable::Now, &mut || {})
 }
 
 /// [`update_note`] without the fsync of the note's folder after the rename, for a caller that
@@ -74,7 +74,28 @@ pub fn update_note_then_move(
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, Durable::ByTheMove)
+    update(Some(root), path, build, Durable::ByTheMove, &mut || {})
+}
+
+/// [`update_note_then_move`] (`moves_on`) or [`update_note_beneath`] that calls
+/// `before_rename` once its temp file is written and fsynced, before the note is replaced:
+/// the results write, which waits there for its calls' outcomes to be durable in the journal
+/// (`Journal::settle`), so that the fsyncs of the two overlap and a result block is never in
+/// the note before its outcome is in the journal. `before_rename` may be called on each
+/// attempt; it is the caller's to do its work once.
+pub fn update_note_settling(
+    root: &Path,
+    path: &Path,
+    build: impl Fn(&str) -> String,
+    moves_on: bool,
+    before_rename: &mut dyn FnMut(),
+) -> Result<String, WriteError> {
+    let durable = if moves_on {
+        Durable::ByTheMove
+    } else {
+        Durable::Now
+    };
+    update(Some(root), path, build, durable, before_rename)
 }
 
 /// [`update_note_beneath`] without an fsync of its own: neither the temp file nor the folder
@@ -88,7 +109,7 @@ pub fn update_note_unsynced(
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, Durable::Soon)
+    update(Some(root), path, build, Durable::Soon, &mut || {})
 }
 
 /// Puts `text` back as the note at `path` (temp file, fsync, rename, folder fsync), whatever
@@ -124,6 +145,7 @@ fn update(
     path: &Path,
     build: impl Fn(&str) -> String,
     durable: Durable,
+    before_rename: &mut dyn FnMut(),
 ) -> Result<String, WriteError> {
     // After a writer was caught in the rename (see below): what we wrote, and their text.
     let mut carried: Option<(String, String)> = None;
@@ -161,6 +183,7 @@ fn update(
             let _ = fs::remove_file(&temp);
             return Err(io_error(path, source));
         }
+        before_rename();
         // From the check to the rename, other writers are kept out (see `Guard`); a note
         // changed meanwhile — saved in place, or a save renamed over it — starts us over on
         // its version.
@@ -357,9 +380,13 @@ impl Drop for Guard {
         }
         // After the rename this is the replaced file's last descriptor: its close frees the
         // old inode, which can wait for the disk (`files::close_soon`). A second descriptor
-        // keeps the inode until the flusher closes it. Never for a note still named: an open
-        // descriptor would keep the next write from taking its lease.
+        // keeps the inode until the flusher closes it. Never for a file that still has a name
+        // (a hard-link claim's first name): an open descriptor would keep the next write
+        // there from taking its lease.
+        use std::os::unix::fs::MetadataExt;
+        let unnamed = self.file.metadata().is_ok_and(|m| m.nlink() == 0);
         if self.replaced
+            && unnamed
             && let Ok(kept) = self.file.try_clone()
         {
             crate::files::close_soon(kept);
@@ -855,6 +882,54 @@ mod tests {
             temp_path(Path::new("/v/a.md")),
             temp_path(Path::new("/v/a.md"))
         );
+    }
+
+    /// The results write's hook (where it waits for its outcomes to be durable) runs once
+    /// the new text is in a fsynced temp file and before the note is replaced: a result block
+    /// is never in the note before its outcome is in the journal.
+    #[test]
+    fn the_hook_runs_before_the_rename_with_the_new_text_in_its_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"old");
+        let mut seen = Vec::new();
+        let written = update_note_settling(
+            dir.path(),
+            &path,
+            |t| format!("{t} + result"),
+            true,
+            &mut || {
+                let note_now = fs::read_to_string(&path).unwrap();
+                let temps: Vec<String> = leftovers(&dir)
+                    .iter()
+                    .map(|t| fs::read_to_string(dir.path().join(t)).unwrap())
+                    .collect();
+                seen.push((note_now, temps));
+            },
+        )
+        .unwrap();
+        assert_eq!(written, "old + result");
+        assert_eq!(
+            seen,
+            vec![("old".to_string(), vec!["old + result".to_string()])]
+        );
+        assert_eq!(fs::read_to_string(&path).unwrap(), "old + result");
+        assert!(leftovers(&dir).is_empty());
+    }
+
+    /// A file a write replaced under one name but that keeps another (a hard-link claim's
+    /// first name) is closed at once: a descriptor kept for the flusher would keep the next
+    /// write there from taking its lease.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_replaced_file_that_keeps_another_name_is_closed_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = dir.path().join("first.md");
+        let claimed = dir.path().join("claimed.md");
+        fs::write(&first, "a\n").unwrap();
+        fs::hard_link(&first, &claimed).unwrap();
+        update_note(&claimed, |t| format!("{t}b\n")).unwrap();
+        let guard = Guard::take(&first).unwrap().expect("no writer");
+        assert!(guard.write_lease, "no descriptor of ours left open on it");
     }
 
     #[test]

@@ -211,7 +211,7 @@ impl Email {
                 // names them. Durable before the call is recorded as done: after a crash the
                 // journal's "sent" must still have its message in the outbox. The file is
                 // written before it has a name (`private::create_whole`), so a mail pickup
-                // reading the outbox, or a crash, never finds half a message; its fsync after
+                // reading the outbox never finds half a message; its fsync after
                 // the link makes the name durable too on the journaling file systems Linux
                 // runs on. The folder's own fsync, which POSIX asks for, is left to the
                 // flusher, shared with every email of the next few milliseconds
@@ -223,9 +223,14 @@ impl Email {
                         format!("cannot create the outbox {}: {e}", dir.display())
                     })?;
                     let file = dir.join(format!("{}.eml", uuid::Uuid::new_v4()));
-                    crate::private::create_whole(&file, &bytes).map_err(|e| {
+                    let written = crate::private::create_whole(&file, &bytes).map_err(|e| {
                         format!("cannot write the email into the outbox {}: {e}", dir.display())
                     })?;
+                    // Named whole already: a failed fsync is no failed send (a retry would
+                    // send twice), only a weaker durability, as ever.
+                    if let Err(e) = written.sync_all() {
+                        tracing::warn!(file = %file.display(), "cannot fsync the email in the outbox: {e}");
+                    }
                     crate::files::fsync_dir_soon(&dir);
                     Ok::<_, String>(file)
                 })
