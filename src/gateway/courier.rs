@@ -192,9 +192,10 @@ impl Arrivals {
     }
 }
 
-/// The outcome of the note's (only) call, from the journal. The daemon records an outcome
-/// before it writes the note and moves it, but a read-only call's record may still be queued
-/// for its group commit: looked for again for up to 2 s.
+/// The outcome of the note's (only) call, from the journal. The daemon has the outcome
+/// committed before the result block replaces the note (`note::update_note_settling`), so it
+/// is there once the note has moved; looked for again for up to 2 s all the same (another
+/// process's reader may see the commit a moment later).
 pub(crate) async fn outcome(journal: &Journal, note: &Path) -> Option<CallResult> {
     let text = tokio::fs::read_to_string(note).await.ok()?;
     let note_id = crate::note::frontmatter_property(&text, "tool_note")?.to_string();
