@@ -291,14 +291,7 @@ impl Daemon {
             return;
         }
         let journal = self.journal.clone();
-        let settled = tokio::task::spawn_blocking(move || {
-            for c in committed {
-                if let Err(e) = journal.settle(c) {
-                    tracing::error!("journal could not record an outcome: {e}");
-                }
-            }
-        })
-        .await;
+        let settled = tokio::task::spawn_blocking(move || journal.settle_all(committed)).await;
         if let Err(e) = settled {
             tracing::error!("settling outcomes failed: {e}");
         }

@@ -242,13 +242,7 @@ impl Daemon {
                 // is never in the note before its outcome is in the journal, and the two
                 // fsyncs overlap (`journal/mod.rs`, "Durability soon").
                 let mut committed = committed;
-                let mut settle = || {
-                    for c in committed.drain(..) {
-                        if let Err(e) = journal.settle(c) {
-                            tracing::error!("journal could not record an outcome: {e}");
-                        }
-                    }
-                };
+                let mut settle = || journal.settle_all(committed.drain(..));
                 let written = append.write(&mut settle);
                 settle(); // a write that ended before its rename
                 let moved = written

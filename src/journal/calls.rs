@@ -114,6 +114,16 @@ impl Journal {
         committed.0.wait().map_err(|e| self.failed(e))
     }
 
+    /// [`settle`](Self::settle)s each of `committed`; a failed commit is logged (its result
+    /// stands: the call ran).
+    pub fn settle_all(&self, committed: impl IntoIterator<Item = Committed>) {
+        for c in committed {
+            if let Err(e) = self.settle(c) {
+                tracing::error!("journal could not record an outcome: {e}");
+            }
+        }
+    }
+
     /// [`call_finished`](Self::call_finished) for many results in one transaction: the
     /// results of calls that never started (validation, policy, quota), which need no
     /// durability of their own before the note is written.

@@ -65,24 +65,17 @@ pub fn update_note_beneath(
     update(Some(root), path, build, Durable::Now, &mut || {})
 }
 
-/// [`update_note`] without the fsync of the note's folder after the rename, for a caller that
-/// moves the note on at once: the move's fsync of the folder it leaves ([`crate::vault::Vault::move_to`])
-/// makes this rename durable too, before anything is recorded as done. A caller whose move
-/// then fails must fsync the folder itself ([`crate::files::fsync_dir`]).
-pub fn update_note_then_move(
-    root: &Path,
-    path: &Path,
-    build: impl Fn(&str) -> String,
-) -> Result<String, WriteError> {
-    update(Some(root), path, build, Durable::ByTheMove, &mut || {})
-}
-
-/// [`update_note_then_move`] (`moves_on`) or [`update_note_beneath`] that calls
-/// `before_rename` once its temp file is written and fsynced, before the note is replaced:
+/// [`update_note_beneath`] that calls `before_rename` once its temp file is written and
+/// fsynced, before the note is replaced:
 /// the results write, which waits there for its calls' outcomes to be durable in the journal
 /// (`Journal::settle`), so that the fsyncs of the two overlap and a result block is never in
 /// the note before its outcome is in the journal. `before_rename` may be called on each
 /// attempt; it is the caller's to do its work once.
+///
+/// With `moves_on`, for a caller that moves the note on at once, the folder is not fsynced
+/// after the rename: the move's fsync of the folder it leaves ([`crate::vault::Vault::move_to`])
+/// makes this rename durable too, before anything is recorded as done. A caller whose move
+/// then fails must fsync the folder itself ([`crate::files::fsync_dir`]).
 pub fn update_note_settling(
     root: &Path,
     path: &Path,
@@ -384,9 +377,8 @@ impl Drop for Guard {
         // (a hard-link claim's first name): an open descriptor would keep the next write
         // there from taking its lease.
         use std::os::unix::fs::MetadataExt;
-        let unnamed = self.file.metadata().is_ok_and(|m| m.nlink() == 0);
         if self.replaced
-            && unnamed
+            && self.file.metadata().is_ok_and(|m| m.nlink() == 0)
             && let Ok(kept) = self.file.try_clone()
         {
             crate::files::close_soon(kept);
