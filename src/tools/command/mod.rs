@@ -234,10 +234,10 @@ impl CommandTool {
         let mut ruleset = ruleset;
         let filter = self.filter.clone();
         let control = control_read.as_raw_fd();
-        let procs = end
+        let join = end
             .cgroup
             .as_ref()
-            .map(CallCgroup::procs_fds)
+            .map(CallCgroup::join)
             .unwrap_or_default();
         // SAFETY: `split` and `enter` make only system calls (setsid, write, prctl, clone,
         // setrlimit, capset, landlock_restrict_self, seccomp, execve; the supervisor: poll,
@@ -245,7 +245,7 @@ impl CommandTool {
         // allocate nothing on their success path; `enter` runs in the program's process.
         unsafe {
             cmd.pre_exec(move || {
-                Err(supervise::split(control, &procs, &program, &mut || {
+                Err(supervise::split(control, &join, &program, &mut || {
                     sandbox::enter(&mut ruleset, filter.as_deref(), limits, mode)
                 }))
             });

@@ -1102,7 +1102,7 @@ fn spawn_child(
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             Err(supervise::split(
                 control_fd,
-                &[],
+                &supervise::CgroupJoin::default(),
                 &started,
                 &mut || match mode {
                     Some(mode) => command_sandbox::enter(

@@ -174,6 +174,85 @@ struct Start<'a> {
     mask: libc::sigset_t,
     /// The errno of the step that failed; 0 while none has.
     failed: &'a AtomicI32,
+    /// v1 `tasks` files of the call's cgroups, joined by the program's process.
+    tasks: &'a [RawFd],
+    /// The v2 cgroup's `cgroup.procs`, where the process was not born in that cgroup.
+    unified_procs: Option<RawFd>,
+}
+
+/// The cgroups of one call, as the program's process joins them (see [`super::cgroup`]).
+///
+/// Writing a pid to a `cgroup.procs` file takes a lock of the whole machine for writing
+/// (`cgroup_threadgroup_rwsem`), which first waits for an RCU grace period unless another
+/// migration ran a moment before: 10 to 17 ms on the 2-core test VM for a call that
+/// follows a pause (BENCHMARKS.md, issue 31). Two ways in take no such lock, and are used:
+/// a v1 hierarchy's `tasks` file, written "0" by the (single-threaded) process itself,
+/// which moves that one thread; and for cgroup v2, being born inside, with
+/// `clone3(CLONE_INTO_CGROUP)`.
+#[derive(Debug, Default, Clone)]
+pub struct CgroupJoin {
+    /// v1 `tasks` files, open for writing.
+    pub tasks: Vec<RawFd>,
+    /// The v2 cgroup: its directory (for `CLONE_INTO_CGROUP`) and its `cgroup.procs` (for
+    /// where clone3 is refused: Linux before 5.7, or a seccomp policy that refuses it).
+    pub unified: Option<(RawFd, RawFd)>,
+}
+
+/// `CLONE_INTO_CGROUP` (linux/sched.h; not in the libc crate).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Starts the program's process as `libc::clone` does in [`split`] (`CLONE_VM |
+/// CLONE_VFORK`, on `stack`, running `start_program(arg)`), but with clone3 and born in the
+/// v2 cgroup `cgroup_dir`. Returns the pid, or -1 where clone3 is refused: the caller then
+/// falls back to `clone`.
+///
+/// # Safety
+/// As `libc::clone`: `arg` is a `Start` alive until the (vfork) child has exec'd or exited.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone_into(cgroup_dir: RawFd, stack: &Stack, arg: *mut c_void) -> libc::pid_t {
+    // SAFETY: zeroed is a valid clone_args; every field set below.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = libc::CLONE_VM as u64 | libc::CLONE_VFORK as u64 | CLONE_INTO_CGROUP;
+    args.exit_signal = libc::SIGCHLD as u64;
+    args.stack = stack.base as u64;
+    args.stack_size = stack.len as u64;
+    args.cgroup = cgroup_dir as u64;
+    let entry: extern "C" fn(*mut c_void) -> c_int = start_program;
+    let ret: i64;
+    // SAFETY: the clone3 system call. The child starts with the parent's registers on the
+    // top of `stack` (16-byte aligned: page aligned), calls `start_program(arg)` (r12 and
+    // r13 survive the call into the child) and exits with what it returns; it never comes
+    // back here. The parent (suspended until the child execs or exits, CLONE_VFORK) gets
+    // the pid or -errno in rax; the kernel clobbers rcx and r11.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "mov rdi, r13",
+            "call r12",
+            "mov edi, eax",
+            "mov eax, {exit}",
+            "syscall",
+            "ud2",
+            "2:",
+            exit = const libc::SYS_exit,
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") &raw const args,
+            in("rsi") std::mem::size_of::<libc::clone_args>(),
+            in("r12") entry,
+            in("r13") arg,
+            lateout("rcx") _,
+            lateout("r11") _,
+        );
+    }
+    if ret < 0 { -1 } else { ret as libc::pid_t }
+}
+
+/// Elsewhere the program's process joins its v2 cgroup by `cgroup.procs`.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone_into(_cgroup_dir: RawFd, _stack: &Stack, _arg: *mut c_void) -> libc::pid_t {
+    -1
 }
 
 unsafe extern "C" {
@@ -188,8 +267,9 @@ unsafe extern "C" {
 /// `pre_exec` closure. Once the program has exec'd, the supervisor never returns.
 ///
 /// `control` is the read end of a pipe whose write end vaultd holds for the call: its
-/// closing ends the call. `cgroup_procs` are open `cgroup.procs` files of the call's
-/// cgroups, joined first so that every process of the call is in them.
+/// closing ends the call. `join` names the call's cgroups, which the program's process
+/// joins before anything else, so that every process the program starts is born in them
+/// (the supervisor stays outside).
 ///
 /// # Safety
 /// Only between fork and exec in the child (the contract of `CommandExt::pre_exec`), once.
@@ -197,7 +277,7 @@ unsafe extern "C" {
 /// success path: it runs in a process that shares the supervisor's memory.
 pub unsafe fn split(
     control: RawFd,
-    cgroup_procs: &[RawFd],
+    join: &CgroupJoin,
     program: &Program,
     enter: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> std::io::Error {
@@ -206,12 +286,6 @@ pub unsafe fn split(
     unsafe {
         if libc::setsid() < 0 {
             return std::io::Error::last_os_error();
-        }
-        for &fd in cgroup_procs {
-            // "0" is the writing process; its children are born inside.
-            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                return std::io::Error::last_os_error();
-            }
         }
         if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
             return std::io::Error::last_os_error();
@@ -230,13 +304,26 @@ pub unsafe fn split(
             enter,
             mask,
             failed: &failed,
+            tasks: &join.tasks,
+            unified_procs: None,
         };
-        let pid = libc::clone(
-            start_program,
-            program.stack.top(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&raw mut start).cast(),
-        );
+        // Born in the v2 cgroup where the kernel can (Linux 5.7, where clone3 is not
+        // refused); else the program's process writes itself into its `cgroup.procs`.
+        let mut pid = -1;
+        if let Some((dir, procs)) = join.unified {
+            pid = clone_into(dir, &program.stack, (&raw mut start).cast());
+            if pid < 0 {
+                start.unified_procs = Some(procs);
+            }
+        }
+        if pid < 0 {
+            pid = libc::clone(
+                start_program,
+                program.stack.top(),
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                (&raw mut start).cast(),
+            );
+        }
         // Here the program has exec'd, or its process has exited.
         if pid < 0 {
             let e = std::io::Error::last_os_error();
@@ -269,6 +356,16 @@ extern "C" fn start_program(arg: *mut c_void) -> c_int {
             || libc::getppid() != start.supervisor
         {
             libc::_exit(127);
+        }
+        // Into the call's cgroups first: what the program starts is born in them. "0" is
+        // the writing thread, here the whole process (see `CgroupJoin`).
+        for &fd in start.tasks.iter().chain(start.unified_procs.as_ref()) {
+            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                start
+                    .failed
+                    .store((*libc::__errno_location()).max(1), Ordering::Release);
+                libc::_exit(127);
+            }
         }
         // vaultd's handlers must not run in this process (its table is its own copy): back
         // to the default. Ignored signals stay ignored, as across a fork and exec.
@@ -585,7 +682,7 @@ mod tests {
             .stderr(std::process::Stdio::piped());
         // SAFETY: `split` and the test's `enter` make only system calls.
         unsafe {
-            cmd.pre_exec(move || Err(split(control, &[], &program, &mut enter)));
+            cmd.pre_exec(move || Err(split(control, &CgroupJoin::default(), &program, &mut enter)));
         }
         let child = cmd.spawn();
         drop(control_read);
