@@ -51,7 +51,7 @@ pub struct RawCommandTool {
     /// Not in docs/design.md §10.5's list: RLIMIT_NPROC is per user, so the limit is this many
     /// tasks on top of those already running (docs/tools/command.md).
     #[serde(default)]
-    pub max_processes: Option<u64>,
+    pub max_processes: Option<Spanned<u64>>,
     #[serde(default)]
     pub sandbox: Option<SandboxMode>,
 }
@@ -388,6 +388,17 @@ fn validate_one(
         Some(m) => m.into_inner(),
         None => DEFAULT_MAX_MEMORY,
     };
+    let max_processes = match raw.max_processes {
+        Some(n) if *n.get_ref() == 0 => {
+            return Err(at.err(
+                "max_processes",
+                n.span(),
+                "must be at least 1: the program itself is one".into(),
+            ));
+        }
+        Some(n) => n.into_inner(),
+        None => DEFAULT_MAX_PROCESSES,
+    };
     let rate_limit = raw
         .rate_limit
         .map(|r| RateLimit {
@@ -416,7 +427,7 @@ fn validate_one(
         env,
         max_output_bytes: raw.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
         max_memory,
-        max_processes: raw.max_processes.unwrap_or(DEFAULT_MAX_PROCESSES),
+        max_processes,
         sandbox: raw.sandbox.unwrap_or(SandboxMode::Required),
         name,
     })

@@ -184,9 +184,11 @@ impl CommandTool {
         })?;
         // From here on, dropping this future (the runner's timeout) ends every process of
         // the call: the supervisor sees its pipe close; the cgroup is killed.
-        let mut end = CallEnd {
+        let scratch_path = scratch.path.clone();
+        let end = CallEnd {
             control: Some(control_write),
             cgroup,
+            scratch: Some(scratch),
         };
         // The program's argv and environment, made now: the supervisor starts it after
         // the fork, where nothing may be allocated (`supervise::Program`).
@@ -199,7 +201,7 @@ impl CommandTool {
                 "LANG".into(),
                 std::env::var_os("LANG").unwrap_or_else(|| "C.UTF-8".into()),
             ),
-            ("HOME".into(), scratch.path.clone().into()),
+            ("HOME".into(), scratch_path.clone().into()),
             ("TMPDIR".into(), tmp.clone().into()),
             ("VAULTD_NOTE_ID".into(), note_id(&call).into()),
             ("VAULTD_CALL_ID".into(), call.call_id.into()),
@@ -225,7 +227,7 @@ impl CommandTool {
         cmd.env_clear()
             .current_dir(match c.cwd {
                 Cwd::Vault => &self.vault,
-                Cwd::Scratch => &scratch.path,
+                Cwd::Scratch => &scratch_path,
             })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -293,8 +295,7 @@ impl CommandTool {
                 ));
             }
         };
-        end.control.take();
-        drop(scratch);
+        drop(end);
         let status = status.map_err(|e| {
             CallError::new(
                 ErrorCode::ExecutionError,
@@ -548,18 +549,29 @@ fn render_template_source(pieces: &[Piece]) -> String {
 }
 
 /// The end of a call's processes: closing the control pipe tells the supervisor to kill
-/// the program and everything it left (docs/design.md §10.5); the call's cgroup is then killed and
-/// removed on a thread of its own (removal waits for the kernel to see it empty).
+/// the program and everything it left (docs/design.md §10.5); then, off the call's path (on
+/// tokio's blocking pool, whose threads are kept), the call's cgroup is killed and emptied
+/// (the kernel may take a moment to see it empty) and its scratch dir removed. The call's
+/// result does not wait for either.
 struct CallEnd {
     control: Option<OwnedFd>,
     cgroup: Option<CallCgroup>,
+    scratch: Option<ScratchDir>,
 }
 
 impl Drop for CallEnd {
     fn drop(&mut self) {
         self.control.take();
-        if let Some(cgroup) = self.cgroup.take() {
-            std::thread::spawn(move || cgroup.end());
+        let (cgroup, scratch) = (self.cgroup.take(), self.scratch.take());
+        let clean_up = move || {
+            if let Some(cgroup) = cgroup {
+                cgroup.end();
+            }
+            drop(scratch);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(clean_up)),
+            Err(_) => drop(std::thread::spawn(clean_up)),
         }
     }
 }

@@ -1095,6 +1095,8 @@ fn spawn_child(
         Some((mode, ruleset)) => (Some(mode), ruleset),
         None => (None, None),
     };
+    // An MCP server is not in a call cgroup (it outlives calls).
+    let no_cgroup = supervise::CgroupJoin::default();
     // SAFETY: `split` and `enter` make only system calls on memory made before the fork
     // and allocate nothing on their success path (the contract of `pre_exec`, and of
     // `split`'s `enter`; see their docs).
@@ -1102,7 +1104,7 @@ fn spawn_child(
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             Err(supervise::split(
                 control_fd,
-                &supervise::CgroupJoin::default(),
+                &no_cgroup,
                 &started,
                 &mut || match mode {
                     Some(mode) => command_sandbox::enter(

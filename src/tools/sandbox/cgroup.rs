@@ -16,6 +16,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::supervise::CgroupJoin;
 
@@ -37,7 +38,25 @@ pub struct Cgroups {
     /// Why no cgroup bounds memory or processes, for `vaultd tools`.
     problem: Option<String>,
     next: AtomicU64,
+    /// Call cgroups a finished call left empty, for the next calls.
+    spare: Arc<Mutex<Spare>>,
+    /// Whether a program's process is born in its v2 cgroup (clone3 is not refused).
+    clone_into: bool,
 }
+
+/// Empty call cgroups kept for reuse: making one (and removing it) is a `mkdir` per
+/// hierarchy on the call's path, about 0.1 ms each here, where a reused one only has its
+/// limits written.
+#[derive(Debug, Default)]
+struct Spare {
+    /// One directory per hierarchy, in [`Cgroups::hierarchies`]' order.
+    sets: Vec<Vec<PathBuf>>,
+    /// Set when vaultd's cgroups are removed: a call ending later removes its own.
+    closed: bool,
+}
+
+/// At most this many empty call cgroups are kept (more than the default worker count).
+const MAX_SPARE: usize = 16;
 
 /// The limits of one call's cgroup.
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +133,8 @@ impl Cgroups {
             hierarchies,
             problem,
             next: AtomicU64::new(0),
+            spare: Arc::default(),
+            clone_into: super::supervise::can_clone_into_cgroup(),
         }
     }
 
@@ -137,6 +158,12 @@ impl Cgroups {
             bounds.push("pids");
         }
         match (&self.problem, bounds.is_empty()) {
+            (None, _) if self.hierarchies.iter().any(|h| h.unified) && !self.clone_into => {
+                format!(
+                    "cgroup per call ({}; joined by cgroup.procs, clone3 is refused here: a call after a pause waits for the kernel, about 10 ms)",
+                    bounds.join(", ")
+                )
+            }
             (None, _) => format!("cgroup per call ({})", bounds.join(", ")),
             (Some(p), true) => format!(
                 "no cgroup ({p}): process-tree kill by the call's supervisor, max_memory per process, processes per user (not for root)"
@@ -148,34 +175,59 @@ impl Cgroups {
         }
     }
 
-    /// Makes the cgroups of one call, limits written, open for the program's process to join.
-    /// A failure leaves the call to its supervisor and rlimits (logged, not fatal).
+    /// The cgroups of one call, limits written, open for the program's process to join:
+    /// ones a finished call left empty where there are, else new ones. A failure leaves
+    /// the call to its supervisor and rlimits (logged, not fatal).
     pub fn for_call(&self, limits: CallLimits) -> Option<CallCgroup> {
         if self.hierarchies.is_empty() {
             return None;
         }
+        let reused = self
+            .spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .sets
+            .pop();
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let mut call = CallCgroup {
             dirs: Vec::new(),
             tasks: Vec::new(),
             unified: None,
+            spare: self.spare.clone(),
         };
-        for h in &self.hierarchies {
-            let dir = h.base.join(format!("call-{n}"));
-            match make_call_cgroup(h, &dir, limits) {
-                Ok(Entry::Tasks(tasks)) => {
+        for (i, h) in self.hierarchies.iter().enumerate() {
+            let made = match reused.as_ref().map(|set| &set[i]) {
+                Some(dir) => match enter_call_cgroup(h, dir, limits) {
+                    Ok(entry) => Ok((dir.clone(), entry)),
+                    Err(e) => {
+                        tracing::warn!(cgroup = %dir.display(), "call cgroup not reused: {e}");
+                        let _ = std::fs::remove_dir(dir);
+                        new_call_cgroup(h, n, limits)
+                    }
+                },
+                None => new_call_cgroup(h, n, limits),
+            };
+            match made {
+                Ok((dir, Entry::Tasks(tasks))) => {
                     call.dirs.push((dir, h.unified));
                     call.tasks.push(tasks);
                 }
-                Ok(Entry::Unified(dir_fd, procs)) => {
+                Ok((dir, Entry::Unified(dir_fd, procs))) => {
                     call.dirs.push((dir, h.unified));
                     call.unified = Some((dir_fd, procs));
                 }
-                Err(e) => {
+                Err((dir, e)) => {
                     tracing::warn!(cgroup = %dir.display(), "call cgroup not made: {e}");
                     let _ = std::fs::remove_dir(&dir);
                 }
             }
+        }
+        // Only a whole set is kept for reuse.
+        if call.dirs.len() < self.hierarchies.len() {
+            call.spare = Arc::new(Mutex::new(Spare {
+                sets: Vec::new(),
+                closed: true,
+            }));
         }
         Some(call)
     }
@@ -183,6 +235,11 @@ impl Cgroups {
 
 impl Drop for Cgroups {
     fn drop(&mut self) {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        spare.closed = true;
+        for dir in spare.sets.drain(..).flatten() {
+            let _ = std::fs::remove_dir(dir);
+        }
         for h in &self.hierarchies {
             let _ = std::fs::remove_dir(&h.base);
         }
@@ -197,9 +254,11 @@ fn remove_stale(parent: &Path) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
+        // `vaultd-PID`, or a test's `vaultd-NAME-PID`.
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix("vaultd-"))
+            .and_then(|p| p.rsplit('-').next())
             .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
@@ -225,8 +284,22 @@ enum Entry {
     Unified(OwnedFd, OwnedFd),
 }
 
-fn make_call_cgroup(h: &Hierarchy, dir: &Path, limits: CallLimits) -> std::io::Result<Entry> {
-    std::fs::create_dir(dir)?;
+/// Makes call cgroup `call-n` in `h` and enters it.
+fn new_call_cgroup(
+    h: &Hierarchy,
+    n: u64,
+    limits: CallLimits,
+) -> Result<(PathBuf, Entry), (PathBuf, std::io::Error)> {
+    let dir = h.base.join(format!("call-{n}"));
+    match std::fs::create_dir(&dir).and_then(|()| enter_call_cgroup(h, &dir, limits)) {
+        Ok(entry) => Ok((dir, entry)),
+        Err(e) => Err((dir, e)),
+    }
+}
+
+/// Writes this call's limits into an existing, empty call cgroup `dir` and opens it for
+/// the program's process to join.
+fn enter_call_cgroup(h: &Hierarchy, dir: &Path, limits: CallLimits) -> std::io::Result<Entry> {
     // The program and what it starts; the supervisor stays outside.
     let processes = limits.processes.to_string();
     let memory = limits.memory.to_string();
@@ -241,8 +314,12 @@ fn make_call_cgroup(h: &Hierarchy, dir: &Path, limits: CallLimits) -> std::io::R
         }
     } else {
         if h.memory {
+            // memory + swap may never be below memory: raising both (a reused cgroup), the
+            // first write of memsw is the one that counts, lowering both, the last.
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            let _ = write_file(&memsw, &memory);
             write_file(&dir.join("memory.limit_in_bytes"), &memory)?;
-            let _ = write_file(&dir.join("memory.memsw.limit_in_bytes"), &memory);
+            let _ = write_file(&memsw, &memory);
         }
         if h.pids {
             write_file(&dir.join("pids.max"), &processes)?;
@@ -325,6 +402,10 @@ impl<'a> Mount<'a> {
 }
 
 /// One call's cgroups: joined by the program's process, killed and removed when the call ends.
+///
+/// Dropping it ends it: what is left in the cgroups is killed and, once the kernel sees
+/// them empty, they are kept for the next call (or removed). This waits (a bounded time):
+/// drop it off the call's path.
 #[derive(Debug)]
 pub struct CallCgroup {
     dirs: Vec<(PathBuf, bool)>,
@@ -332,6 +413,8 @@ pub struct CallCgroup {
     tasks: Vec<OwnedFd>,
     /// The v2 cgroup's directory and `cgroup.procs`.
     unified: Option<(OwnedFd, OwnedFd)>,
+    /// Where the emptied cgroups go (a closed one where they cannot be reused).
+    spare: Arc<Mutex<Spare>>,
 }
 
 impl CallCgroup {
@@ -346,20 +429,50 @@ impl CallCgroup {
         }
     }
 
-    /// Kills what is left in the cgroups (the supervisor normally left nothing) and removes
-    /// them, waiting a bounded time for the kernel to see them empty.
+    /// Kills what is left in the cgroups (the supervisor normally left nothing), waits a
+    /// bounded time for the kernel to see them empty, then keeps them for the next call or
+    /// removes them.
     pub fn end(self) {
-        self.kill();
-        for (dir, _) in &self.dirs {
-            let mut tries = 0;
-            while let Err(e) = std::fs::remove_dir(dir) {
-                tries += 1;
-                if tries > 200 {
-                    tracing::warn!(cgroup = %dir.display(), "call cgroup not removed: {e}");
+        drop(self);
+    }
+
+    fn empty(&self) -> bool {
+        self.dirs.iter().all(|(dir, _)| {
+            std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+        })
+    }
+    fn finish(&mut self) {
+        self.tasks.clear();
+        self.unified = None;
+        // Killed only if something is left: a v2 cgroup whose `cgroup.kill` was ever
+        // written kills what is later born into it with CLONE_INTO_CGROUP (Linux 6.18
+        // compares the kill count of the parent's cgroup with the new one's), so a killed
+        // cgroup is never reused.
+        let mut killed = false;
+        for tries in 0.. {
+            if self.empty() {
+                if killed {
                     break;
                 }
-                self.kill();
-                std::thread::sleep(std::time::Duration::from_millis(10));
+                let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+                if !spare.closed && spare.sets.len() < MAX_SPARE {
+                    spare
+                        .sets
+                        .push(self.dirs.drain(..).map(|(dir, _)| dir).collect());
+                    return;
+                }
+                break;
+            }
+            if tries > 200 {
+                break;
+            }
+            self.kill();
+            killed = true;
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        for (dir, _) in &self.dirs {
+            if let Err(e) = std::fs::remove_dir(dir) {
+                tracing::warn!(cgroup = %dir.display(), "call cgroup not removed: {e}");
             }
         }
     }
@@ -379,10 +492,16 @@ impl CallCgroup {
     }
 }
 
+impl Drop for CallCgroup {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::sandbox::supervise::{Program, control_pipe, split};
+    use crate::tools::sandbox::supervise::{Program, REFUSE_CLONE3, control_pipe, split};
     use std::os::unix::process::CommandExt;
 
     /// The program's process is in every one of its call's cgroups (so is everything it
@@ -396,6 +515,30 @@ mod tests {
             eprintln!("skipped: no cgroup here: {}", cgroups.describe());
             return;
         }
+        // Twice: the second call reuses the first one's cgroups.
+        for _ in 0..2 {
+            join_and_run(&cgroups, true);
+        }
+    }
+
+    /// Where clone3 is refused (a seccomp policy), the program's process writes itself to
+    /// the v2 `cgroup.procs`, and is in every call cgroup all the same.
+    #[test]
+    fn where_clone3_is_refused_the_program_joins_by_cgroup_procs() {
+        let cgroups = Cgroups::discover_as(&format!("vaultd-refused-{}", std::process::id()));
+        if !cgroups.hierarchies.iter().any(|h| h.unified) {
+            eprintln!("skipped: no cgroup v2 here: {}", cgroups.describe());
+            return;
+        }
+        REFUSE_CLONE3.set(true);
+        join_and_run(&cgroups, false);
+        REFUSE_CLONE3.set(false);
+    }
+
+    /// Runs a program in a call's cgroups, `born_inside` the v2 one (its `cgroup.procs`
+    /// fallback is then handed a descriptor that cannot be written), and checks it is in
+    /// each of them and its supervisor in none.
+    fn join_and_run(cgroups: &Cgroups, born_inside: bool) {
         let call = cgroups
             .for_call(CallLimits {
                 memory: 1 << 30,
@@ -405,7 +548,9 @@ mod tests {
         assert_eq!(call.dirs.len(), cgroups.hierarchies.len(), "{call:?}");
         let mut join = call.join();
         let unreadable = std::fs::File::open("/dev/null").unwrap();
-        if let Some((dir, _)) = join.unified {
+        if let Some((dir, _)) = join.unified
+            && born_inside
+        {
             join.unified = Some((dir, unreadable.as_raw_fd()));
         }
         let program = Program::new(
@@ -435,8 +580,11 @@ mod tests {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{out:?}");
         let (program_lines, supervisor_lines) = stdout.split_once("supervisor\n").unwrap();
-        let name = format!("/vaultd-test-{}/call-0", std::process::id());
         for (h, (dir, _)) in cgroups.hierarchies.iter().zip(&call.dirs) {
+            let name = dir.strip_prefix(&h.base).unwrap();
+            let name = format!("/{}", h.base.file_name().unwrap().to_str().unwrap())
+                + "/"
+                + name.to_str().unwrap();
             let controller = if h.memory { "memory" } else { "pids" };
             let line = program_lines
                 .lines()
@@ -453,6 +601,66 @@ mod tests {
         }
         assert!(!supervisor_lines.contains("/call-"), "{supervisor_lines}");
         call.end();
+    }
+
+    /// A finished call's cgroups, once empty, are the next call's, with that call's limits,
+    /// lower or higher (v1 refuses memory above memory + swap: the order of the writes);
+    /// removed with vaultd's own.
+    #[test]
+    fn a_finished_calls_cgroups_are_the_next_calls_with_its_limits() {
+        let cgroups = Cgroups::discover_as(&format!("vaultd-reuse-{}", std::process::id()));
+        if cgroups.hierarchies.is_empty() {
+            eprintln!("skipped: no cgroup here: {}", cgroups.describe());
+            return;
+        }
+        let limits = |memory: u64, processes: u64| CallLimits { memory, processes };
+        let read = |call: &CallCgroup| -> Vec<String> {
+            let mut values = Vec::new();
+            for (h, (dir, _)) in cgroups.hierarchies.iter().zip(&call.dirs) {
+                let files: &[&str] = match (h.unified, h.memory, h.pids) {
+                    (true, m, p) => &[
+                        if m { "memory.max" } else { "" },
+                        if p { "pids.max" } else { "" },
+                    ],
+                    (false, m, p) => &[
+                        if m { "memory.limit_in_bytes" } else { "" },
+                        if p { "pids.max" } else { "" },
+                    ],
+                };
+                for f in files.iter().filter(|f| !f.is_empty()) {
+                    values.push(
+                        std::fs::read_to_string(dir.join(f))
+                            .unwrap()
+                            .trim()
+                            .to_string(),
+                    );
+                }
+            }
+            values
+        };
+        let first = cgroups.for_call(limits(256 << 20, 8)).unwrap();
+        let dirs: Vec<PathBuf> = first.dirs.iter().map(|(d, _)| d.clone()).collect();
+        assert!(
+            read(&first).iter().all(|v| v == "268435456" || v == "8"),
+            "{:?}",
+            read(&first)
+        );
+        first.end();
+        for (memory, processes) in [(128u64 << 20, 4u64), (1 << 30, 32)] {
+            let next = cgroups.for_call(limits(memory, processes)).unwrap();
+            let again: Vec<PathBuf> = next.dirs.iter().map(|(d, _)| d.clone()).collect();
+            assert_eq!(again, dirs, "reused");
+            let values = read(&next);
+            assert!(
+                values
+                    .iter()
+                    .all(|v| *v == memory.to_string() || *v == processes.to_string()),
+                "{values:?}"
+            );
+            next.end();
+        }
+        drop(cgroups);
+        assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?}");
     }
 
     #[test]

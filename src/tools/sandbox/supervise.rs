@@ -185,7 +185,8 @@ struct Start<'a> {
 /// Writing a pid to a `cgroup.procs` file takes a lock of the whole machine for writing
 /// (`cgroup_threadgroup_rwsem`), which first waits for an RCU grace period unless another
 /// migration ran a moment before: 10 to 17 ms on the 2-core test VM for a call that
-/// follows a pause (BENCHMARKS.md, issue 31). Two ways in take no such lock, and are used:
+/// follows a pause (BENCHMARKS.md, issue 31). Two ways in skip that lock (they still take
+/// the cgroup mutex), and are used:
 /// a v1 hierarchy's `tasks` file, written "0" by the (single-threaded) process itself,
 /// which moves that one thread; and for cgroup v2, being born inside, with
 /// `clone3(CLONE_INTO_CGROUP)`.
@@ -203,13 +204,17 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// Starts the program's process as `libc::clone` does in [`split`] (`CLONE_VM |
 /// CLONE_VFORK`, on `stack`, running `start_program(arg)`), but with clone3 and born in the
-/// v2 cgroup `cgroup_dir`. Returns the pid, or -1 where clone3 is refused: the caller then
-/// falls back to `clone`.
+/// v2 cgroup `cgroup_dir`. Returns the pid, or -errno (ENOSYS where clone3 is refused,
+/// as a seccomp policy such as systemd's `RestrictNamespaces=` does).
 ///
 /// # Safety
 /// As `libc::clone`: `arg` is a `Start` alive until the (vfork) child has exec'd or exited.
 #[cfg(target_arch = "x86_64")]
 unsafe fn clone_into(cgroup_dir: RawFd, stack: &Stack, arg: *mut c_void) -> libc::pid_t {
+    #[cfg(test)]
+    if REFUSE_CLONE3.get() {
+        return -libc::ENOSYS;
+    }
     // SAFETY: zeroed is a valid clone_args; every field set below.
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
     args.flags = libc::CLONE_VM as u64 | libc::CLONE_VFORK as u64 | CLONE_INTO_CGROUP;
@@ -219,16 +224,19 @@ unsafe fn clone_into(cgroup_dir: RawFd, stack: &Stack, arg: *mut c_void) -> libc
     args.cgroup = cgroup_dir as u64;
     let entry: extern "C" fn(*mut c_void) -> c_int = start_program;
     let ret: i64;
-    // SAFETY: the clone3 system call. The child starts with the parent's registers on the
-    // top of `stack` (16-byte aligned: page aligned), calls `start_program(arg)` (r12 and
-    // r13 survive the call into the child) and exits with what it returns; it never comes
-    // back here. The parent (suspended until the child execs or exits, CLONE_VFORK) gets
-    // the pid or -errno in rax; the kernel clobbers rcx and r11.
+    // SAFETY: the clone3 system call, as glibc's clone3.S makes it. The child starts with
+    // the parent's registers on the top of `stack`, clears the frame pointer (no unwinder
+    // walks into the parent's stack), aligns the stack, calls `start_program(arg)` (r12 and
+    // r13 survive into the child) and exits with what it returns; it never comes back
+    // here. The parent (suspended until the child execs or exits, CLONE_VFORK) gets the pid
+    // or -errno in rax; the kernel clobbers rcx and r11.
     unsafe {
         std::arch::asm!(
             "syscall",
             "test rax, rax",
             "jnz 2f",
+            "xor ebp, ebp",
+            "and rsp, -16",
             "mov rdi, r13",
             "call r12",
             "mov edi, eax",
@@ -246,13 +254,32 @@ unsafe fn clone_into(cgroup_dir: RawFd, stack: &Stack, arg: *mut c_void) -> libc
             lateout("r11") _,
         );
     }
-    if ret < 0 { -1 } else { ret as libc::pid_t }
+    ret as libc::pid_t
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by a test: clone3 is refused to the spawns of this thread (the supervisor is a
+    /// fork of it, with a copy of this value; const-initialized, read without allocating).
+    pub static REFUSE_CLONE3: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Elsewhere the program's process joins its v2 cgroup by `cgroup.procs`.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn clone_into(_cgroup_dir: RawFd, _stack: &Stack, _arg: *mut c_void) -> libc::pid_t {
-    -1
+    -libc::ENOSYS
+}
+
+/// Whether a program's process can be born in its v2 cgroup here (see [`CgroupJoin`]):
+/// clone3 is there and not refused. Asked with a size too small to start anything: EINVAL
+/// where the call is there, ENOSYS where it is not or a seccomp policy refuses it.
+pub fn can_clone_into_cgroup() -> bool {
+    if !cfg!(target_arch = "x86_64") {
+        return false;
+    }
+    // SAFETY: clone3 with a null argument of size 0 starts nothing.
+    let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<c_void>(), 0usize) };
+    r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS)
 }
 
 unsafe extern "C" {
@@ -312,8 +339,18 @@ pub unsafe fn split(
         let mut pid = -1;
         if let Some((dir, procs)) = join.unified {
             pid = clone_into(dir, &program.stack, (&raw mut start).cast());
-            if pid < 0 {
-                start.unified_procs = Some(procs);
+            match -pid {
+                // Not there, or refused by a seccomp policy: by `cgroup.procs`.
+                libc::ENOSYS | libc::EPERM | libc::EINVAL | libc::E2BIG => {
+                    start.unified_procs = Some(procs);
+                    pid = -1;
+                }
+                // Any other refusal (EAGAIN: the cgroup's pids.max) is the spawn's.
+                errno if errno > 0 => {
+                    libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+                    return std::io::Error::from_raw_os_error(errno);
+                }
+                _ => {}
             }
         }
         if pid < 0 {
