@@ -27,7 +27,9 @@
 //!   drop-to-Done p50/p99 of each, and what MCP adds at p50.
 //! - `command`: like `latency`, with notes alternating between one call of a command tool
 //!   running `true` (spawn + sandbox + journal) and one search call (0 ms server), in one
-//!   daemon; and `true` spawned directly by the bench, unsandboxed: the program's own time.
+//!   daemon; then command notes each dropped after a 50 ms pause (a call after a pause is
+//!   where a kernel waiting to move a process into a cgroup shows); and `true` spawned
+//!   directly by the bench, unsandboxed: the program's own time.
 //!
 //! Scenarios for "Sends as fast as searches" (issue 31):
 //! - `send`: notes with one `send_notification` email each, written by the file transport as
@@ -770,6 +772,22 @@ fn command_tool(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<M
             }
         }
     }
+    // Then command notes each after a pause, as an agent's calls come: a kernel that waits
+    // for a grace period before moving a process into a cgroup shows here, not above.
+    let mut paused_ms = Vec::with_capacity(n / 4);
+    for i in 0..(n / 4).max(10) {
+        std::thread::sleep(Duration::from_millis(50));
+        let name = note_name("cmdp", i);
+        let staged = bench.staging.join(&name);
+        std::fs::write(&staged, command_note_text(i)).expect("stage note");
+        let target = done.join(&name);
+        let t0 = Instant::now();
+        std::fs::rename(&staged, inbox.join(&name)).expect("drop");
+        let at = watch
+            .wait_for(&target)
+            .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
+        paused_ms.push(at.duration_since(t0).as_secs_f64() * 1e3);
+    }
     daemon.stop();
     let mut alone = Vec::with_capacity(n);
     for _ in 0..n.max(20) {
@@ -778,7 +796,7 @@ fn command_tool(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<M
         assert!(status.success());
         alone.push(t0.elapsed().as_secs_f64() * 1e3);
     }
-    for v in [&mut command_ms, &mut search_ms, &mut alone] {
+    for v in [&mut command_ms, &mut search_ms, &mut alone, &mut paused_ms] {
         v.sort_by(f64::total_cmp);
     }
     let (c50, s50, a50) = (
@@ -802,6 +820,16 @@ fn command_tool(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<M
             "ms",
         )
         .target("<= 3", |v| v <= 3.0),
+        metric(
+            "command note after a 50 ms pause p50",
+            percentile(&paused_ms, 0.5),
+            "ms",
+        ),
+        metric(
+            "command note after a 50 ms pause p99",
+            percentile(&paused_ms, 0.99),
+            "ms",
+        ),
         metric("whole command note over `true` alone p50", c50 - a50, "ms"),
         metric(
             "whole command note over `true` alone p99",
