@@ -4,7 +4,9 @@
 //!
 //! vaultd looks, once at start, for hierarchies it may write below its own cgroup: cgroup v2
 //! (memory, pids, `cgroup.kill`), or the v1 `memory` and `pids` hierarchies of a hybrid
-//! system. It makes `vaultd-PID` there and one child per call. Where none can be had (no
+//! system. It makes `vaultd-PID` there and one child per call (kept, once the call left it
+//! empty, for a later call: [`Spare`]); the program's process joins it as
+//! [`super::supervise::CgroupJoin`] says. Where none can be had (no
 //! delegation to vaultd's user, a read-only /sys/fs/cgroup), the call is still bounded by its
 //! supervisor ([`super::supervise`]) and per-process rlimits: `max_memory` per process
 //! (RLIMIT_AS), the process limit per user (RLIMIT_NPROC, which the kernel never applies to
