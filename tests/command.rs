@@ -937,7 +937,7 @@ timeout = "60s"
 "#,
     );
     let status = sandbox_status(&vault);
-    if !(status.contains("cgroup per call (memory, pids)")) {
+    if !(status.contains("cgroup per call (memory, pids")) {
         eprintln!("skipped: no per-call cgroup here: {status}");
         return;
     }

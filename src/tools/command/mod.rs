@@ -28,7 +28,7 @@ pub fn register(config: &CommandTools, registry: &mut Registry) -> Result<(), Re
         return Ok(());
     }
     let support = Arc::new(Support::probe());
-    let cgroups = Arc::new(Cgroups::discover());
+    let cgroups = Cgroups::shared();
     tracing::info!(
         tools = config.tools.len(),
         "command tools: sandbox: {}; {}",
@@ -563,11 +563,13 @@ impl Drop for CallEnd {
     fn drop(&mut self) {
         self.control.take();
         let (cgroup, scratch) = (self.cgroup.take(), self.scratch.take());
+        // The scratch dir first: its files are charged to the call's memory cgroup, which
+        // the next call may get.
         let clean_up = move || {
+            drop(scratch);
             if let Some(cgroup) = cgroup {
                 cgroup.end();
             }
-            drop(scratch);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(clean_up)),

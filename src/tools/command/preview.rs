@@ -150,7 +150,7 @@ mod tests {
             vault: PathBuf::from("/v"),
             scratch_root: PathBuf::from("/s"),
             support: Arc::new(super::super::sandbox::Support::probe()),
-            cgroups: Arc::new(Cgroups::discover()),
+            cgroups: Cgroups::shared(),
             filter: None,
             unusable: None,
         }

@@ -73,6 +73,20 @@ impl Cgroups {
         Cgroups::discover_as(&format!("vaultd-{}", std::process::id()))
     }
 
+    /// This process's cgroups, found once and shared while anything holds them: a config
+    /// reload builds its tools while the old ones still run calls, and both must use one
+    /// `vaultd-PID` (and one spare list) rather than make and remove it under each other.
+    pub fn shared() -> Arc<Cgroups> {
+        static CURRENT: Mutex<std::sync::Weak<Cgroups>> = Mutex::new(std::sync::Weak::new());
+        let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cgroups) = current.upgrade() {
+            return cgroups;
+        }
+        let cgroups = Arc::new(Cgroups::discover());
+        *current = Arc::downgrade(&cgroups);
+        cgroups
+    }
+
     /// As [`Cgroups::discover`], with `name` for vaultd's own cgroups.
     fn discover_as(name: &str) -> Cgroups {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
@@ -219,8 +233,10 @@ impl Cgroups {
                     call.unified = Some((dir_fd, procs));
                 }
                 Err((dir, e)) => {
-                    tracing::warn!(cgroup = %dir.display(), "call cgroup not made: {e}");
-                    let _ = std::fs::remove_dir(&dir);
+                    tracing::warn!(base = %h.base.display(), cgroup = %dir.display(), "call cgroup not made: {e}");
+                    if !dir.as_os_str().is_empty() {
+                        let _ = std::fs::remove_dir(&dir);
+                    }
                 }
             }
         }
@@ -293,7 +309,11 @@ fn new_call_cgroup(
     limits: CallLimits,
 ) -> Result<(PathBuf, Entry), (PathBuf, std::io::Error)> {
     let dir = h.base.join(format!("call-{n}"));
-    match std::fs::create_dir(&dir).and_then(|()| enter_call_cgroup(h, &dir, limits)) {
+    if let Err(e) = std::fs::create_dir(&dir) {
+        // Not made here: not ours to remove.
+        return Err((PathBuf::new(), e));
+    }
+    match enter_call_cgroup(h, &dir, limits) {
         Ok(entry) => Ok((dir, entry)),
         Err(e) => Err((dir, e)),
     }
@@ -321,7 +341,11 @@ fn enter_call_cgroup(h: &Hierarchy, dir: &Path, limits: CallLimits) -> std::io::
             let memsw = dir.join("memory.memsw.limit_in_bytes");
             let _ = write_file(&memsw, &memory);
             write_file(&dir.join("memory.limit_in_bytes"), &memory)?;
-            let _ = write_file(&memsw, &memory);
+            // Without swap accounting there is no such file; where there is, a reused
+            // cgroup must not keep a higher one.
+            if memsw.exists() {
+                write_file(&memsw, &memory)?;
+            }
         }
         if h.pids {
             write_file(&dir.join("pids.max"), &processes)?;
@@ -443,6 +467,18 @@ impl CallCgroup {
             std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
         })
     }
+
+    /// Whether a process is still counted against `pids.max` though none is listed: one
+    /// that exited and was not reaped yet (its supervisor may be stopped, or still at it).
+    fn charged(&self) -> bool {
+        self.dirs.iter().any(
+            |(dir, _)| match std::fs::read_to_string(dir.join("pids.current")) {
+                Ok(n) => n.trim() != "0",
+                Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+            },
+        )
+    }
+
     fn finish(&mut self) {
         self.tasks.clear();
         self.unified = None;
@@ -450,9 +486,12 @@ impl CallCgroup {
         // written kills what is later born into it with CLONE_INTO_CGROUP (Linux 6.18
         // compares the kill count of the parent's cgroup with the new one's), so a killed
         // cgroup is never reused.
+        // Reused only when nothing is listed and nothing is counted: a process not yet
+        // reaped would count against the next call's pids.max.
         let mut killed = false;
         for tries in 0.. {
-            if self.empty() {
+            let empty = self.empty();
+            if empty && !self.charged() {
                 if killed {
                     break;
                 }
@@ -468,8 +507,10 @@ impl CallCgroup {
             if tries > 200 {
                 break;
             }
-            self.kill();
-            killed = true;
+            if !empty {
+                self.kill();
+                killed = true;
+            }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         for (dir, _) in &self.dirs {
@@ -521,6 +562,47 @@ mod tests {
         for _ in 0..2 {
             join_and_run(&cgroups, true);
         }
+    }
+
+    /// A cgroup whose process exited but was not reaped yet (listed nowhere, still counted
+    /// in `pids.current`) is not handed to the next call: it would start one process short.
+    #[test]
+    fn a_cgroup_still_counting_an_unreaped_process_is_not_reused() {
+        let cgroups = Cgroups::discover_as(&format!("vaultd-unreaped-{}", std::process::id()));
+        if !cgroups.bounds_processes() {
+            eprintln!("skipped: no pids cgroup here: {}", cgroups.describe());
+            return;
+        }
+        let call = cgroups
+            .for_call(CallLimits {
+                memory: 1 << 30,
+                processes: 4,
+            })
+            .unwrap();
+        let first: Vec<PathBuf> = call.dirs.iter().map(|(d, _)| d.clone()).collect();
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
+        let (pids_dir, _) = cgroups
+            .hierarchies
+            .iter()
+            .zip(&call.dirs)
+            .find(|(h, _)| h.pids)
+            .map(|(_, d)| d)
+            .unwrap();
+        std::fs::write(pids_dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+        // Exited, not reaped: a zombie.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert!(call.charged(), "pids.current counts the zombie");
+        call.end();
+        child.wait().unwrap();
+        let next = cgroups.for_call(CallLimits {
+            memory: 1 << 30,
+            processes: 4,
+        });
+        let again: Vec<PathBuf> = next.unwrap().dirs.iter().map(|(d, _)| d.clone()).collect();
+        assert_ne!(again, first, "not reused");
     }
 
     /// Where clone3 is refused (a seccomp policy), the program's process writes itself to

@@ -279,7 +279,8 @@ pub fn can_clone_into_cgroup() -> bool {
     }
     // SAFETY: clone3 with a null argument of size 0 starts nothing.
     let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<c_void>(), 0usize) };
-    r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS)
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    r < 0 && errno != Some(libc::ENOSYS) && errno != Some(libc::EPERM)
 }
 
 unsafe extern "C" {
