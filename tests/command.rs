@@ -901,6 +901,30 @@ timeout = "60s"
     wait_until("the daemon is gone", DEADLINE, || !alive(pid));
 }
 
+/// A sandboxed program makes no user namespace (where it would hold every capability):
+/// `unshare -U` is refused, and the call fails saying so; the program's own children are
+/// still made (`sh` starts `true`).
+#[test]
+fn a_program_makes_no_user_namespace_but_still_starts_processes() {
+    if std::process::Command::new("unshare")
+        .arg("--help")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no unshare(1) here");
+        return;
+    }
+    let vault = command_vault(
+        "[tools.command.userns]\ndescription = \"unshare\"\nargv = [\"unshare\", \"-U\", \"true\"]\neffect = \"read_only\"\n\n[tools.command.child]\ndescription = \"a child\"\nargv = [\"sh\", \"-c\", \"true; echo started\"]\neffect = \"read_only\"\n",
+    );
+    let (r, _) = run_one(&vault, "userns.md", "userns");
+    assert_eq!(r["error"]["code"], "EXECUTION_ERROR", "{r}");
+    let stderr = r["error"]["details"]["stderr"].as_str().unwrap_or_default();
+    assert!(stderr.contains("Operation not permitted"), "{r}");
+    let (r, _) = run_one(&vault, "child.md", "child");
+    assert_eq!(r["data"]["stdout"], "started\n", "{r}");
+}
+
 /// What `vaultd tools` says bounds a call here (a cgroup, or per process).
 fn sandbox_status(vault: &TestVault) -> String {
     let out = vault.cmd().args(["tools", "--json"]).output().unwrap();

@@ -8,6 +8,12 @@
 //! what runs outside the sandbox on this machine (the session bus, that can start a process
 //! outside it; an ssh agent; docker's socket) and which Landlock does not close before ABI 9. `io_uring` is closed either way: its requests
 //! (`IORING_OP_SOCKET`, `IORING_OP_CONNECT`, …) would run past a filter on system calls.
+//! No user namespace is made (`unshare` or `clone` with `CLONE_NEWUSER`: `EPERM`): inside
+//! one a program holds every capability, and reaches kernel code (mounts, netfilter, …) that
+//! is otherwise root's only, a large part of the kernel's history of privilege escalations.
+//! `clone3` passes its flags in memory a filter cannot read, so it is answered `ENOSYS`, as
+//! by a kernel without it: libc then makes the process with `clone`, whose flags are checked
+//! (systemd's `RestrictNamespaces=` does the same).
 //!
 //! The filter is compiled in the parent (`seccompiler`, rust-vmm); the child only installs
 //! it, an allocation-free `seccomp(2)` call.
@@ -27,9 +33,15 @@ const NETWORK_FAMILIES: &[i32] = &[libc::AF_INET, libc::AF_INET6, libc::AF_NETLI
 #[cfg(target_arch = "x86_64")]
 const X32_SYSCALL_BIT: i64 = 0x4000_0000;
 
-/// A compiled filter, ready for [`apply`] in the child.
+/// A compiled filter, ready for [`apply`] in the child: the sockets, kills and `io_uring`
+/// it refuses with `EACCES`, the namespaces with `EPERM`, `clone3` with `ENOSYS` (a filter
+/// has one answer for what it matches: three filters).
 #[derive(Debug, Clone)]
-pub struct Filter(BpfProgram);
+pub struct Filter {
+    main: BpfProgram,
+    namespaces: BpfProgram,
+    clone3: BpfProgram,
+}
 
 /// Compiles the filter of a program with or without `network`.
 pub fn filter(network: bool) -> Result<Filter, String> {
@@ -75,21 +87,54 @@ pub fn filter(network: bool) -> Result<Filter, String> {
         rules.insert(libc::SYS_kill | X32_SYSCALL_BIT, group_kill);
         rules.insert(libc::SYS_io_uring_setup | X32_SYSCALL_BIT, Vec::new());
     }
-    let program: BpfProgram = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EACCES as u32),
-        arch,
-    )
-    .and_then(BpfProgram::try_from)
-    .map_err(|e| format!("seccomp: the filter does not compile: {e}"))?;
-    Ok(Filter(program))
+    let compile = |rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32| {
+        SeccompFilter::new(
+            rules,
+            SeccompAction::Allow,
+            SeccompAction::Errno(errno as u32),
+            arch,
+        )
+        .and_then(BpfProgram::try_from)
+        .map_err(|e| format!("seccomp: the filter does not compile: {e}"))
+    };
+    // `clone` and `unshare` with CLONE_NEWUSER (argument 0: the flags, on x86-64 and arm64).
+    let new_user = vec![
+        SeccompRule::new(vec![
+            SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(libc::CLONE_NEWUSER as u64),
+                libc::CLONE_NEWUSER as u64,
+            )
+            .map_err(|e| e.to_string())?,
+        ])
+        .map_err(|e| e.to_string())?,
+    ];
+    let mut namespaces: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    namespaces.insert(libc::SYS_clone, new_user.clone());
+    namespaces.insert(libc::SYS_unshare, new_user.clone());
+    let mut clone3: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    clone3.insert(libc::SYS_clone3, Vec::new());
+    #[cfg(target_arch = "x86_64")]
+    {
+        namespaces.insert(libc::SYS_clone | X32_SYSCALL_BIT, new_user.clone());
+        namespaces.insert(libc::SYS_unshare | X32_SYSCALL_BIT, new_user);
+        clone3.insert(libc::SYS_clone3 | X32_SYSCALL_BIT, Vec::new());
+    }
+    Ok(Filter {
+        main: compile(rules, libc::EACCES)?,
+        namespaces: compile(namespaces, libc::EPERM)?,
+        clone3: compile(clone3, libc::ENOSYS)?,
+    })
 }
 
 /// Installs the filter on the calling thread; runs in the child between fork and exec
 /// (`no_new_privs` is already set, and is set again by seccompiler: one prctl).
 pub fn apply(filter: &Filter) -> std::io::Result<()> {
-    seccompiler::apply_filter(&filter.0).map_err(|_| rustix::io::Errno::PERM.into())
+    for program in [&filter.clone3, &filter.namespaces, &filter.main] {
+        seccompiler::apply_filter(program).map_err(|_| rustix::io::Errno::PERM)?;
+    }
+    Ok(())
 }
 
 /// Whether this kernel takes a seccomp filter at all (probed on a throwaway thread, which a
@@ -159,6 +204,44 @@ mod tests {
             // Not a unix socket: by path or abstract name it reaches what runs outside.
             denied(&[libc::AF_UNIX, libc::AF_PACKET]);
             a_socketpair_is_made();
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// No user namespace, by `unshare` or by `clone`; clone3 looks absent, and a process is
+    /// still made (std's spawn, libc's fork) the way libc then makes it.
+    #[test]
+    fn no_user_namespace_and_processes_are_still_made() {
+        let filter = filter(false).unwrap();
+        std::thread::spawn(move || {
+            apply(&filter).unwrap();
+            let errno = || std::io::Error::last_os_error().raw_os_error();
+            // SAFETY: unshare(2) and clone3(2) with arguments that start nothing here.
+            unsafe {
+                assert_eq!(
+                    (libc::unshare(libc::CLONE_NEWUSER), errno()),
+                    (-1, Some(libc::EPERM))
+                );
+                let none = std::ptr::null::<u8>();
+                assert_eq!(
+                    (libc::syscall(libc::SYS_clone3, none, 0usize), errno()),
+                    (-1, Some(libc::ENOSYS))
+                );
+            }
+            // Other namespaces' flags without a user namespace are the kernel's to refuse
+            // (they need capabilities); plain processes are made.
+            let out = std::process::Command::new("sh")
+                .args(["-c", "echo made"])
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "made\n");
+            let out = std::process::Command::new("unshare")
+                .args(["-U", "true"])
+                .output();
+            if let Ok(out) = out {
+                assert!(!out.status.success(), "{out:?}");
+            }
         })
         .join()
         .unwrap();
