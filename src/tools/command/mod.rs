@@ -241,7 +241,7 @@ impl CommandTool {
             .as_ref()
             .map(CallCgroup::join)
             .unwrap_or_default();
-        // SAFETY: `split` and `enter` make only system calls (setsid, write, prctl, clone,
+        // SAFETY: `split` and `enter` make only system calls (setsid, write, prctl, clone3,
         // setrlimit, capset, landlock_restrict_self, seccomp, execve; the supervisor: poll,
         // waitpid, kill, /proc reads into stack buffers) on memory made before the fork, and
         // allocate nothing on their success path; `enter` runs in the program's process.
