@@ -368,13 +368,20 @@ impl Daemon {
             note::frontmatter_property(text, "tool_note").filter(|id| valid_note_id(id))
         {
             let id = id.to_string();
+            // What the journal holds for the id first, then where its note is: the note's
+            // "written and moved" record may commit between the two reads (a copy waiting
+            // for the note it copies re-reads just as that note's run ends). Read in the
+            // other order, a copy could see the calls written but the note still at its
+            // In_Progress path, gone from there: it would take itself for that note, whose
+            // written results it lacks, which means "run again" (§2): a send sent twice.
+            // In this order a record seen by the first read is seen by the second.
+            let (prior, stale) = self.prior_for(&id).await?;
             let q = id.clone();
             let last = self.read_journal(|j| j.note_path(&q))?;
             let original = last.filter(|p| *p != rel).and_then(|p| {
                 let t = crate::vault::read_regular_text(&self.vault.root().join(&p)).ok()?;
                 (note::frontmatter_property(&t, "tool_note") == Some(&id)).then_some((p, t))
             });
-            let (prior, stale) = self.prior_for(&id).await?;
             let Some((original, original_text)) = original else {
                 return Ok(Identity {
                     note_id: id,
