@@ -375,13 +375,29 @@ impl Daemon {
             // In_Progress path, gone from there: it would take itself for that note, whose
             // written results it lacks, which means "run again" (§2): a send sent twice.
             // In this order a record seen by the first read is seen by the second.
-            let (prior, stale) = self.prior_for(&id).await?;
+            let (mut prior, mut stale) = self.prior_for(&id).await?;
             let q = id.clone();
-            let last = self.read_journal(|j| j.note_path(&q))?;
-            let original = last.filter(|p| *p != rel).and_then(|p| {
-                let t = crate::vault::read_regular_text(&self.vault.root().join(&p)).ok()?;
-                (note::frontmatter_property(&t, "tool_note") == Some(&id)).then_some((p, t))
-            });
+            let mut last = self.read_journal(|j| j.note_path(&q))?;
+            let holds_id = |p: &String| {
+                let t = crate::vault::read_regular_text(&self.vault.root().join(p)).ok()?;
+                (note::frontmatter_property(&t, "tool_note") == Some(&id)).then_some(t)
+            };
+            // Where the journal last saw the note, it is gone: its last records (a run's
+            // "written and moved" is not waited for) may not have committed yet. Once every
+            // write made so far is in, both are read again; a note a person moved stays
+            // unknown to the journal all the same.
+            if last
+                .as_ref()
+                .is_some_and(|p| *p != rel && holds_id(p).is_none())
+            {
+                self.blocking(|j| j.flush()).await?;
+                (prior, stale) = self.prior_for(&id).await?;
+                let q = id.clone();
+                last = self.read_journal(|j| j.note_path(&q))?;
+            }
+            let original = last
+                .filter(|p| *p != rel)
+                .and_then(|p| holds_id(&p).map(|t| (p, t)));
             let Some((original, original_text)) = original else {
                 return Ok(Identity {
                     note_id: id,
