@@ -482,6 +482,17 @@ impl FolderWatch {
         }
     }
 
+    /// Renames `staged` to `dest` and returns the milliseconds until `target` appeared here
+    /// (panics if it never does).
+    fn drop_and_time(&self, staged: &Path, dest: &Path, target: &Path) -> f64 {
+        let t0 = Instant::now();
+        std::fs::rename(staged, dest).expect("drop");
+        let at = self
+            .wait_for(target)
+            .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
+        at.duration_since(t0).as_secs_f64() * 1e3
+    }
+
     /// The instant `path` appeared (event time), or None after `DEADLINE`.
     fn wait_for(&self, path: &Path) -> Option<Instant> {
         let until = Instant::now() + DEADLINE;
@@ -647,12 +658,7 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
         let staged = bench.stage("lat", i);
         let target = done.join(note_name("lat", i));
         let dest = inbox.join(note_name("lat", i));
-        let t0 = Instant::now();
-        std::fs::rename(&staged, &dest).expect("drop");
-        let at = watch
-            .wait_for(&target)
-            .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
-        ms.push(at.duration_since(t0).as_secs_f64() * 1e3);
+        ms.push(watch.drop_and_time(&staged, &dest, &target));
 
         if std::env::var_os("VAULTD_BENCH_NO_VAULT_TOOLS").is_some() {
             continue; // an older build without vault tools
@@ -668,13 +674,7 @@ fn latency(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric
             ),
         )
         .expect("stage append note");
-        let target = done.join(&name);
-        let t0 = Instant::now();
-        std::fs::rename(&staged, inbox.join(&name)).expect("drop");
-        let at = watch
-            .wait_for(&target)
-            .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
-        append_ms.push(at.duration_since(t0).as_secs_f64() * 1e3);
+        append_ms.push(watch.drop_and_time(&staged, &inbox.join(&name), &done.join(&name)));
     }
     daemon.stop();
     floor.extend(disk_floor(bench.dir.path(), floor_samples(sizes)));
@@ -788,13 +788,7 @@ fn command_tool(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<M
         let name = note_name("cmdp", i);
         let staged = bench.staging.join(&name);
         std::fs::write(&staged, command_note_text(i)).expect("stage note");
-        let target = done.join(&name);
-        let t0 = Instant::now();
-        std::fs::rename(&staged, inbox.join(&name)).expect("drop");
-        let at = watch
-            .wait_for(&target)
-            .unwrap_or_else(|| panic!("{} did not reach Done", target.display()));
-        paused_ms.push(at.duration_since(t0).as_secs_f64() * 1e3);
+        paused_ms.push(watch.drop_and_time(&staged, &inbox.join(&name), &done.join(&name)));
     }
     daemon.stop();
     let mut alone = Vec::with_capacity(n);
