@@ -135,6 +135,16 @@ async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once()
     assert_eq!(notes.len(), NOTES, "each note exactly once: {notes:#?}");
     // 0 duplicate sends: every Message-ID at most once in the outbox.
     let sent = outbox_message_ids(&outbox);
+    if !sent.values().all(|&c| c == 1) {
+        // The vault, its journal and the daemons' logs, for whoever looks into it.
+        let keep = std::env::temp_dir().join(format!("vaultd-sent-twice-{}", std::process::id()));
+        let _ = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(vault.dir.path())
+            .arg(&keep)
+            .status();
+        eprintln!("the vault is kept in {}", keep.display());
+    }
     assert!(sent.values().all(|&c| c == 1), "sent twice: {sent:#?}");
     let (mut sends_ok, mut sends_unknown) = (0, 0);
     for i in 0..NOTES {
@@ -801,6 +811,16 @@ async fn kill_nine_with_hand_moves_and_editor_resaves_sends_once_and_loses_nothi
     // 0 duplicate deliveries: every Message-ID at most once in the outbox, and every note's
     // email (its subject) at most once, whatever copies of it got their own ids.
     let sent = outbox_message_ids(&outbox);
+    if !sent.values().all(|&c| c == 1) {
+        // The vault, its journal and the daemons' logs, for whoever looks into it.
+        let keep = std::env::temp_dir().join(format!("vaultd-sent-twice-{}", std::process::id()));
+        let _ = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(vault.dir.path())
+            .arg(&keep)
+            .status();
+        eprintln!("the vault is kept in {}", keep.display());
+    }
     assert!(sent.values().all(|&c| c == 1), "sent twice: {sent:#?}");
     assert!(sent.len() <= NOTES, "{sent:#?}");
     let subjects = outbox_subjects(&outbox);
