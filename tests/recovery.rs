@@ -134,18 +134,7 @@ async fn kill_nine_at_varied_moments_loses_no_note_and_writes_each_result_once()
     assert!(vault.notes_in("In_Progress").is_empty(), "{notes:#?}");
     assert_eq!(notes.len(), NOTES, "each note exactly once: {notes:#?}");
     // 0 duplicate sends: every Message-ID at most once in the outbox.
-    let sent = outbox_message_ids(&outbox);
-    if !sent.values().all(|&c| c == 1) {
-        // The vault, its journal and the daemons' logs, for whoever looks into it.
-        let keep = std::env::temp_dir().join(format!("vaultd-sent-twice-{}", std::process::id()));
-        let _ = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(vault.dir.path())
-            .arg(&keep)
-            .status();
-        eprintln!("the vault is kept in {}", keep.display());
-    }
-    assert!(sent.values().all(|&c| c == 1), "sent twice: {sent:#?}");
+    let sent = sent_once(&vault, &outbox);
     let (mut sends_ok, mut sends_unknown) = (0, 0);
     for i in 0..NOTES {
         let (name, queries, sends) = torture_note(i);
@@ -635,6 +624,23 @@ fn outbox_message_ids(outbox: &std::path::Path) -> BTreeMap<String, usize> {
     ids
 }
 
+/// The outbox's Message-IDs, each asserted sent once. A double send first keeps the vault,
+/// its journal and the daemons' logs in the temp dir, for whoever looks into it.
+fn sent_once(vault: &TestVault, outbox: &std::path::Path) -> BTreeMap<String, usize> {
+    let sent = outbox_message_ids(outbox);
+    if !sent.values().all(|&c| c == 1) {
+        let keep = std::env::temp_dir().join(format!("vaultd-sent-twice-{}", std::process::id()));
+        let _ = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(vault.dir.path())
+            .arg(&keep)
+            .status();
+        eprintln!("the vault is kept in {}", keep.display());
+    }
+    assert!(sent.values().all(|&c| c == 1), "sent twice: {sent:#?}");
+    sent
+}
+
 /// Subjects of the emails in the outbox, with how often each was sent.
 fn outbox_subjects(outbox: &std::path::Path) -> BTreeMap<String, usize> {
     let mut subjects = BTreeMap::new();
@@ -810,18 +816,7 @@ async fn kill_nine_with_hand_moves_and_editor_resaves_sends_once_and_loses_nothi
     }
     // 0 duplicate deliveries: every Message-ID at most once in the outbox, and every note's
     // email (its subject) at most once, whatever copies of it got their own ids.
-    let sent = outbox_message_ids(&outbox);
-    if !sent.values().all(|&c| c == 1) {
-        // The vault, its journal and the daemons' logs, for whoever looks into it.
-        let keep = std::env::temp_dir().join(format!("vaultd-sent-twice-{}", std::process::id()));
-        let _ = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(vault.dir.path())
-            .arg(&keep)
-            .status();
-        eprintln!("the vault is kept in {}", keep.display());
-    }
-    assert!(sent.values().all(|&c| c == 1), "sent twice: {sent:#?}");
+    let sent = sent_once(&vault, &outbox);
     assert!(sent.len() <= NOTES, "{sent:#?}");
     let subjects = outbox_subjects(&outbox);
     assert!(
