@@ -8,7 +8,7 @@ use crate::vault::{State, Vault};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// The file in the state dir that keeps this daemon's runner id across restarts.
@@ -331,7 +331,29 @@ pub struct RunnerWatch {
     /// The note that showed a second runner; claiming stays paused until a restart.
     paused: Mutex<Option<ForeignNote>>,
     /// Paths this daemon just claimed, wrote or moved a note to, and when.
-    own: Mutex<Recent>,
+    own: OwnWrites,
+}
+
+/// The paths this daemon just claimed, wrote or moved a note to: shared with the watcher's
+/// thread, which drops their events before they wake the daemon, and with the blocking pool,
+/// which notes a path before its rename so that the rename's event finds it noted.
+#[derive(Clone)]
+pub struct OwnWrites(Arc<Mutex<Recent>>);
+
+impl OwnWrites {
+    /// Notes that this daemon puts, or just put, a note at `path`.
+    pub fn wrote(&self, path: &Path) {
+        self.0.lock().expect("own-writes lock poisoned").note(path);
+    }
+
+    /// Whether an event at `path` is (very likely) this daemon's own write.
+    pub fn just_wrote(&self, path: &Path) -> bool {
+        self.0
+            .lock()
+            .expect("own-writes lock poisoned")
+            .age(path)
+            .is_some()
+    }
 }
 
 impl RunnerWatch {
@@ -341,25 +363,23 @@ impl RunnerWatch {
             window,
             taken_over_at,
             paused: Mutex::new(None),
-            own: Mutex::new(Recent::new(OWN_WRITE_TTL)),
+            own: OwnWrites(Arc::new(Mutex::new(Recent::new(OWN_WRITE_TTL)))),
         }
+    }
+
+    /// The record of this daemon's own writes, for the watcher's thread and the blocking pool.
+    pub fn own(&self) -> OwnWrites {
+        self.own.clone()
     }
 
     /// Notes that this daemon put `path` there (a claim, a results write, a move).
     pub fn wrote(&self, path: &Path) {
-        self.own
-            .lock()
-            .expect("own-writes lock poisoned")
-            .note(path);
+        self.own.wrote(path);
     }
 
     /// Whether an event at `path` is (very likely) this daemon's own write.
     pub fn just_wrote(&self, path: &Path) -> bool {
-        self.own
-            .lock()
-            .expect("own-writes lock poisoned")
-            .age(path)
-            .is_some()
+        self.own.just_wrote(path)
     }
 
     /// Reads the head of the note at `path`: another runner's recent activity, or None.

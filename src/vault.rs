@@ -414,16 +414,23 @@ impl Vault {
 
     /// Renames or links `path` into `to` under its relative path, numbering on collisions.
     /// The caller makes it durable (the folder it went into, and for a rename the one it left).
+    /// Where [`move_soon`](Self::move_soon) or [`link_to`](Self::link_to) first tries to put
+    /// the note at `path` in `to` (a taken name gets a number instead).
+    pub fn target(&self, path: &Path, to: State) -> Option<PathBuf> {
+        self.locate(path).map(|(_, rel)| self.folder(to).join(rel))
+    }
+
     fn place(
         &self,
         path: &Path,
         to: State,
         op: impl Fn(&Path, &Path) -> io::Result<()>,
     ) -> Result<PathBuf, VaultError> {
-        let (_, rel) = self.locate(path).ok_or_else(|| VaultError::NotInVault {
-            path: path.to_path_buf(),
-        })?;
-        let target = self.folder(to).join(&rel);
+        let target = self
+            .target(path, to)
+            .ok_or_else(|| VaultError::NotInVault {
+                path: path.to_path_buf(),
+            })?;
         // The folder is made when the first try says it is missing (a note in a subfolder;
         // docs/design.md §1: missing folders are created), not checked before every move: two
         // syscalls fewer per note. A first NotFound is always tried again, the folder made if

@@ -40,11 +40,13 @@ pub struct WatchError {
     pub source: notify::Error,
 }
 
-/// Starts watching `folders` recursively; hints go to `tx`.
+/// Starts watching `folders` recursively; hints go to `tx`, except those `ignore` drops on the
+/// watcher's own thread (the daemon's own writes: they need not wake it).
 pub fn start(
     folders: &[PathBuf],
     mode: WatchMode,
     tx: mpsc::Sender<Hint>,
+    ignore: impl Fn(&Hint) -> bool + Send + 'static,
 ) -> Result<WatchHandle, WatchError> {
     let overflowed = Arc::new(AtomicBool::new(false));
     let flag = overflowed.clone();
@@ -69,6 +71,9 @@ pub fn start(
                 }
                 hint => hint,
             };
+            if ignore(&hint) {
+                continue;
+            }
             match hint {
                 Hint::NewFolder(dir) if !poll => {
                     let _ = new_folders.send(dir);

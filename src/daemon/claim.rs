@@ -142,6 +142,10 @@ impl Daemon {
             );
             return None;
         }
+        // Noted before the link or rename, so that its event finds it noted (`on_hint`).
+        if let Some(target) = self.vault.target(path, State::InProgress) {
+            self.runners.wrote(&target);
+        }
         let moved = self.move_or_link(path).await;
         if !matches!(&moved, Ok((_, Some(_), _))) {
             self.arrivals.release(path, key);
@@ -325,6 +329,8 @@ impl Daemon {
             _ => None,
         };
         let unsynced = stamp != Stamp::Durable;
+        // Noted before the write's rename, so that its event finds it noted (`on_hint`).
+        self.runners.wrote(path);
         // The journal's write and the note's in one trip to the blocking pool.
         let written = tokio::task::spawn_blocking(move || {
             let stamp = |current: &str| note::stamp_claim(current, &id, &runner, SystemTime::now());
@@ -340,10 +346,7 @@ impl Daemon {
         .await
         .expect("write task does not panic")?;
         match written {
-            Ok(text) => {
-                self.runners.wrote(path);
-                Ok(IdentityWrite::Written(text))
-            }
+            Ok(text) => Ok(IdentityWrite::Written(text)),
             Err(note::WriteError::Gone(_)) => {
                 self.abandon(run, path).await?;
                 Ok(IdentityWrite::Gone)

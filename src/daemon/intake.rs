@@ -6,8 +6,8 @@ use super::Daemon;
 use crate::call::ErrorCode;
 use crate::daemon::{DaemonError, Mode, Pass, RUNNER_STATES};
 use crate::note::{self, CallBody, ParsedNote};
-use crate::synced::ForeignNote;
-use crate::vault::State;
+use crate::synced::{ForeignNote, OwnWrites};
+use crate::vault::{State, Vault};
 use crate::watch::Hint;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +16,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
+
+/// A hint that `on_hint` drops without a look: an event of this daemon's own claim, write or
+/// move where only vaultd puts notes (§9.9; noted before the rename, so its event finds it
+/// noted), or a change of a file that is not a note (a temp file, a hidden name). The
+/// watcher's thread drops these before they wake the daemon: a note's own claim, results
+/// write and move made a dozen of them.
+pub(crate) fn needs_no_look(vault: &Vault, own: &OwnWrites, hint: &Hint) -> bool {
+    let (Hint::Ready(path) | Hint::Closed(path) | Hint::Changed(path)) = hint else {
+        return false;
+    };
+    match vault.locate(path) {
+        Some((state, _)) => RUNNER_STATES.contains(&state) && own.just_wrote(path),
+        None => !matches!(hint, Hint::Ready(_)),
+    }
+}
 
 impl Daemon {
     /// Queues every note of the watched folders. Returns how many notes were looked at and
@@ -54,6 +69,9 @@ impl Daemon {
     }
 
     pub(crate) fn on_hint(self: &Arc<Self>, hint: Hint, tasks: &mut JoinSet<()>) {
+        if needs_no_look(&self.vault, &self.runners.own(), &hint) {
+            return;
+        }
         if let Hint::Ready(path) | Hint::Closed(path) | Hint::Changed(path) = &hint
             && self
                 .vault
@@ -658,7 +676,42 @@ impl Drop for ForgetOnPanic<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Folders;
     use crate::note::parse_note;
+    use crate::synced::{RunnerId, RunnerWatch};
+
+    #[test]
+    fn only_own_writes_where_vaultd_puts_notes_and_files_that_are_no_notes_need_no_look() {
+        let vault = Vault::new(PathBuf::from("/v"), Folders::default());
+        let runners = RunnerWatch::new(
+            RunnerId::parse("alpha-0a1b").unwrap(),
+            Duration::from_secs(3600),
+            None,
+        );
+        let own = runners.own();
+        let done = vault.folder(State::Done).join("a.md");
+        let inbox = vault.folder(State::NeedsAction).join("a.md");
+        let look = |hint: Hint| !needs_no_look(&vault, &own, &hint);
+        assert!(
+            look(Hint::Ready(done.clone())),
+            "not ours: read for a second runner"
+        );
+        runners.wrote(&done);
+        assert!(!look(Hint::Ready(done.clone())), "our own move into Done/");
+        assert!(!look(Hint::Closed(done.clone())));
+        // The inbox is always looked at, even where vaultd itself just put a note back.
+        runners.wrote(&inbox);
+        assert!(look(Hint::Ready(inbox.clone())));
+        assert!(look(Hint::Changed(inbox)));
+        // A temp file (hidden name) is no note: its writes need no look, its rename in does
+        // (the note task judges the name).
+        let temp = vault.folder(State::InProgress).join(".a.md.vaultd-1-1.tmp");
+        assert!(!look(Hint::Changed(temp.clone())));
+        assert!(!look(Hint::Closed(temp.clone())));
+        assert!(look(Hint::Ready(temp)));
+        assert!(look(Hint::Rescan));
+        assert!(look(Hint::NewFolder(vault.folder(State::Done).join("sub"))));
+    }
 
     #[test]
     fn a_panicking_task_leaves_no_inflight_entry_and_a_finished_one_keeps_its_own() {

@@ -485,7 +485,14 @@ impl Daemon {
         let mut folders = self.watched_folders();
         // Where another runner's claims and finished notes show up (§9.9).
         folders.extend(RUNNER_STATES.iter().map(|s| self.vault.folder(*s)));
-        Ok(watch::start(&folders, self.live().config.watch, tx)?)
+        let (vault, own) = (self.vault.clone(), self.runners.own());
+        let ignore = move |hint: &Hint| intake::needs_no_look(&vault, &own, hint);
+        Ok(watch::start(
+            &folders,
+            self.live().config.watch,
+            tx,
+            ignore,
+        )?)
     }
 
     /// The first scan; a long backlog gets progress reports until it is done.

@@ -81,6 +81,7 @@ struct Moved {
 /// written ids and the end of the run, in one commit. Blocking.
 fn move_and_record(
     vault: &crate::vault::Vault,
+    own: &crate::synced::OwnWrites,
     journal: &crate::journal::Journal,
     run: RunId,
     p: PathBuf,
@@ -90,6 +91,10 @@ fn move_and_record(
     let here = vault.locate(&p).map(|(s, _)| s);
     let moves = here != Some(next) && p.exists();
     let dest = if moves {
+        // Noted before the rename, so that its event finds it noted (`on_hint`).
+        if let Some(target) = vault.target(&p, next) {
+            own.wrote(&target);
+        }
         match vault.move_soon(&p, next) {
             Ok(dest) => dest,
             Err(e) => {
@@ -202,6 +207,8 @@ impl Daemon {
     ) -> Result<WriteBack, DaemonError> {
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
         let append = self.appender(path, note_id, results, held, next);
+        // Noted before the write's rename, so that its event finds it noted (`on_hint`).
+        self.runners.wrote(path);
         let written = tokio::task::spawn_blocking(move || append.write(&mut || {}))
             .await
             .expect("write task does not panic");
@@ -234,7 +241,10 @@ impl Daemon {
             .collect();
         recorded_ids.extend(in_note.iter().filter(|id| !ids.contains(id)).cloned());
         let append = self.appender(path, note_id, results, held, next);
+        // Noted before the write's rename, so that its event finds it noted (`on_hint`).
+        self.runners.wrote(path);
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
+        let own = self.runners.own();
         let (written, moved) = self
             .on_this_thread(move || {
                 // The outcomes committing meanwhile (a side effect's durable) are waited for
@@ -247,7 +257,7 @@ impl Daemon {
                 settle(); // a write that ended before its rename
                 let moved = written
                     .is_ok()
-                    .then(|| move_and_record(&vault, &journal, run, p, next, &recorded_ids));
+                    .then(|| move_and_record(&vault, &own, &journal, run, p, next, &recorded_ids));
                 (written, moved)
             })
             .await;
@@ -296,10 +306,7 @@ impl Daemon {
     ) -> Result<WriteBack, DaemonError> {
         match written {
             // Recorded with the move that follows (`finish_run`), in one journal commit.
-            Ok(_) => {
-                self.runners.wrote(path);
-                Ok(WriteBack::Written(ids))
-            }
+            Ok(_) => Ok(WriteBack::Written(ids)),
             Err(note::WriteError::Gone(_)) => Ok(WriteBack::Gone),
             Err(e) => {
                 if e.is_symlink_refusal() {
@@ -333,9 +340,10 @@ impl Daemon {
         reason: &str,
     ) -> Result<PathBuf, DaemonError> {
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
+        let own = self.runners.own();
         // The move and its journal record in one trip to the blocking pool.
         let moved = tokio::task::spawn_blocking(move || {
-            move_and_record(&vault, &journal, run, p, next, &written)
+            move_and_record(&vault, &own, &journal, run, p, next, &written)
         })
         .await
         .expect("move task does not panic");
@@ -405,5 +413,78 @@ impl Daemon {
             self.blocking(move |j| j.abandon_run(run, reason)).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Folders, WatchMode};
+    use crate::journal::Journal;
+    use crate::synced::{RunnerId, RunnerWatch};
+    use crate::vault::Vault;
+    use crate::watch::{self, Hint};
+    use std::time::Duration;
+
+    /// A finished note's move into Done/ is noted as this daemon's own before its rename, so
+    /// that the watcher's thread drops the rename's event instead of waking the daemon to read
+    /// the note for a second runner (§9.9). Noted after the rename, as it was, the event could
+    /// (and under load mostly did) come first.
+    #[tokio::test]
+    async fn a_finished_notes_move_is_noted_before_its_event_reaches_the_watcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = Vault::new(dir.path().join("vault"), Folders::default());
+        vault.prepare().unwrap();
+        let journal = Journal::open(&dir.path().join("state")).unwrap();
+        let runners = RunnerWatch::new(
+            RunnerId::parse("alpha-0a1b").unwrap(),
+            Duration::from_secs(3600),
+            None,
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let (v, own) = (vault.clone(), runners.own());
+        let _watching = watch::start(
+            &[vault.folder(State::Done)],
+            WatchMode::Events,
+            tx,
+            move |hint| crate::daemon::intake::needs_no_look(&v, &own, hint),
+        )
+        .unwrap();
+        let (ours, theirs) = (
+            vault.folder(State::InProgress).join("ours.md"),
+            vault.folder(State::InProgress).join("theirs.md"),
+        );
+        std::fs::write(&ours, "# ours\n").unwrap();
+        std::fs::write(&theirs, "# theirs\n").unwrap();
+        let run = journal.begin_run("In_Progress/ours.md").unwrap();
+
+        let moved = move_and_record(
+            &vault,
+            &runners.own(),
+            &journal,
+            run,
+            ours,
+            State::Done,
+            &[],
+        )
+        .unwrap();
+        assert!(moved.moved && moved.recorded.is_ok());
+        // Then a move nobody noted (another runner's): its hint comes, so the watch works,
+        // and every event before it (ours) has been through the watcher's thread.
+        let theirs_done = vault.folder(State::Done).join("theirs.md");
+        std::fs::rename(&theirs, &theirs_done).unwrap();
+        let mut seen = Vec::new();
+        while !seen.contains(&Hint::Ready(theirs_done.clone())) {
+            let hint = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("the other move's event within 10 s")
+                .expect("the watcher is alive");
+            seen.push(hint);
+        }
+        let ours_done = vault.folder(State::Done).join("ours.md");
+        assert!(
+            !seen.iter().any(|h| matches!(h, Hint::Ready(p) | Hint::Closed(p) | Hint::Changed(p) if *p == ours_done)),
+            "our own move woke the daemon: {seen:?}"
+        );
     }
 }
