@@ -324,11 +324,13 @@ impl Daemon {
         let runner = self.runners.me.to_string();
         let root = self.vault.root().to_path_buf();
         let journal = self.journal.clone();
-        let keep = match stamp {
-            Stamp::KeepThenUnsynced(text) => Some(text.to_owned()),
-            _ => None,
+        // The claimed text: kept in the journal first or not, and the text the stamp is
+        // written on unless the note changed since (`note::update_note_unsynced`).
+        let (keep, last_seen) = match stamp {
+            Stamp::KeepThenUnsynced(text) => (Some(text.to_owned()), Some(text.to_owned())),
+            Stamp::Unsynced(text) => (None, Some(text.to_owned())),
+            Stamp::Durable => (None, None),
         };
-        let unsynced = stamp != Stamp::Durable;
         // Noted before the write's rename, so that its event finds it noted (`on_hint`).
         self.runners.wrote(path);
         // The journal's write and the note's in one trip to the blocking pool.
@@ -337,10 +339,9 @@ impl Daemon {
             if let Some(text) = keep {
                 journal.keep_claimed_text(run, &text)?;
             }
-            Ok::<_, crate::journal::JournalError>(if unsynced {
-                note::update_note_unsynced(&root, &p, stamp)
-            } else {
-                note::update_note_beneath(&root, &p, stamp)
+            Ok::<_, crate::journal::JournalError>(match last_seen {
+                Some(text) => note::update_note_unsynced(&root, &p, stamp, Some(&text)),
+                None => note::update_note_beneath(&root, &p, stamp),
             })
         })
         .await
@@ -697,8 +698,8 @@ pub(crate) enum Stamp<'a> {
     Durable,
     /// Keep this text (the note as claimed) durable with the run, then write unsynced.
     KeepThenUnsynced(&'a str),
-    /// The claim record kept the text already: write unsynced.
-    Unsynced,
+    /// The claim record kept the text (the note as claimed) already: write unsynced.
+    Unsynced(&'a str),
 }
 
 /// What [`Daemon::write_identity`] came to.

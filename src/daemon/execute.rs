@@ -67,7 +67,7 @@ impl Daemon {
                     &note.path,
                     &note.ident.note_id,
                     if note.text_kept {
-                        Stamp::Unsynced
+                        Stamp::Unsynced(&text)
                     } else {
                         Stamp::KeepThenUnsynced(&text)
                     },
@@ -429,6 +429,7 @@ impl Daemon {
                     foreign: &foreign,
                     in_note,
                     committed,
+                    last_seen: text,
                 },
             )
             .await?

@@ -40,6 +40,8 @@ struct Appender {
     now: SystemTime,
     /// The note moves on right after: the rename's folder fsync is left to that move.
     moves_on: bool,
+    /// The note's text as the run last saw it (`Ending::last_seen`).
+    last_seen: Option<String>,
 }
 
 impl Appender {
@@ -61,8 +63,14 @@ impl Appender {
             other_note.set(appended.is_none());
             appended.unwrap_or_else(|| current.to_string())
         };
-        let written =
-            note::update_note_settling(&self.root, &self.path, build, self.moves_on, before_rename);
+        let written = note::update_note_settling(
+            &self.root,
+            &self.path,
+            build,
+            self.moves_on,
+            before_rename,
+            self.last_seen.as_deref(),
+        );
         if other_note.get() {
             return Err(note::WriteError::Gone(self.path));
         }
@@ -232,6 +240,7 @@ impl Daemon {
             foreign,
             in_note,
             committed,
+            last_seen,
         } = ending;
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
         let mut recorded_ids: Vec<String> = ids
@@ -240,7 +249,10 @@ impl Daemon {
             .cloned()
             .collect();
         recorded_ids.extend(in_note.iter().filter(|id| !ids.contains(id)).cloned());
-        let append = self.appender(path, note_id, results, held, next);
+        let append = Appender {
+            last_seen: Some(last_seen.to_owned()),
+            ..self.appender(path, note_id, results, held, next)
+        };
         // Noted before the write's rename, so that its event finds it noted (`on_hint`).
         self.runners.wrote(path);
         let (vault, journal, p) = (self.vault.clone(), self.journal.clone(), path.to_path_buf());
@@ -294,6 +306,7 @@ impl Daemon {
                 .vault
                 .locate(path)
                 .is_some_and(|(here, _)| here != next),
+            last_seen: None,
         }
     }
 

@@ -49,7 +49,7 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// temp file is dropped and `build` runs again on the new content, so the other writer's
 /// change is kept. When `build` changes nothing, nothing is written.
 pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
-    update(None, path, build, Durable::Now, &mut || {})
+    update(None, path, build, Durable::Now, &mut || {}, None)
 }
 
 /// [`update_note`] for a note below the vault `root` (the daemon's writes into state folders,
@@ -62,7 +62,7 @@ pub fn update_note_beneath(
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, Durable::Now, &mut || {})
+    update(Some(root), path, build, Durable::Now, &mut || {}, None)
 }
 
 /// [`update_note_beneath`] that calls `before_rename` once its temp file is written and
@@ -76,19 +76,25 @@ pub fn update_note_beneath(
 /// after the rename: the move's fsync of the folder it leaves ([`crate::vault::Vault::move_to`])
 /// makes this rename durable too, before anything is recorded as done. A caller whose move
 /// then fails must fsync the folder itself ([`crate::files::fsync_dir`]).
+///
+/// `last_seen`, the note's text as the caller last read or wrote it, is taken for the note's
+/// on the first attempt instead of reading the note again: the check under the lease before
+/// the rename compares it with the note itself, and a note changed since is read and built
+/// on at the next attempt (its temp file written for nothing).
 pub fn update_note_settling(
     root: &Path,
     path: &Path,
     build: impl Fn(&str) -> String,
     moves_on: bool,
     before_rename: &mut dyn FnMut(),
+    last_seen: Option<&str>,
 ) -> Result<String, WriteError> {
     let durable = if moves_on {
         Durable::ByTheMove
     } else {
         Durable::Now
     };
-    update(Some(root), path, build, durable, before_rename)
+    update(Some(root), path, build, durable, before_rename, last_seen)
 }
 
 /// [`update_note_beneath`] without an fsync of its own: neither the temp file nor the folder
@@ -96,13 +102,22 @@ pub fn update_note_settling(
 /// crash may then leave the note as it was, as written, or — on a file system that does not
 /// flush a file renamed over another — empty or zero-filled. Only for the identity stamp,
 /// whose caller first made the text it replaces durable in the journal, from which recovery
-/// puts a damaged note back (`journal/mod.rs`, "The stamp").
+/// puts a damaged note back (`journal/mod.rs`, "The stamp"). `last_seen` as for
+/// [`update_note_settling`].
 pub fn update_note_unsynced(
     root: &Path,
     path: &Path,
     build: impl Fn(&str) -> String,
+    last_seen: Option<&str>,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, Durable::Soon, &mut || {})
+    update(
+        Some(root),
+        path,
+        build,
+        Durable::Soon,
+        &mut || {},
+        last_seen,
+    )
 }
 
 /// Puts `text` back as the note at `path` (temp file, fsync, rename, folder fsync), whatever
@@ -139,19 +154,29 @@ fn update(
     build: impl Fn(&str) -> String,
     durable: Durable,
     before_rename: &mut dyn FnMut(),
+    last_seen: Option<&str>,
 ) -> Result<String, WriteError> {
     // After a writer was caught in the rename (see below): what we wrote, and their text.
     let mut carried: Option<(String, String)> = None;
+    // The caller's text for the note, taken without a read on the first attempt; the last
+    // attempt built on it, which was not the note's (no back-off: nobody was caught writing).
+    let (mut guess, mut guessed_wrong) = (last_seen, false);
     for attempt in 1..=MAX_ATTEMPTS {
-        if attempt > 1 && carried.is_none() {
+        if attempt > 1 && carried.is_none() && !std::mem::take(&mut guessed_wrong) {
             std::thread::sleep((BACKOFF_STEP * attempt).min(BACKOFF_MAX));
         }
-        let Some(bytes) = read_unless_busy(path)? else {
-            continue;
+        let guessed = guess.is_some();
+        let current = match guess.take() {
+            Some(text) => text.to_owned(),
+            None => {
+                let Some(bytes) = read_unless_busy(path)? else {
+                    continue;
+                };
+                String::from_utf8(bytes).map_err(|_| WriteError::NotUtf8 {
+                    path: path.to_path_buf(),
+                })?
+            }
         };
-        let current = String::from_utf8(bytes).map_err(|_| WriteError::NotUtf8 {
-            path: path.to_path_buf(),
-        })?;
         // Built on their text while the note is still what we wrote over it.
         let base = match carried.take() {
             Some((ours, theirs)) if ours == current => theirs,
@@ -166,6 +191,10 @@ fn update(
         };
         let new = build(&base);
         if new == current {
+            if guessed {
+                guessed_wrong = true; // nothing to add to it: said of the note only once read
+                continue;
+            }
             return Ok(new);
         }
         if let (Some(root), Some(folder)) = (root, path.parent()) {
@@ -195,6 +224,7 @@ fn update(
             Ok(true) => {}
             Ok(false) => {
                 let _ = fs::remove_file(&temp);
+                guessed_wrong = guessed;
                 continue;
             }
             Err(e) => {
@@ -897,6 +927,7 @@ mod tests {
                     .collect();
                 seen.push((note_now, temps));
             },
+            None,
         )
         .unwrap();
         assert_eq!(written, "old + result");
@@ -905,6 +936,59 @@ mod tests {
             vec![("old".to_string(), vec!["old + result".to_string()])]
         );
         assert_eq!(fs::read_to_string(&path).unwrap(), "old + result");
+        assert!(leftovers(&dir).is_empty());
+    }
+
+    /// The text the caller last saw is built on without reading the note first while it is
+    /// the note's text; once the note changed (the agent added a line mid-run), the note is
+    /// read and built on, and the other writer's change is kept. A last-seen text that needs
+    /// nothing added says nothing of the note until it is read.
+    #[test]
+    fn the_callers_last_seen_text_is_built_on_only_while_it_is_the_notes() {
+        let dir = tempfile::tempdir().unwrap();
+        let built = std::cell::RefCell::new(Vec::new());
+        let append = |t: &str| {
+            built.borrow_mut().push(t.to_string());
+            format!("{t} + result")
+        };
+        let write = |name: &str, on_disk: &[u8], last_seen: &str| {
+            built.borrow_mut().clear();
+            let path = note(&dir, name, on_disk);
+            let written =
+                update_note_settling(dir.path(), &path, append, true, &mut || {}, Some(last_seen))
+                    .unwrap();
+            assert_eq!(fs::read_to_string(&path).unwrap(), written);
+            (written, built.borrow().clone())
+        };
+        assert_eq!(
+            write("a.md", b"old", "old"),
+            ("old + result".to_string(), vec!["old".to_string()])
+        );
+        assert_eq!(
+            write("b.md", b"old\nthe agent's line", "old"),
+            (
+                "old\nthe agent's line + result".to_string(),
+                vec!["old".to_string(), "old\nthe agent's line".to_string()]
+            )
+        );
+        let path = note(&dir, "c.md", b"changed");
+        let written = update_note_settling(
+            dir.path(),
+            &path,
+            |t| {
+                if t == "done" {
+                    t.to_string()
+                } else {
+                    format!("{t} + result")
+                }
+            },
+            true,
+            &mut || {},
+            Some("done"),
+        )
+        .unwrap();
+        assert_eq!(written, "changed + result");
+        assert_eq!(fs::read_to_string(&path).unwrap(), "changed + result");
         assert!(leftovers(&dir).is_empty());
     }
 

@@ -19,6 +19,10 @@ pub(crate) struct Ending<'a> {
     /// The run's outcomes still committing (`Journal::call_finished_later`):
     /// settled after the results write, before the move.
     pub committed: Vec<crate::journal::Committed>,
+    /// The note's text as the run last read or wrote it: the results write takes it for the
+    /// note's without reading it again, unless the note changed since
+    /// (`note::update_note_settling`).
+    pub last_seen: &'a str,
 }
 
 /// How appending a run's results into its note went.
