@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 impl Daemon {
@@ -28,6 +29,7 @@ impl Daemon {
                 tracing::debug!(note = %self.vault.relative(path), "gone, or not readable as a note");
                 return Ok(());
             };
+            tracing::debug!("mark read");
             let parsed = parse_note(&text);
             if parsed.nothing_pending() {
                 self.explain_once(path, note::NOTHING_PENDING); // a finished note moved back
@@ -48,6 +50,7 @@ impl Daemon {
                 return Ok(()); // moved into Approved/ by hand: only `vaultd approve` counts
             }
             let mut ident = self.identify(path, &text).await?;
+            tracing::debug!("mark identified");
             if let Some(of) = ident.wait_for.take() {
                 if self.wait_for_original(path, &of, &parsed).await? {
                     continue;
@@ -208,25 +211,23 @@ impl Daemon {
         let left_key = left.map(|l| l.file.encode());
         let copy_of = copy_of.as_ref().map(|(id, grace)| (id.as_str(), *grace));
         // The text as claimed, so a sync client's duplicate of it is known (§9.10).
+        tracing::debug!("mark linked");
         let sha = read
             .as_ref()
             .ok()
             .map(|bytes| crate::tools::vault::sha256_hex(bytes));
         // A note whose stamp is likely (a call that is not a known read_only tool's) has its
         // text kept with the claim record, durable in the same commit ("The stamp").
-        let keep = read
+        let live = self.live();
+        let text = read
             .as_ref()
             .ok()
-            .and_then(|bytes| std::str::from_utf8(bytes).ok())
-            .filter(|text| {
-                crate::pipeline::execute::may_stamp_at_claim(
-                    &parse_note(text),
-                    &self.live().runner.registry,
-                )
-            });
-        let began = self
-            .journal
-            .begin_claim_async(
+            .and_then(|bytes| std::str::from_utf8(bytes).ok());
+        let keep = text.filter(|text| {
+            crate::pipeline::execute::may_stamp_at_claim(&parse_note(text), &live.runner.registry)
+        });
+        let (began, prepared) = {
+            let mut began = std::pin::pin!(self.journal.begin_claim_async(
                 &note,
                 &id,
                 &from,
@@ -234,8 +235,18 @@ impl Daemon {
                 left_key.as_deref(),
                 sha.as_deref(),
                 keep,
-            )
-            .await;
+            ));
+            // Polled once, the record is on its way to the journal's writer; the run's facts
+            // and plan are made meanwhile (nothing of them is recorded under the run), and the
+            // record is waited for before anything that is.
+            let sent = std::future::poll_fn(|cx| Poll::Ready(began.as_mut().poll(cx))).await;
+            let prepared = text.map(|text| self.prepare(ident, pass, &live, text.to_owned()));
+            match sent {
+                Poll::Ready(began) => (began, prepared),
+                Poll::Pending => (began.await, prepared),
+            }
+        };
+        let text_kept = keep.is_some();
         let run = match began {
             Ok(run) => run,
             Err(e) => {
@@ -251,10 +262,13 @@ impl Daemon {
             path: claimed.to_path_buf(),
             pass,
             ident: std::mem::take(ident),
-            live: self.live(),
-            text_kept: keep.is_some(),
+            live,
+            text_kept,
         };
-        self.execute(run, Some(read)).await
+        match prepared {
+            Some(prepared) => self.execute_prepared(run, prepared?).await,
+            None => self.execute(run, Some(read)).await, // not UTF-8: said so by `read_claimed`
+        }
     }
 
     /// Undoes a claim the journal could not record (§9.12). A link claim's first name still

@@ -7,7 +7,7 @@
 use crate::call::CallResult;
 use crate::daemon::claim::{Claimed, IdentityWrite, Stamp};
 use crate::daemon::write_back::Finished;
-use crate::daemon::{Daemon, DaemonError, NoteRun, Pass};
+use crate::daemon::{Daemon, DaemonError, Identity, NoteRun, Pass, reload};
 use crate::guard::budget;
 use crate::guard::hold_alert::HeldSummary;
 use crate::note::{ParsedNote, parse_note};
@@ -23,6 +23,18 @@ use tokio::task::JoinHandle;
 
 use crate::pipeline::execute::{Gathered, asked_a_person, rules, stamp_at_claim};
 
+/// What a run knows before anything of it is recorded under its run id: the note's text,
+/// parsed, what the journal knew of its calls, and the plan. A claim makes it while its claim
+/// record is on its way to the journal (`begin_and_execute`).
+pub(crate) struct Prepared {
+    text: String,
+    parsed: ParsedNote,
+    facts: Facts,
+    in_note: Vec<String>,
+    rules: plan::Rules,
+    plan: plan::Plan,
+}
+
 impl Daemon {
     /// Runs the pending calls of a claimed note, writes the results, moves the note on.
     pub(crate) async fn execute(
@@ -30,12 +42,23 @@ impl Daemon {
         mut note: NoteRun,
         read: Option<Claimed>,
     ) -> Result<(), DaemonError> {
-        let Some(mut text) = self.read_claimed(&note, read).await? else {
+        let Some(text) = self.read_claimed(&note, read).await? else {
             return Ok(());
         };
-        let (live, pass) = (note.live.clone(), note.pass);
-        let mut parsed = parse_note(&text);
-        let mut facts = self.facts_for(&parsed, &mut note).await?;
+        let prepared = self.prepare(&mut note.ident, note.pass, &note.live, text)?;
+        self.execute_prepared(note, prepared).await
+    }
+
+    /// The run's facts and plan (see [`Prepared`]); `ident`'s prior calls go into the facts.
+    pub(crate) fn prepare(
+        &self,
+        ident: &mut Identity,
+        pass: Pass,
+        live: &reload::Live,
+        text: String,
+    ) -> Result<Prepared, DaemonError> {
+        let parsed = parse_note(&text);
+        let mut facts = self.facts_for(&parsed, pass, ident)?;
         facts.journal_lost = self.journal_lost(&text, &facts)?;
         // Results in the note that the journal holds only as recorded: their "written" mark
         // was lost in a crash (it is not waited for); recorded with this run's move, so that
@@ -56,7 +79,32 @@ impl Daemon {
             Vec::new()
         };
         let rules = rules(&live.config, pass);
-        let mut plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
+        let plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
+        Ok(Prepared {
+            text,
+            parsed,
+            facts,
+            in_note,
+            rules,
+            plan,
+        })
+    }
+
+    /// [`execute`](Self::execute) from its [`Prepared`] facts and plan on.
+    pub(crate) async fn execute_prepared(
+        self: &Arc<Self>,
+        note: NoteRun,
+        prepared: Prepared,
+    ) -> Result<(), DaemonError> {
+        let Prepared {
+            mut text,
+            mut parsed,
+            facts,
+            in_note,
+            rules,
+            mut plan,
+        } = prepared;
+        let (live, pass) = (note.live.clone(), note.pass);
         let id_on_note = crate::note::frontmatter_property(&text, "tool_note");
         if stamp_at_claim(&plan, pass, &facts)
             || id_on_note.is_some_and(|id| id != note.ident.note_id)
@@ -100,6 +148,7 @@ impl Daemon {
         self.spend_decisions(alone).await?;
         self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
+        tracing::debug!("mark planned");
         let calls = self.start_calls(&note, &plan.steps, &with_start).await;
         let ran: HashSet<String> = plan
             .steps
@@ -184,12 +233,12 @@ impl Daemon {
     }
 
     /// What planning needs from the journal, read now (docs/design.md §9.3, §12.2, §4).
-    async fn facts_for(
+    fn facts_for(
         &self,
         parsed: &ParsedNote,
-        note: &mut NoteRun,
+        pass: Pass,
+        ident: &mut Identity,
     ) -> Result<Facts, DaemonError> {
-        let (pass, ident) = (note.pass, &mut note.ident);
         let decisions = if self.approval_via_cli() {
             let questions = Facts::questions(parsed);
             self.read_journal(|j| {
