@@ -43,7 +43,10 @@
 //! other start and seen by the next one in the same transaction: exact), just not for the
 //! commit. What a kill can cost is the starts of the last, uncommitted group: those calls ran
 //! once without being counted, and run again (and count) on recovery. The note budget (§12.2)
-//! counts the same way. Reads (another connection) see a `read_only` start once its group
+//! counts the same way. Far from its limits such a start does not wait at all: while each of
+//! its windows is at most half full by the writer's last count (with the starts so admitted
+//! and not yet inserted), it is admitted on that count and its insert queued
+//! ([`rates::RateRoom`]); it cannot find a window full. Near a limit the writer decides. Reads (another connection) see a `read_only` start once its group
 //! committed: at the latest when any later durable write has returned ([`Journal::flush`]).
 //!
 //! # The claim
@@ -193,6 +196,10 @@ pub struct Journal {
     /// The connection reads use (WAL: they never wait for the writer); the mutex makes
     /// `Journal` `Sync`.
     reader: Mutex<Connection>,
+    /// The writer's last counts of the rate-limit windows, shared with it: a `read_only` start
+    /// far from its limits is admitted on them without waiting for the writer
+    /// ([`rates::RateRoom`]).
+    room: Arc<rates::RateRoom>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -336,17 +343,18 @@ impl Journal {
         let reader = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         schema::configure_reader(&reader).map_err(wrap)?;
         let storage = Arc::new(StorageHealth::default());
-        let writer = writer::Writer::start(conn, path.clone(), storage.clone()).map_err(|e| {
-            JournalError::Other {
+        let room = Arc::new(rates::RateRoom::default());
+        let writer = writer::Writer::start(conn, path.clone(), storage.clone(), room.clone())
+            .map_err(|e| JournalError::Other {
                 path: path.clone(),
                 message: format!("cannot start the journal's writer thread: {e}"),
-            }
-        })?;
+            })?;
         Ok(Journal {
             path,
             storage,
             writer,
             reader: Mutex::new(reader),
+            room,
         })
     }
 

@@ -9,6 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 /// One rate limit of a tool: at most `max` starts within any `length` (an hour, a day).
@@ -55,6 +56,9 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
+        if let Some(insert) = self.admit_on_room(run, call_id, tool, effect, params, limits, None) {
+            return self.queue_room_start(tool, insert);
+        }
         match start_write(run, call_id, tool, effect, params, limits, None) {
             StartWrite::Queued(insert) => self.queue_start(insert),
             StartWrite::Admit(Wait::Executed, admit) => self.write_executed(admit),
@@ -83,10 +87,55 @@ impl Journal {
         limits: &[RateWindow],
         spend: Option<&str>,
     ) -> Result<StartAdmission, JournalError> {
+        if let Some(insert) = self.admit_on_room(run, call_id, tool, effect, params, limits, spend)
+        {
+            return self.queue_room_start(tool, insert);
+        }
         match start_write(run, call_id, tool, effect, params, limits, spend) {
             StartWrite::Queued(insert) => self.queue_start(insert),
             StartWrite::Admit(wait, admit) => self.write_async(wait, admit).await,
         }
+    }
+
+    /// A `read_only` start admitted without asking the writer: its windows are at most half
+    /// full by the writer's last count, with every start admitted so and not yet inserted
+    /// counted too ([`RateRoom`]). The insert, queued, is returned; `None` when the writer
+    /// must decide (a side effect's start, an approval to spend, a window not counted yet or
+    /// more than half full).
+    #[allow(clippy::too_many_arguments)]
+    fn admit_on_room(
+        &self,
+        run: RunId,
+        call_id: &str,
+        tool: &str,
+        effect: Effect,
+        params: &Value,
+        limits: &[RateWindow],
+        spend: Option<&str>,
+    ) -> Option<TxJob<()>> {
+        if needs_durable_start(effect) || limits.is_empty() || spend.is_some() {
+            return None;
+        }
+        if !self.room.admit(tool, limits) {
+            return None;
+        }
+        let (room, now) = (self.room.clone(), now_ms());
+        let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
+        Some(Box::new(move |tx: &Tx<'_>| {
+            let inserted = insert_start(tx, now, run, &call_id, &tool, effect, &params);
+            room.inserted(&tool);
+            inserted
+        }))
+    }
+
+    /// Queues a start [`admit_on_room`](Self::admit_on_room) admitted.
+    fn queue_room_start(
+        &self,
+        tool: &str,
+        insert: TxJob<()>,
+    ) -> Result<StartAdmission, JournalError> {
+        self.queue_start(insert)
+            .inspect_err(|_| self.room.inserted(tool))
     }
 
     /// How many calls of `tool` started at or after `since`, across all runs.
@@ -193,6 +242,82 @@ fn window_ms(window: RateWindow) -> i64 {
 pub(super) struct RateCache {
     data_version: Option<i64>,
     windows: HashMap<WindowKey, Starts>,
+    /// Where each count is published for [`Journal::admit_on_room`].
+    room: Arc<RateRoom>,
+}
+
+/// The writer's last count of each rate-limit window it keeps, published for admissions made
+/// without it, and the starts so admitted that it has not inserted yet.
+///
+/// A `read_only` start whose every window is at most half full by that count (its pending
+/// starts and itself included) is admitted at once and its insert queued, not waited for: it
+/// cannot find the window full. A count only overstates a window as time passes (starts leave
+/// it); this writer's inserts update it; whatever voids the writer's cache (a rollback, a
+/// commit by another process seen at the next group) voids the counts, and the writer
+/// decides alone until it has counted again. What a kill can cost is what it costs a queued
+/// `read_only` start (the module doc of `journal`): a call that ran and is counted only when
+/// recovery runs it again. A window near its limit is left to the writer, exact as before.
+#[derive(Default)]
+pub(super) struct RateRoom {
+    state: Mutex<RoomState>,
+    /// Starts admitted here, for tests to see that it happens.
+    #[cfg(test)]
+    admitted: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct RoomState {
+    counted: HashMap<WindowKey, u64>,
+    /// Per tool: admitted on the counts, not inserted yet.
+    pending: HashMap<String, u64>,
+}
+
+impl RateRoom {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RoomState> {
+        // Plain counts inside: a panic while it was held left them consistent.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Admits a start of `tool` (then pending) if each of `limits` has room for it and every
+    /// pending start within half its max, by the writer's last count.
+    fn admit(&self, tool: &str, limits: &[RateWindow]) -> bool {
+        let mut st = self.lock();
+        let pending = st.pending.get(tool).copied().unwrap_or(0);
+        let room = limits.iter().all(|&window| {
+            let key = WindowKey {
+                tool: tool.to_owned(),
+                length_ms: window_ms(window),
+                max: window.max,
+            };
+            st.counted
+                .get(&key)
+                .is_some_and(|&n| n.saturating_add(pending + 1).saturating_mul(2) <= window.max)
+        });
+        if room {
+            *st.pending.entry(tool.to_owned()).or_default() += 1;
+            #[cfg(test)]
+            self.admitted
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        room
+    }
+
+    /// A start admitted by [`admit`](Self::admit) was inserted (counted now), or will never be.
+    fn inserted(&self, tool: &str) {
+        if let Some(n) = self.lock().pending.get_mut(tool) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn counted(&self, key: &WindowKey, n: u64) {
+        self.lock().counted.insert(key.clone(), n);
+    }
+
+    fn forget(&self) {
+        self.lock().counted.clear();
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -216,15 +341,24 @@ impl RateCache {
             .prepare_cached("PRAGMA data_version")?
             .query_row([], |r| r.get(0))?;
         if self.data_version != Some(version) {
-            self.windows.clear();
+            self.clear();
             self.data_version = Some(version);
         }
         Ok(())
     }
 
+    /// A cache whose counts are published to `room`.
+    pub(super) fn new(room: Arc<RateRoom>) -> RateCache {
+        RateCache {
+            room,
+            ..RateCache::default()
+        }
+    }
+
     /// Forgets every window: they reload from the table when next asked for.
     pub(super) fn clear(&mut self) {
         self.windows.clear();
+        self.room.forget();
     }
 
     /// A start of `tool` at `at` was inserted in the current transaction.
@@ -239,6 +373,7 @@ impl RateCache {
             while starts.at.len() as u64 > key.max {
                 starts.at.pop_front();
             }
+            self.room.counted(key, starts.at.len() as u64);
         }
     }
 
@@ -257,7 +392,7 @@ impl RateCache {
             length_ms: length,
             max: window.max,
         };
-        let starts = match self.windows.entry(key) {
+        let starts = match self.windows.entry(key.clone()) {
             Entry::Occupied(e) if e.get().since <= since => e.into_mut(),
             Entry::Occupied(mut e) => {
                 *e.get_mut() = load(conn, tool, since, window.max)?;
@@ -269,6 +404,7 @@ impl RateCache {
             starts.at.pop_front();
         }
         starts.since = since;
+        self.room.counted(&key, starts.at.len() as u64);
         if (starts.at.len() as u64) < window.max {
             return Ok(None);
         }
@@ -361,6 +497,7 @@ mod tests {
     use crate::journal::*;
     use rusqlite::params;
     use serde_json::json;
+    use std::sync::atomic::Ordering;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     #[test]
@@ -625,6 +762,51 @@ mod tests {
             admit(&journal, run, "c-2", window),
             StartAdmission::RateLimited { .. }
         ));
+    }
+
+    /// Far from its limits a `read_only` start is admitted on the writer's last count without
+    /// waiting for the writer; near them the writer decides, and the limit holds exactly
+    /// however many calls start at once.
+    #[test]
+    fn starts_far_from_the_limit_need_no_writer_and_the_limit_still_holds() {
+        let (_dir, journal) = fresh_journal();
+        let journal = std::sync::Arc::new(journal);
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let window = hourly(40);
+        // The first start is the writer's: nothing was counted yet.
+        assert_eq!(
+            admit(&journal, run, "first", window),
+            StartAdmission::Started
+        );
+        assert_eq!(journal.room.admitted.load(Ordering::SeqCst), 0);
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let journal = journal.clone();
+                std::thread::spawn(move || {
+                    (0..10)
+                        .map(|i| admit(&journal, run, &format!("c-{t}-{i}"), window))
+                        .filter(|a| *a == StartAdmission::Started)
+                        .count()
+                })
+            })
+            .collect();
+        let started: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(
+            started, 39,
+            "40 starts in the hour, the first one's included"
+        );
+        let fast = journal.room.admitted.load(Ordering::SeqCst);
+        assert!(
+            (1..=19).contains(&fast),
+            "up to half the window admitted without the writer: {fast}"
+        );
+        journal.flush().unwrap();
+        assert_eq!(
+            journal
+                .calls_started_since("search_web", UNIX_EPOCH)
+                .unwrap(),
+            40
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! committed, and closes the connection.
 
 use super::Wait;
-use super::rates::RateCache;
+use super::rates::{RateCache, RateRoom};
 use super::{Failure, StorageHealth, Tx};
 use rusqlite::Connection;
 use std::cell::RefCell;
@@ -91,13 +91,14 @@ impl Writer {
         conn: Connection,
         path: PathBuf,
         storage: Arc<StorageHealth>,
+        room: Arc<RateRoom>,
     ) -> std::io::Result<Writer> {
         let (jobs, queue) = sync_channel::<Job>(QUEUE);
         let counts = Arc::new(Counts::default());
         let counter = counts.clone();
         let thread = std::thread::Builder::new()
             .name("journal-writer".into())
-            .spawn(move || write_groups(&conn, &queue, &path, &counter, &storage))?;
+            .spawn(move || write_groups(&conn, &queue, &path, &counter, &storage, room))?;
         Ok(Writer {
             jobs: Some(jobs),
             thread: Some(thread),
@@ -274,8 +275,9 @@ fn write_groups(
     path: &std::path::Path,
     counts: &Counts,
     storage: &StorageHealth,
+    room: Arc<RateRoom>,
 ) {
-    let rates = RefCell::new(RateCache::default());
+    let rates = RefCell::new(RateCache::new(room));
     let mut sync = WalSync::default();
     loop {
         let waiting_since = std::time::Instant::now();
