@@ -9,6 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -56,13 +57,15 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
-        if let Some(insert) = self.admit_on_room(run, call_id, tool, effect, params, limits, None) {
-            return self.queue_room_start(tool, insert);
+        if self.start_on_room(run, call_id, tool, effect, params, limits, None) {
+            return Ok(StartAdmission::Started);
         }
         match start_write(run, call_id, tool, effect, params, limits, None) {
             StartWrite::Queued(insert) => self.queue_start(insert),
-            StartWrite::Admit(Wait::Executed, admit) => self.write_executed(admit),
-            StartWrite::Admit(_, admit) => self.write(admit),
+            StartWrite::Admit(Wait::Executed, admit) => {
+                self.write_executed(self.room.deciding(tool, admit))
+            }
+            StartWrite::Admit(_, admit) => self.write(self.room.deciding(tool, admit)),
         }
     }
 
@@ -87,23 +90,24 @@ impl Journal {
         limits: &[RateWindow],
         spend: Option<&str>,
     ) -> Result<StartAdmission, JournalError> {
-        if let Some(insert) = self.admit_on_room(run, call_id, tool, effect, params, limits, spend)
-        {
-            return self.queue_room_start(tool, insert);
+        if self.start_on_room(run, call_id, tool, effect, params, limits, spend) {
+            return Ok(StartAdmission::Started);
         }
         match start_write(run, call_id, tool, effect, params, limits, spend) {
             StartWrite::Queued(insert) => self.queue_start(insert),
-            StartWrite::Admit(wait, admit) => self.write_async(wait, admit).await,
+            StartWrite::Admit(wait, admit) => {
+                self.write_async(wait, self.room.deciding(tool, admit))
+                    .await
+            }
         }
     }
 
-    /// A `read_only` start admitted without asking the writer: its windows are at most half
-    /// full by the writer's last count, with every start admitted so and not yet inserted
-    /// counted too ([`RateRoom`]). The insert, queued, is returned; `None` when the writer
-    /// must decide (a side effect's start, an approval to spend, a window not counted yet or
-    /// more than half full).
+    /// Starts a `read_only` call without asking the writer when its windows have room to
+    /// spare ([`RateRoom::admit`]): its insert is queued, not waited for. False when the
+    /// writer must decide (a side effect's start, an approval to spend, a window not counted
+    /// yet or more than half full, a full queue).
     #[allow(clippy::too_many_arguments)]
-    fn admit_on_room(
+    fn start_on_room(
         &self,
         run: RunId,
         call_id: &str,
@@ -112,30 +116,23 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
         spend: Option<&str>,
-    ) -> Option<TxJob<()>> {
+    ) -> bool {
         if needs_durable_start(effect) || limits.is_empty() || spend.is_some() {
-            return None;
+            return false;
         }
-        if !self.room.admit(tool, limits) {
-            return None;
-        }
-        let (room, now) = (self.room.clone(), now_ms());
-        let (call_id, tool, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
-        Some(Box::new(move |tx: &Tx<'_>| {
-            let inserted = insert_start(tx, now, run, &call_id, &tool, effect, &params);
-            room.inserted(&tool);
-            inserted
-        }))
-    }
-
-    /// Queues a start [`admit_on_room`](Self::admit_on_room) admitted.
-    fn queue_room_start(
-        &self,
-        tool: &str,
-        insert: TxJob<()>,
-    ) -> Result<StartAdmission, JournalError> {
-        self.queue_start(insert)
-            .inspect_err(|_| self.room.inserted(tool))
+        let now = now_ms();
+        let (call_id, name, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
+        self.room.admit(tool, limits, |held| {
+            let insert = move |tx: &Tx<'_>| {
+                let inserted = insert_start(tx, now, run, &call_id, &name, effect, &params);
+                drop(held); // counted now (or rolled back, and the counts with it)
+                inserted
+            };
+            matches!(
+                self.writer.try_enqueue("a read_only call's start", insert),
+                Ok(true)
+            )
+        })
     }
 
     /// How many calls of `tool` started at or after `since`, across all runs.
@@ -247,14 +244,15 @@ pub(super) struct RateCache {
 }
 
 /// The writer's last count of each rate-limit window it keeps, published for admissions made
-/// without it, and the starts so admitted that it has not inserted yet.
+/// without it, and per tool the starts that count does not hold yet ([`Ahead`]).
 ///
-/// A `read_only` start whose every window is at most half full by that count (its pending
-/// starts and itself included) is admitted at once and its insert queued, not waited for: it
-/// cannot find the window full. A count only overstates a window as time passes (starts leave
-/// it); this writer's inserts update it; whatever voids the writer's cache (a rollback, a
-/// commit by another process seen at the next group) voids the counts, and the writer
-/// decides alone until it has counted again. What a kill can cost is what it costs a queued
+/// A `read_only` start whose every window is at most half full by that count (every start
+/// of the tool ahead of it in the writer's queue, admitted here or waiting for the writer's
+/// decision, and itself included) is admitted at once and its insert queued, not waited for:
+/// even if each start ahead of it takes a slot, the window is not full. A count only
+/// overstates a window as time passes (starts leave it); this writer's inserts update it;
+/// whatever voids the writer's cache (a rollback, a commit by another process seen at the
+/// next group) voids the counts, and the writer decides alone until it has counted again. What a kill can cost is what it costs a queued
 /// `read_only` start (the module doc of `journal`): a call that ran and is counted only when
 /// recovery runs it again. A window near its limit is left to the writer, exact as before.
 #[derive(Default)]
@@ -262,14 +260,39 @@ pub(super) struct RateRoom {
     state: Mutex<RoomState>,
     /// Starts admitted here, for tests to see that it happens.
     #[cfg(test)]
-    admitted: std::sync::atomic::AtomicU64,
+    admitted: AtomicU64,
 }
 
 #[derive(Default)]
 struct RoomState {
     counted: HashMap<WindowKey, u64>,
-    /// Per tool: admitted on the counts, not inserted yet.
-    pending: HashMap<String, u64>,
+    tools: HashMap<String, Arc<Ahead>>,
+}
+
+/// A tool's starts the writer's counts do not hold yet: admitted here and queued, and
+/// admissions queued for the writer to decide. Each is taken back by its [`Held`] once its
+/// job ran (or was dropped unrun).
+#[derive(Default)]
+struct Ahead {
+    admitted: AtomicU64,
+    deciding: AtomicU64,
+}
+
+/// One start counted in [`Ahead`] until dropped.
+pub(super) struct Held {
+    ahead: Arc<Ahead>,
+    admitted: bool,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let n = if self.admitted {
+            &self.ahead.admitted
+        } else {
+            &self.ahead.deciding
+        };
+        n.fetch_sub(1, AtomicOrdering::SeqCst);
+    }
 }
 
 impl RateRoom {
@@ -280,11 +303,21 @@ impl RateRoom {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Admits a start of `tool` (then pending) if each of `limits` has room for it and every
-    /// pending start within half its max, by the writer's last count.
-    fn admit(&self, tool: &str, limits: &[RateWindow]) -> bool {
+    fn ahead(st: &mut RoomState, tool: &str) -> Arc<Ahead> {
+        st.tools.entry(tool.to_owned()).or_default().clone()
+    }
+
+    /// Admits a start of `tool` when, by the writer's last count, each of `limits` has room
+    /// for it within half its max, every start of the tool ahead of it in the writer's queue
+    /// counted too; `enqueue` must then queue its insert without waiting, and drop the
+    /// [`Held`] it is given once the insert ran. Under one lock with the check, so every
+    /// admission the writer may run before that insert was counted here, or is queued after
+    /// it and sees it: the writer never finds a window full that this admission counted on.
+    fn admit(&self, tool: &str, limits: &[RateWindow], enqueue: impl FnOnce(Held) -> bool) -> bool {
         let mut st = self.lock();
-        let pending = st.pending.get(tool).copied().unwrap_or(0);
+        let ahead = Self::ahead(&mut st, tool);
+        let before = ahead.admitted.load(AtomicOrdering::SeqCst)
+            + ahead.deciding.load(AtomicOrdering::SeqCst);
         let room = limits.iter().all(|&window| {
             let key = WindowKey {
                 tool: tool.to_owned(),
@@ -293,22 +326,37 @@ impl RateRoom {
             };
             st.counted
                 .get(&key)
-                .is_some_and(|&n| n.saturating_add(pending + 1).saturating_mul(2) <= window.max)
+                .is_some_and(|&n| n.saturating_add(before + 1).saturating_mul(2) <= window.max)
         });
-        if room {
-            *st.pending.entry(tool.to_owned()).or_default() += 1;
-            #[cfg(test)]
-            self.admitted
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if !room {
+            return false;
         }
-        room
+        ahead.admitted.fetch_add(1, AtomicOrdering::SeqCst);
+        let queued = enqueue(Held {
+            ahead,
+            admitted: true,
+        });
+        #[cfg(test)]
+        if queued {
+            self.admitted.fetch_add(1, AtomicOrdering::SeqCst);
+        }
+        queued
     }
 
-    /// A start admitted by [`admit`](Self::admit) was inserted (counted now), or will never be.
-    fn inserted(&self, tool: &str) {
-        if let Some(n) = self.lock().pending.get_mut(tool) {
-            *n = n.saturating_sub(1);
-        }
+    /// `job`, an admission for the writer to decide, counted ahead of the writer's counts of
+    /// `tool` until it ran.
+    fn deciding<T: 'static>(&self, tool: &str, job: TxJob<T>) -> TxJob<T> {
+        let ahead = Self::ahead(&mut self.lock(), tool);
+        ahead.deciding.fetch_add(1, AtomicOrdering::SeqCst);
+        let held = Held {
+            ahead,
+            admitted: false,
+        };
+        Box::new(move |tx: &Tx<'_>| {
+            let decided = job(tx);
+            drop(held);
+            decided
+        })
     }
 
     fn counted(&self, key: &WindowKey, n: u64) {

@@ -193,21 +193,44 @@ impl Writer {
         what: &'static str,
         f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
     ) -> Result<(), Failure> {
-        self.send(Job {
-            durable: false,
-            run: Box::new(move |tx| match tx.and_then(f) {
-                Ok(()) => Ran::Done(None),
-                Err(e) => {
-                    tracing::error!("journal: {what} not recorded: {e}");
-                    Ran::Failed
-                }
-            }),
-        })
+        self.send(queued(what, f))
+    }
+
+    /// [`enqueue`](Self::enqueue) that never waits: `Ok(false)`, and `f` dropped unrun, when
+    /// the queue is full.
+    pub(super) fn try_enqueue(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
+    ) -> Result<bool, Failure> {
+        let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
+        match jobs.try_send(queued(what, f)) {
+            Ok(()) => Ok(true),
+            Err(TrySendError::Full(_)) => Ok(false),
+            Err(TrySendError::Disconnected(_)) => Err(stopped()),
+        }
     }
 
     fn send(&self, job: Job) -> Result<(), Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
         jobs.send(job).map_err(|_| stopped())
+    }
+}
+
+/// A job nobody waits for; its error is logged as `what`.
+fn queued(
+    what: &'static str,
+    f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
+) -> Job {
+    Job {
+        durable: false,
+        run: Box::new(move |tx| match tx.and_then(f) {
+            Ok(()) => Ran::Done(None),
+            Err(e) => {
+                tracing::error!("journal: {what} not recorded: {e}");
+                Ran::Failed
+            }
+        }),
     }
 }
 
