@@ -322,6 +322,27 @@ pub const MAX_DUPLICATE_ORIGINALS: usize = 8;
 /// event for it comes within milliseconds; a later event there is someone else's.
 const OWN_WRITE_TTL: Duration = Duration::from_secs(5);
 
+/// What [`RunnerWatch::check`] needs, owned: it reads a note, on a blocking thread.
+#[derive(Clone)]
+pub struct ForeignCheck {
+    me: RunnerId,
+    window: Duration,
+    taken_over_at: Option<SystemTime>,
+}
+
+impl ForeignCheck {
+    /// Reads the head of the note at `path`: another runner's recent activity, or None.
+    pub fn check(&self, path: &Path) -> Option<ForeignNote> {
+        foreign_note(
+            path,
+            &self.me,
+            self.window,
+            self.taken_over_at,
+            SystemTime::now(),
+        )
+    }
+}
+
 /// A running daemon's view of other runners (docs/design.md §9.9): the take-over cutoff, the pause,
 /// and the paths it just wrote itself, whose events need no read at all.
 pub struct RunnerWatch {
@@ -344,6 +365,12 @@ impl OwnWrites {
     /// Notes that this daemon puts, or just put, a note at `path`.
     pub fn wrote(&self, path: &Path) {
         self.0.lock().expect("own-writes lock poisoned").note(path);
+    }
+
+    /// `path` is not this daemon's own (a rename noted before it was made failed, or put the
+    /// note under another name).
+    pub fn forget(&self, path: &Path) {
+        self.0.lock().expect("own-writes lock poisoned").take(path);
     }
 
     /// Whether an event at `path` is (very likely) this daemon's own write.
@@ -384,13 +411,16 @@ impl RunnerWatch {
 
     /// Reads the head of the note at `path`: another runner's recent activity, or None.
     pub fn check(&self, path: &Path) -> Option<ForeignNote> {
-        foreign_note(
-            path,
-            &self.me,
-            self.window,
-            self.taken_over_at,
-            SystemTime::now(),
-        )
+        self.checker().check(path)
+    }
+
+    /// [`check`](Self::check), for a blocking thread.
+    pub fn checker(&self) -> ForeignCheck {
+        ForeignCheck {
+            me: self.me.clone(),
+            window: self.window,
+            taken_over_at: self.taken_over_at,
+        }
     }
 
     /// Pauses claiming because of `note`; true the first time (the caller then logs and alerts

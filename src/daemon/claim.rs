@@ -146,10 +146,16 @@ impl Daemon {
             return None;
         }
         // Noted before the link or rename, so that its event finds it noted (`on_hint`).
-        if let Some(target) = self.vault.target(path, State::InProgress) {
-            self.runners.wrote(&target);
+        let target = self.vault.target(path, State::InProgress);
+        if let Some(target) = &target {
+            self.runners.wrote(target);
         }
         let moved = self.move_or_link(path).await;
+        if let Some(target) = target
+            && !matches!(&moved, Ok((claimed, _, _)) if *claimed == target)
+        {
+            self.look_again(target).await;
+        }
         if !matches!(&moved, Ok((_, Some(_), _))) {
             self.arrivals.release(path, key);
         }
@@ -238,8 +244,13 @@ impl Daemon {
             ));
             // Polled once, the record is on its way to the journal's writer; the run's facts
             // and plan are made meanwhile (nothing of them is recorded under the run), and the
-            // record is waited for before anything that is.
-            let sent = std::future::poll_fn(|cx| Poll::Ready(began.as_mut().poll(cx))).await;
+            // record is waited for before anything that is. Not for a record kept durable
+            // (`keep`): its commit makes every write queued before it readable, which the
+            // facts' count of the note's started calls (§12.2) then includes.
+            let sent = match keep {
+                None => std::future::poll_fn(|cx| Poll::Ready(began.as_mut().poll(cx))).await,
+                Some(_) => Poll::Ready(began.as_mut().await),
+            };
             let prepared = text.map(|text| self.prepare(ident, pass, &live, text.to_owned()));
             match sent {
                 Poll::Ready(began) => (began, prepared),

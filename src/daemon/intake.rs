@@ -140,6 +140,25 @@ impl Daemon {
         });
     }
 
+    /// A path noted as this daemon's own before a rename that then failed or put the note
+    /// under another name: noted no longer, and its note read now, as its event (dropped
+    /// while it was noted) would have had it read: another runner may have put it there
+    /// (§9.9; a sync client brings that runner's claim of the same note, say).
+    pub(crate) async fn look_again(&self, path: PathBuf) {
+        self.runners.own().forget(&path);
+        if self.runners.is_paused() {
+            return;
+        }
+        let check = self.runners.checker();
+        let found = tokio::task::spawn_blocking(move || check.check(&path))
+            .await
+            .ok()
+            .flatten();
+        if let Some(found) = found {
+            self.pause_for(found).await;
+        }
+    }
+
     /// Stops claiming because another runner works on this vault: running calls finish,
     /// nothing new is claimed; logged once, recorded for `vaultd status`, alerted (§12.4).
     pub(crate) async fn pause_for(&self, found: ForeignNote) {
@@ -699,6 +718,9 @@ mod tests {
         runners.wrote(&done);
         assert!(!look(Hint::Ready(done.clone())), "our own move into Done/");
         assert!(!look(Hint::Closed(done.clone())));
+        // A rename noted before it was made that failed: the name is someone else's again.
+        own.forget(&done);
+        assert!(look(Hint::Ready(done.clone())));
         // The inbox is always looked at, even where vaultd itself just put a note back.
         runners.wrote(&inbox);
         assert!(look(Hint::Ready(inbox.clone())));

@@ -85,6 +85,20 @@ struct Moved {
     recorded: Result<(), crate::journal::JournalError>,
 }
 
+/// Where a move noted before it was made meant to put the note, when it did not put it there.
+fn missed_target(
+    vault: &crate::vault::Vault,
+    path: &Path,
+    next: State,
+    moved: &Result<Moved, DaemonError>,
+) -> Option<PathBuf> {
+    let target = vault.target(path, next)?;
+    match moved {
+        Ok(m) if !m.moved || m.dest == target => None,
+        _ => Some(target),
+    }
+}
+
 /// The note's move to `next` (unless it is already there or gone) and its journal record: the
 /// written ids and the end of the run, in one commit. Blocking.
 fn move_and_record(
@@ -276,6 +290,7 @@ impl Daemon {
         match self.written(path, ids, written).await? {
             WriteBack::Written(_) => {
                 let moved = moved.expect("a written note was moved on");
+                self.look_again_unless_moved(path, next, &moved).await;
                 Ok(Finished::Moved(self.after_move(moved, next, reason)))
             }
             WriteBack::Gone => Ok(Finished::Gone),
@@ -360,7 +375,21 @@ impl Daemon {
         })
         .await
         .expect("move task does not panic");
+        self.look_again_unless_moved(path, next, &moved).await;
         self.after_move(moved, next, reason)
+    }
+
+    /// A finished note's move is noted as this daemon's own before it is made: where it then
+    /// failed or went to another name, its first name is looked at again (`look_again`).
+    async fn look_again_unless_moved(
+        &self,
+        path: &Path,
+        next: State,
+        moved: &Result<Moved, DaemonError>,
+    ) {
+        if let Some(target) = missed_target(&self.vault, path, next, moved) {
+            self.look_again(target).await;
+        }
     }
 
     /// The log line of a finished note, with its outcome and why; the move's or the record's
@@ -438,6 +467,42 @@ mod tests {
     use crate::vault::Vault;
     use crate::watch::{self, Hint};
     use std::time::Duration;
+
+    /// A move noted before it was made that found its name taken (another runner's note, say)
+    /// put the note under another name: the name it meant is looked at again
+    /// (`look_again_unless_moved`); a move to the name it meant is not.
+    #[test]
+    fn a_move_to_a_taken_name_misses_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = Vault::new(dir.path().join("vault"), Folders::default());
+        vault.prepare().unwrap();
+        let journal = Journal::open(&dir.path().join("state")).unwrap();
+        let own = RunnerWatch::new(
+            RunnerId::parse("alpha-0a1b").unwrap(),
+            Duration::from_secs(3600),
+            None,
+        )
+        .own();
+        let (x, y) = (
+            vault.folder(State::InProgress).join("x.md"),
+            vault.folder(State::InProgress).join("y.md"),
+        );
+        for p in [&x, &y] {
+            std::fs::write(p, "# ours\n").unwrap();
+        }
+        let taken = vault.folder(State::Done).join("x.md");
+        std::fs::write(&taken, "# theirs\n").unwrap();
+        let run = journal.begin_run("In_Progress/x.md").unwrap();
+        let moved = move_and_record(&vault, &own, &journal, run, x.clone(), State::Done, &[]);
+        assert_ne!(moved.as_ref().unwrap().dest, taken);
+        assert_eq!(
+            missed_target(&vault, &x, State::Done, &moved),
+            Some(taken.clone())
+        );
+        let run = journal.begin_run("In_Progress/y.md").unwrap();
+        let moved = move_and_record(&vault, &own, &journal, run, y.clone(), State::Done, &[]);
+        assert_eq!(missed_target(&vault, &y, State::Done, &moved), None);
+    }
 
     /// A finished note's move into Done/ is noted as this daemon's own before its rename, so
     /// that the watcher's thread drops the rename's event instead of waking the daemon to read
