@@ -346,8 +346,12 @@ impl RateRoom {
     /// `job`, an admission for the writer to decide, counted ahead of the writer's counts of
     /// `tool` until it ran.
     fn deciding<T: 'static>(&self, tool: &str, job: TxJob<T>) -> TxJob<T> {
-        let ahead = Self::ahead(&mut self.lock(), tool);
+        // Counted under the lock: an admission that checks after this sees it, one that
+        // checked before has queued its insert ahead of this job.
+        let mut st = self.lock();
+        let ahead = Self::ahead(&mut st, tool);
         ahead.deciding.fetch_add(1, AtomicOrdering::SeqCst);
+        drop(st);
         let held = Held {
             ahead,
             admitted: false,
