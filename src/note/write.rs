@@ -197,12 +197,22 @@ fn update(
             }
             return Ok(new);
         }
-        if let (Some(root), Some(folder)) = (root, path.parent()) {
-            crate::beneath::check_dir(root, folder).map_err(|e| io_error(path, e))?;
-        }
+        let checked = match (root, path.parent()) {
+            (Some(root), Some(folder)) => crate::beneath::check_dir(root, folder),
+            _ => Ok(()),
+        };
         let temp = temp_path(path);
-        if let Err(source) = write_temp(&temp, path, new.as_bytes(), durable != Durable::Soon) {
-            let _ = fs::remove_file(&temp);
+        let written = checked.and_then(|()| {
+            write_temp(&temp, path, new.as_bytes(), durable != Durable::Soon).inspect_err(|_| {
+                let _ = fs::remove_file(&temp);
+            })
+        });
+        if let Err(source) = written {
+            if guessed && source.kind() == io::ErrorKind::NotFound {
+                // Its folder is gone: said (as `Gone`) by the read of the next attempt.
+                guessed_wrong = true;
+                continue;
+            }
             return Err(io_error(path, source));
         }
         before_rename();
@@ -990,6 +1000,15 @@ mod tests {
         assert_eq!(written, "changed + result");
         assert_eq!(fs::read_to_string(&path).unwrap(), "changed + result");
         assert!(leftovers(&dir).is_empty());
+        // A note whose folder went away meanwhile is gone, as when it was read first.
+        let sub = dir.path().join("sub");
+        fs::create_dir(&sub).unwrap();
+        let path = sub.join("d.md");
+        fs::write(&path, "old").unwrap();
+        fs::remove_dir_all(&sub).unwrap();
+        let written =
+            update_note_settling(dir.path(), &path, append, true, &mut || {}, Some("old"));
+        assert!(matches!(written, Err(WriteError::Gone(_))), "{written:?}");
     }
 
     /// A file a write replaced under one name but that keeps another (a hard-link claim's
