@@ -11,7 +11,7 @@ use std::sync::Arc;
 pub(super) fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
     let (config, redactor, runtime) = start(g)?;
     let (grace, lock) = (config.shutdown_grace, config.vault.join(".vaultd.lock"));
-    let daemon = async move {
+    let outcome = runtime.block_on(async move {
         let signal = shutdown_signal();
         let shutdown = async move {
             signal.await;
@@ -28,13 +28,6 @@ pub(super) fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i3
         )
         .await
         .map_err(anyhow::Error::from)
-    };
-    // On a worker, not on this thread: the note tasks it spawns then start on the worker that
-    // took the watcher's hint, without waking a second thread for each note.
-    let outcome = runtime.block_on(async move {
-        tokio::spawn(daemon)
-            .await
-            .unwrap_or_else(|e| Err(anyhow::anyhow!("the daemon task ended: {e}")))
     });
     // docs/design.md §9.15: a blocking-pool thread stuck in a read (a FIFO, a hung device) must not
     // keep the process alive: the runtime is not waited for beyond a moment.
