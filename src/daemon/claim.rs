@@ -29,7 +29,6 @@ impl Daemon {
                 tracing::debug!(note = %self.vault.relative(path), "gone, or not readable as a note");
                 return Ok(());
             };
-            tracing::debug!("mark read");
             let parsed = parse_note(&text);
             if parsed.nothing_pending() {
                 self.explain_once(path, note::NOTHING_PENDING); // a finished note moved back
@@ -50,7 +49,6 @@ impl Daemon {
                 return Ok(()); // moved into Approved/ by hand: only `vaultd approve` counts
             }
             let mut ident = self.identify(path, &text).await?;
-            tracing::debug!("mark identified");
             if let Some(of) = ident.wait_for.take() {
                 if self.wait_for_original(path, &of, &parsed).await? {
                     continue;
@@ -217,7 +215,6 @@ impl Daemon {
         let left_key = left.map(|l| l.file.encode());
         let copy_of = copy_of.as_ref().map(|(id, grace)| (id.as_str(), *grace));
         // The text as claimed, so a sync client's duplicate of it is known (§9.10).
-        tracing::debug!("mark linked");
         let sha = read
             .as_ref()
             .ok()

@@ -148,7 +148,6 @@ impl Daemon {
         self.spend_decisions(alone).await?;
         self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
-        tracing::debug!("mark planned");
         let calls = self.start_calls(&note, &plan.steps, &with_start).await;
         let ran: HashSet<String> = plan
             .steps
