@@ -128,16 +128,20 @@ impl Daemon {
             return;
         }
         let me = self.clone();
-        tasks.spawn(async move {
-            let judge = me.clone();
-            let found = tokio::task::spawn_blocking(move || judge.runners.check(&path))
-                .await
-                .ok()
-                .flatten();
-            if let Some(found) = found {
-                me.pause_for(found).await;
-            }
-        });
+        tasks.spawn(async move { me.read_for_second_runner(path).await });
+    }
+
+    /// Reads the note at `path` off the async workers; another runner's recent activity there
+    /// pauses claiming.
+    async fn read_for_second_runner(&self, path: PathBuf) {
+        let check = self.runners.checker();
+        let found = tokio::task::spawn_blocking(move || check.check(&path))
+            .await
+            .ok()
+            .flatten();
+        if let Some(found) = found {
+            self.pause_for(found).await;
+        }
     }
 
     /// A path noted as this daemon's own before a rename that then failed or put the note
@@ -146,16 +150,8 @@ impl Daemon {
     /// (§9.9; a sync client brings that runner's claim of the same note, say).
     pub(crate) async fn look_again(&self, path: PathBuf) {
         self.runners.own().forget(&path);
-        if self.runners.is_paused() {
-            return;
-        }
-        let check = self.runners.checker();
-        let found = tokio::task::spawn_blocking(move || check.check(&path))
-            .await
-            .ok()
-            .flatten();
-        if let Some(found) = found {
-            self.pause_for(found).await;
+        if !self.runners.is_paused() {
+            self.read_for_second_runner(path).await;
         }
     }
 
