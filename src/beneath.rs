@@ -8,7 +8,7 @@
 //! The vault root itself may be reached through a symlink (`~/vault` -> `/data/vault`): only
 //! what lies below it is resolved strictly.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -65,17 +65,22 @@ fn owned(fd: RawFd) -> io::Result<OwnedFd> {
 /// any symlink on the way; a symlink or a `..` gives the refusal.
 pub fn open_dir(root: &Path, rel: &Path) -> io::Result<OwnedFd> {
     let root_fd = open_root(root)?;
+    Ok(open_below(&root_fd, root, rel)?.unwrap_or(root_fd))
+}
+
+/// [`open_dir`] from the root's descriptor; `None` when `rel` is empty (the root itself).
+fn open_below(root_fd: &OwnedFd, root: &Path, rel: &Path) -> io::Result<Option<OwnedFd>> {
     if rel.as_os_str().is_empty() {
-        return Ok(root_fd);
+        return Ok(None);
     }
     if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(refusal(&root.join(rel)));
     }
-    match openat2_beneath(&root_fd, rel) {
-        Ok(fd) => Ok(fd),
+    match openat2_beneath(root_fd, rel) {
+        Ok(fd) => Ok(Some(fd)),
         // Kernels before 5.6, or a seccomp filter that hides openat2: one component at a time.
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) => {
-            walk_nofollow(root_fd, root, rel)
+            walk_nofollow(root_fd, root, rel).map(Some)
         }
         Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV)) => {
             Err(refusal(&root.join(rel)))
@@ -103,8 +108,11 @@ fn openat2_beneath(dir: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
     owned(fd as RawFd)
 }
 
-fn walk_nofollow(mut dir: OwnedFd, root: &Path, rel: &Path) -> io::Result<OwnedFd> {
+/// `rel` (not empty) below `start`, one `openat(O_NOFOLLOW)` per component.
+fn walk_nofollow(start: &OwnedFd, root: &Path, rel: &Path) -> io::Result<OwnedFd> {
+    let mut walked: Option<OwnedFd> = None;
     for part in rel.components() {
+        let dir = walked.as_ref().unwrap_or(start);
         let c = cstring(Path::new(part.as_os_str()))?;
         // SAFETY: valid descriptor and NUL-terminated name.
         let fd = unsafe {
@@ -114,22 +122,61 @@ fn walk_nofollow(mut dir: OwnedFd, root: &Path, rel: &Path) -> io::Result<OwnedF
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             )
         };
-        dir = match owned(fd) {
+        walked = Some(match owned(fd) {
             Ok(fd) => fd,
             // O_PATH|O_NOFOLLOW on a symlink opens the link itself; O_DIRECTORY then fails
             // with ENOTDIR (or ELOOP on some kernels).
             Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
                 let walked = root.join(rel);
-                return Err(if is_symlink_at(&dir, part.as_os_str()) {
+                return Err(if is_symlink_at(dir, part.as_os_str()) {
                     refusal(&walked)
                 } else {
                     e
                 });
             }
             Err(e) => return Err(e),
-        };
+        });
     }
-    Ok(dir)
+    walked.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty folder path"))
+}
+
+/// The two folders of a rename or link below `root`, the root opened once and a folder
+/// shared by both sides opened once.
+struct Pair {
+    root: OwnedFd,
+    from: Option<OwnedFd>,
+    to: Option<OwnedFd>,
+    same: bool,
+}
+
+impl Pair {
+    fn open(root: &Path, from: &Path, to: &Path) -> io::Result<Pair> {
+        let root_fd = open_root(root)?;
+        let same = from == to;
+        let from_fd = open_below(&root_fd, root, from)?;
+        let to_fd = if same {
+            None
+        } else {
+            open_below(&root_fd, root, to)?
+        };
+        Ok(Pair {
+            root: root_fd,
+            from: from_fd,
+            to: to_fd,
+            same,
+        })
+    }
+
+    fn from(&self) -> RawFd {
+        self.from.as_ref().unwrap_or(&self.root).as_raw_fd()
+    }
+
+    fn to(&self) -> RawFd {
+        if self.same {
+            return self.from();
+        }
+        self.to.as_ref().unwrap_or(&self.root).as_raw_fd()
+    }
 }
 
 fn is_symlink_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> bool {
@@ -163,15 +210,14 @@ fn split<'a>(root: &Path, path: &'a Path) -> io::Result<(&'a Path, &'a std::ffi:
 pub fn rename_noreplace(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
     let (from_dir, from_name) = split(root, from)?;
     let (to_dir, to_name) = split(root, to)?;
-    let fd_from = open_dir(root, from_dir)?;
-    let fd_to = open_dir(root, to_dir)?;
+    let dirs = Pair::open(root, from_dir, to_dir)?;
     let (f, t) = (cstring(Path::new(from_name))?, cstring(Path::new(to_name))?);
     // SAFETY: valid descriptors and NUL-terminated names for the duration of the call.
     let rc = unsafe {
         libc::renameat2(
-            fd_from.as_raw_fd(),
+            dirs.from(),
             f.as_ptr(),
-            fd_to.as_raw_fd(),
+            dirs.to(),
             t.as_ptr(),
             libc::RENAME_NOREPLACE,
         )
@@ -187,18 +233,10 @@ pub fn rename_noreplace(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
 pub fn rename(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
     let (from_dir, from_name) = split(root, from)?;
     let (to_dir, to_name) = split(root, to)?;
-    let fd_from = open_dir(root, from_dir)?;
-    let fd_to = open_dir(root, to_dir)?;
+    let dirs = Pair::open(root, from_dir, to_dir)?;
     let (f, t) = (cstring(Path::new(from_name))?, cstring(Path::new(to_name))?);
     // SAFETY: as in `rename_noreplace`.
-    let rc = unsafe {
-        libc::renameat(
-            fd_from.as_raw_fd(),
-            f.as_ptr(),
-            fd_to.as_raw_fd(),
-            t.as_ptr(),
-        )
-    };
+    let rc = unsafe { libc::renameat(dirs.from(), f.as_ptr(), dirs.to(), t.as_ptr()) };
     if rc == 0 {
         return Ok(());
     }
@@ -210,19 +248,10 @@ pub fn rename(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
 pub fn hard_link(root: &Path, from: &Path, to: &Path) -> io::Result<()> {
     let (from_dir, from_name) = split(root, from)?;
     let (to_dir, to_name) = split(root, to)?;
-    let fd_from = open_dir(root, from_dir)?;
-    let fd_to = open_dir(root, to_dir)?;
+    let dirs = Pair::open(root, from_dir, to_dir)?;
     let (f, t) = (cstring(Path::new(from_name))?, cstring(Path::new(to_name))?);
     // SAFETY: as in `rename_noreplace`.
-    let rc = unsafe {
-        libc::linkat(
-            fd_from.as_raw_fd(),
-            f.as_ptr(),
-            fd_to.as_raw_fd(),
-            t.as_ptr(),
-            0,
-        )
-    };
+    let rc = unsafe { libc::linkat(dirs.from(), f.as_ptr(), dirs.to(), t.as_ptr(), 0) };
     if rc == 0 {
         return Ok(());
     }
@@ -254,13 +283,60 @@ pub fn create_dirs(root: &Path, dir: &Path) -> io::Result<()> {
     open_dir(root, rel).map(drop)
 }
 
-/// Checks that the folder `dir` below `root` is reached without a symlink (it may be missing).
-pub fn check_dir(root: &Path, dir: &Path) -> io::Result<()> {
-    let rel = dir.strip_prefix(root).map_err(|_| refusal(dir))?;
-    match open_dir(root, rel) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+/// The folder a note is written in, opened once per write: its temp file is created, renamed
+/// over the note and (on failure) removed through the folder's descriptor, so the folder
+/// checked — below the vault root, without symlinks — is the folder written in, and its path
+/// is walked once instead of at each step.
+pub struct Folder {
+    fd: OwnedFd,
+}
+
+impl Folder {
+    /// The folder `dir` below `root`, resolved as [`open_dir`] resolves it.
+    pub fn beneath(root: &Path, dir: &Path) -> io::Result<Folder> {
+        let rel = dir.strip_prefix(root).map_err(|_| refusal(dir))?;
+        open_dir(root, rel).map(|fd| Folder { fd })
+    }
+
+    /// The folder `dir` as given, symlinks followed: for a note outside a vault.
+    pub fn plain(dir: &Path) -> io::Result<Folder> {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        open_root(dir).map(|fd| Folder { fd })
+    }
+
+    /// The permission bits of the file `name` (symlinks followed), if it is there.
+    pub fn mode_of(&self, name: &OsStr) -> Option<u32> {
+        rustix::fs::statat(&self.fd, name, rustix::fs::AtFlags::empty())
+            .ok()
+            .map(|st| st.st_mode & 0o7777)
+    }
+
+    /// Creates the file `name`, never over an existing one, open for writing.
+    pub fn create_new(&self, name: &OsStr) -> io::Result<std::fs::File> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o666),
+        )?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Renames `from` to `to` in this folder, replacing `to`.
+    pub fn rename(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        rustix::fs::renameat(&self.fd, from, &self.fd, to)?;
+        Ok(())
+    }
+
+    /// Removes the file `name` from this folder.
+    pub fn remove(&self, name: &OsStr) -> io::Result<()> {
+        rustix::fs::unlinkat(&self.fd, name, rustix::fs::AtFlags::empty())?;
+        Ok(())
     }
 }
 
@@ -294,13 +370,20 @@ mod tests {
         }
         let e = create_dirs(&root, &root.join("Done/new")).unwrap_err();
         assert!(is_symlink_refusal(&e), "{e}");
-        assert!(check_dir(&root, &root.join("Done")).is_err());
-        assert!(check_dir(&root, &root.join("Missing")).is_ok());
+        let e = Folder::beneath(&root, &root.join("Done"))
+            .map(drop)
+            .unwrap_err();
+        assert!(is_symlink_refusal(&e), "{e}");
+        let e = Folder::beneath(&root, &root.join("Missing"))
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
         assert_eq!(std::fs::read_to_string(&note).unwrap(), "a");
 
         // The fallback walk refuses the same.
-        let e = walk_nofollow(open_root(&root).unwrap(), &root, Path::new("Done/sub")).unwrap_err();
+        let e =
+            walk_nofollow(&open_root(&root).unwrap(), &root, Path::new("Done/sub")).unwrap_err();
         assert!(is_symlink_refusal(&e), "{e}");
         // A root reached through a symlink is the user's choice and fine.
         let alias = dir.path().join("alias");

@@ -2,7 +2,7 @@
 //! if the note changed meanwhile, rebuild from the new content so no other writer's change
 //! is lost.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,14 +123,12 @@ pub fn update_note_unsynced(
 /// Puts `text` back as the note at `path` (temp file, fsync, rename, folder fsync), whatever
 /// the note holds now: recovery's repair of a note a crash left damaged.
 pub fn restore_note(root: &Path, path: &Path, text: &str) -> Result<(), WriteError> {
-    if let Some(folder) = path.parent() {
-        crate::beneath::check_dir(root, folder).map_err(|e| io_error(path, e))?;
-    }
+    let folder = open_folder(Some(root), path).map_err(|e| io_error(path, e))?;
     let temp = temp_path(path);
-    let written = write_temp(&temp, path, text.as_bytes(), true)
-        .and_then(|()| crate::beneath::rename(root, &temp, path));
+    let written = write_temp(&folder, &temp, path, text.as_bytes(), true)
+        .and_then(|()| folder.rename(file_name(&temp), file_name(path)));
     if let Err(source) = written {
-        let _ = fs::remove_file(&temp);
+        let _ = folder.remove(file_name(&temp));
         return Err(io_error(path, source));
     }
     sync_parent(path);
@@ -197,24 +195,34 @@ fn update(
             }
             return Ok(new);
         }
-        let checked = match (root, path.parent()) {
-            (Some(root), Some(folder)) => crate::beneath::check_dir(root, folder),
-            _ => Ok(()),
-        };
         let temp = temp_path(path);
-        let written = checked.and_then(|()| {
-            write_temp(&temp, path, new.as_bytes(), durable != Durable::Soon).inspect_err(|_| {
-                let _ = fs::remove_file(&temp);
-            })
+        let written = open_folder(root, path).and_then(|folder| {
+            match write_temp(
+                &folder,
+                &temp,
+                path,
+                new.as_bytes(),
+                durable != Durable::Soon,
+            ) {
+                Ok(()) => Ok(folder),
+                Err(e) => {
+                    let _ = folder.remove(file_name(&temp));
+                    Err(e)
+                }
+            }
         });
-        if let Err(source) = written {
-            if guessed && source.kind() == io::ErrorKind::NotFound {
+        let folder = match written {
+            Ok(folder) => folder,
+            Err(source) if guessed && source.kind() == io::ErrorKind::NotFound => {
                 // Its folder is gone: said (as `Gone`) by the read of the next attempt.
                 guessed_wrong = true;
                 continue;
             }
-            return Err(io_error(path, source));
-        }
+            Err(source) => return Err(io_error(path, source)),
+        };
+        let drop_temp = || {
+            let _ = folder.remove(file_name(&temp));
+        };
         before_rename();
         // From the check to the rename, other writers are kept out (see `Guard`); a note
         // changed meanwhile — saved in place, or a save renamed over it — starts us over on
@@ -222,32 +230,28 @@ fn update(
         let mut guard = match Guard::take(path) {
             Ok(Some(guard)) => guard,
             Ok(None) => {
-                let _ = fs::remove_file(&temp);
+                drop_temp();
                 continue;
             }
             Err(e) => {
-                let _ = fs::remove_file(&temp);
+                drop_temp();
                 return Err(e);
             }
         };
         match guard.still(path, &current) {
             Ok(true) => {}
             Ok(false) => {
-                let _ = fs::remove_file(&temp);
+                drop_temp();
                 guessed_wrong = guessed;
                 continue;
             }
             Err(e) => {
-                let _ = fs::remove_file(&temp);
+                drop_temp();
                 return Err(e);
             }
         }
-        let renamed = match root {
-            Some(root) => crate::beneath::rename(root, &temp, path),
-            None => fs::rename(&temp, path),
-        };
-        if let Err(source) = renamed {
-            let _ = fs::remove_file(&temp);
+        if let Err(source) = folder.rename(file_name(&temp), file_name(path)) {
+            drop_temp();
             return Err(io_error(path, source));
         }
         guard.replaced = true;
@@ -581,12 +585,33 @@ pub fn is_stale_temp(file_name: &str) -> bool {
     digits(pid) && digits(n) && pid != std::process::id().to_string()
 }
 
-/// Creates the temp file (never over an existing one) with the note's permissions, writes
-/// and (with `sync`) fsyncs it.
-fn write_temp(temp: &Path, note: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
-    let mut file = OpenOptions::new().write(true).create_new(true).open(temp)?;
-    if let Ok(meta) = fs::metadata(note) {
-        file.set_permissions(meta.permissions())?;
+/// The folder of the note at `path`, opened once for one write: below the vault `root` without
+/// following symlinks when there is one (docs/design.md §9.13), else as given.
+fn open_folder(root: Option<&Path>, path: &Path) -> io::Result<crate::beneath::Folder> {
+    let dir = path.parent().unwrap_or(Path::new(""));
+    match root {
+        Some(root) => crate::beneath::Folder::beneath(root, dir),
+        None => crate::beneath::Folder::plain(dir),
+    }
+}
+
+fn file_name(path: &Path) -> &std::ffi::OsStr {
+    path.file_name().unwrap_or_default()
+}
+
+/// Creates the temp file in `folder` (never over an existing one) with the note's
+/// permissions, writes and (with `sync`) fsyncs it.
+fn write_temp(
+    folder: &crate::beneath::Folder,
+    temp: &Path,
+    note: &Path,
+    bytes: &[u8],
+    sync: bool,
+) -> io::Result<()> {
+    let mut file = folder.create_new(file_name(temp))?;
+    if let Some(mode) = folder.mode_of(file_name(note)) {
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
     }
     file.write_all(bytes)?;
     if sync {
@@ -609,6 +634,7 @@ fn sync_parent(path: &Path) {
 mod tests {
     use super::*;
     use std::cell::Cell;
+    use std::fs::OpenOptions;
 
     fn note(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
         let path = dir.path().join(name);
@@ -893,7 +919,9 @@ mod tests {
         // A temp file cannot be created where the folder is really a file's path.
         let dir = tempfile::tempdir().unwrap();
         let path = note(&dir, "a.md", b"keep me");
-        let err = write_temp(&dir.path().join("a.md/.x.tmp"), &path, b"x", true).unwrap_err();
+        let err = open_folder(None, &dir.path().join("a.md/b.md"))
+            .map(drop)
+            .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotADirectory);
         assert_eq!(fs::read(&path).unwrap(), b"keep me");
     }
