@@ -430,12 +430,17 @@ impl Daemon {
         });
         let mut last_line = std::time::Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Over: `once` has run every note (one that left its folder meanwhile was not
+            // looked at, so the count may stay short of `queued`).
+            let over = tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(100)) => false,
+                () = self.backlog_over.notified() => true,
+            };
             let done = self.looked_at.load(Ordering::Relaxed).min(queued);
             if let Some(b) = &bar {
                 b.set_position(done as u64);
             }
-            if done >= queued || self.stopping.load(Ordering::SeqCst) {
+            if over || done >= queued || self.stopping.load(Ordering::SeqCst) {
                 match &bar {
                     Some(b) => b.finish_with_message("start-up backlog done"),
                     None => tracing::info!(
