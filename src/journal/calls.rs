@@ -162,8 +162,11 @@ impl Journal {
         ends_run: bool,
     ) -> Result<(), JournalError> {
         let (call_ids, to) = (owned_ids(call_ids), to.to_owned());
-        // Not waited for: the note itself is the record (`journal/mod.rs`, "Durability soon").
-        self.write_executed(move |tx| {
+        // Not waited for, not even to run: the note itself is the record (`journal/mod.rs`,
+        // "Durability soon"); an error is logged by the writer, which also notes a storage
+        // failure (§9.12). A later look at the note that needs the record flushes first
+        // (`identify`).
+        self.write_queued("the written results and the note's move", move |tx| {
             mark_written(tx, run, &call_ids)?;
             record_move(tx, run, &to, ends_run)
         })
