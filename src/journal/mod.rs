@@ -200,6 +200,9 @@ pub struct Journal {
     /// far from its limits is admitted on them without waiting for the writer
     /// ([`rates::RateRoom`]).
     room: Arc<rates::RateRoom>,
+    /// When this journal was started afresh (`--new-journal`), once read: asked for every new
+    /// note (`Daemon::journal_lost`), recorded only before a daemon starts (and by this handle).
+    origin: Mutex<Option<Option<std::time::SystemTime>>>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -355,6 +358,7 @@ impl Journal {
             writer,
             reader: Mutex::new(reader),
             room,
+            origin: Mutex::new(None),
         })
     }
 

@@ -129,7 +129,7 @@ impl Journal {
     /// once: notes stamped before it may have run calls this journal never saw (§9.12).
     pub fn record_new_journal(&self, runner: &str) -> Result<SystemTime, JournalError> {
         let runner = runner.to_owned();
-        self.write(move |tx| {
+        let at = self.write(move |tx| {
             tx.execute(
                 "INSERT OR IGNORE INTO journal_origin (id, new_journal_at_ms, runner)
                  VALUES (1, ?1, ?2)",
@@ -141,12 +141,17 @@ impl Journal {
                 |r| r.get(0),
             )?;
             Ok(from_ms(at))
-        })
+        })?;
+        *self.origin.lock().expect("origin lock poisoned") = Some(Some(at));
+        Ok(at)
     }
 
     /// When this journal was started afresh with `--new-journal`, if it was.
     pub fn new_journal_at(&self) -> Result<Option<SystemTime>, JournalError> {
-        self.read(|tx| {
+        if let Some(known) = *self.origin.lock().expect("origin lock poisoned") {
+            return Ok(known);
+        }
+        let read = self.read(|tx| {
             let at: Option<i64> = tx
                 .query_row(
                     "SELECT new_journal_at_ms FROM journal_origin WHERE id = 1",
@@ -155,7 +160,9 @@ impl Journal {
                 )
                 .optional()?;
             Ok(at.map(from_ms))
-        })
+        })?;
+        *self.origin.lock().expect("origin lock poisoned") = Some(read);
+        Ok(read)
     }
 
     /// A real write, durable or failed: whether the journal's storage takes writes again
