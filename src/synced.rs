@@ -201,22 +201,32 @@ pub fn foreign_notes(
     now: SystemTime,
 ) -> Vec<ForeignNote> {
     let oldest = now.checked_sub(window).unwrap_or(SystemTime::UNIX_EPOCH);
-    let mut found = Vec::new();
-    for state in State::ALL {
-        for path in vault.scan(state) {
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if meta.modified().map_or(true, |m| m < oldest) || meta.len() > max_bytes {
-                continue;
-            }
-            if let Some(f) = foreign_note(&path, me, window, taken_over_at, now) {
-                found.push(f);
-            }
+    let judge = |path: &PathBuf| {
+        let meta = std::fs::symlink_metadata(path).ok()?;
+        if meta.modified().map_or(true, |m| m < oldest) || meta.len() > max_bytes {
+            return None;
         }
-    }
-    found
+        foreign_note(path, me, window, taken_over_at, now)
+    };
+    let paths: Vec<PathBuf> = State::ALL.into_iter().flat_map(|s| vault.scan(s)).collect();
+    // Before the first claim, every recent note is opened and read: on a backlog of
+    // thousands that is the larger part of the start-up, shared out over the cores.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let chunk = paths.len().div_ceil(threads).max(FOREIGN_SCAN_CHUNK);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = paths
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().filter_map(judge).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|part| part.join().expect("the scan of a note does not panic"))
+            .collect()
+    })
 }
+
+/// Fewer notes than this are scanned by one thread: a thread's start costs more than they do.
+const FOREIGN_SCAN_CHUNK: usize = 256;
 
 /// One note, read and judged (for the start-up scan and for events while running).
 pub fn foreign_note(
@@ -639,6 +649,43 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].path.ends_with("Done/theirs.md"));
         assert_eq!(found[0].runner, "beta-1234");
+    }
+
+    #[test]
+    fn a_scan_shared_out_over_threads_finds_every_foreign_note_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = Vault::new(dir.path().to_path_buf(), Folders::default());
+        vault.prepare().unwrap();
+        let now = SystemTime::now();
+        let recent = humantime::format_rfc3339_seconds(now - Duration::from_secs(60)).to_string();
+        let n = FOREIGN_SCAN_CHUNK * 3 + 7;
+        let theirs = [5, FOREIGN_SCAN_CHUNK + 1, n - 1];
+        for i in 0..n {
+            let runner = if theirs.contains(&i) {
+                "beta-1234"
+            } else {
+                "alpha-0a1b"
+            };
+            std::fs::write(
+                vault.folder(State::Done).join(format!("n{i:05}.md")),
+                note(runner, &recent),
+            )
+            .unwrap();
+        }
+        let found = foreign_notes(
+            &vault,
+            &me(),
+            Duration::from_secs(86_400),
+            None,
+            1 << 20,
+            now,
+        );
+        let names: Vec<String> = found
+            .iter()
+            .map(|f| f.path.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        let expected: Vec<String> = theirs.iter().map(|i| format!("n{i:05}.md")).collect();
+        assert_eq!(names, expected);
     }
 
     #[test]
