@@ -165,7 +165,7 @@ pub use events::{LogEntry, LogFilter, RecentFailure};
 pub use rates::{RateUse, RateWindow, StartAdmission};
 pub use runs::{Claim, LinkClaim, OpenRun, RunId};
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -452,13 +452,29 @@ impl Journal {
     /// [`write_queued`](Self::write_queued) and [`write_executed`](Self::write_executed)
     /// (`read_only` starts) until their group commits: at the latest, once any later
     /// durable write has returned.
+    ///
+    /// `BEGIN` and `COMMIT` come from the statement cache (`writer::fixed`): rusqlite's
+    /// `Transaction` prepares both anew each time, two of the three statements a typical read
+    /// prepared (three reads per note). A transaction a panic or a failed `COMMIT` left open
+    /// is rolled back before the next one begins.
     fn read<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
-        let mut conn = self.reader();
+        let conn = self.reader();
         let run = || {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-            let out = f(&Tx::read(&tx))?;
-            tx.commit()?;
-            Ok(out)
+            if !conn.is_autocommit() {
+                writer::fixed(&conn, "ROLLBACK")?;
+            }
+            writer::fixed(&conn, "BEGIN DEFERRED")?;
+            let out = f(&Tx::read(&conn));
+            match out {
+                Ok(out) => {
+                    writer::fixed(&conn, "COMMIT")?;
+                    Ok(out)
+                }
+                Err(e) => {
+                    let _ = writer::fixed(&conn, "ROLLBACK");
+                    Err(e)
+                }
+            }
         };
         run().map_err(|e| self.failed(e))
     }

@@ -215,6 +215,26 @@ mod tests {
             "it ran"
         );
         assert_eq!(st.get_status(rusqlite::StatementStatus::RePrepare), 0);
+        // Each read's BEGIN and COMMIT too, from the cache.
+        for sql in ["BEGIN DEFERRED", "COMMIT"] {
+            let st = conn.prepare_cached(sql).unwrap();
+            assert!(
+                st.get_status(rusqlite::StatementStatus::VmStep) >= 3,
+                "{sql} ran from the cache"
+            );
+        }
+    }
+
+    #[test]
+    fn a_read_that_panicked_leaves_the_reader_fine_for_the_next() {
+        let (_dir, journal) = fresh_journal();
+        journal.begin_run("In_Progress/a.md").unwrap();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _: Result<(), _> = journal.read(|_| panic!("a read that panics"));
+        }));
+        assert!(panicked.is_err());
+        // Its transaction is still open on the connection: rolled back by the next read.
+        assert_eq!(journal.open_runs().unwrap().len(), 1);
     }
 
     #[test]

@@ -483,9 +483,10 @@ fn commit_group(
     }
 }
 
-/// One of the statements every group runs, prepared once: parsing them anew for every job was
-/// ~7% of the daemon's CPU under load (measured in a CPU profile).
-fn fixed(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+/// One of the statements every group (and every read, `Journal::read`) runs, prepared once:
+/// parsing them anew for every job was ~7% of the daemon's CPU under load (measured in a CPU
+/// profile).
+pub(super) fn fixed(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
