@@ -38,6 +38,9 @@ enum Ran {
     Done(Option<AfterCommit>),
     /// It failed and its caller has the error: roll back its savepoint.
     Failed,
+    /// It failed and nobody waits for it (a queued job, already logged): roll back its
+    /// savepoint, and note a storage failure here, as a caller would (§9.12).
+    Unheard(Failure),
 }
 
 /// One write: given the group's transaction (or the reason there is none), it runs and says
@@ -228,7 +231,7 @@ fn queued(
             Ok(()) => Ran::Done(None),
             Err(e) => {
                 tracing::error!("journal: {what} not recorded: {e}");
-                Ran::Failed
+                Ran::Unheard(e)
             }
         }),
     }
@@ -457,7 +460,10 @@ fn commit_group(
                 waiting.extend(after);
                 fixed(conn, "RELEASE job")
             }
-            Ran::Failed => {
+            failed => {
+                if let Ran::Unheard(Failure::Sql(e)) = &failed {
+                    storage.note_error(e);
+                }
                 rates.borrow_mut().clear();
                 fixed(conn, "ROLLBACK TO job").and_then(|()| fixed(conn, "RELEASE job"))
             }
@@ -786,6 +792,30 @@ mod tests {
         let log = journal.log(&LogFilter::default()).unwrap();
         assert!(log.iter().all(|e| e.event != "doomed"), "rolled back");
         assert_eq!(log.iter().filter(|e| e.event == "call_end").count(), 8);
+    }
+
+    #[test]
+    fn a_queued_write_that_fails_for_its_storage_pauses_claiming_as_an_answered_one_does() {
+        let (_dir, journal) = shared_journal();
+        journal
+            .write_queued("a queued write", |tx| {
+                tx.execute(
+                    "INSERT INTO events (at_ms, event, note) VALUES (0, 'doomed', 'x')",
+                    [],
+                )?;
+                Err(Failure::Sql(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                    None,
+                )))
+            })
+            .unwrap();
+        journal.flush().unwrap();
+        let why = journal
+            .storage_failure()
+            .expect("noted, though nobody waited");
+        assert!(why.contains("disk is full"), "{why}");
+        let log = journal.log(&LogFilter::default()).unwrap();
+        assert!(log.iter().all(|e| e.event != "doomed"), "rolled back");
     }
 
     #[test]
