@@ -397,8 +397,8 @@ impl Journal {
     }
 
     fn reader(&self) -> MutexGuard<'_, Connection> {
-        // A panic while the lock was held dropped its transaction, which rolled back: the
-        // connection is fine to use again.
+        // A panic while the lock was held left its transaction open: the next read rolls it
+        // back first (`read`), and the connection is fine to use again.
         self.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -455,8 +455,8 @@ impl Journal {
     ///
     /// `BEGIN` and `COMMIT` come from the statement cache (`writer::fixed`): rusqlite's
     /// `Transaction` prepares both anew each time, two of the three statements a typical read
-    /// prepared (three reads per note). A transaction a panic or a failed `COMMIT` left open
-    /// is rolled back before the next one begins.
+    /// prepared (three reads per note). A failed `COMMIT` is rolled back at once; a
+    /// transaction a panic left open, before the next read begins.
     fn read<T>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, Failure>) -> Result<T, JournalError> {
         let conn = self.reader();
         let run = || {
@@ -467,7 +467,11 @@ impl Journal {
             let out = f(&Tx::read(&conn));
             match out {
                 Ok(out) => {
-                    writer::fixed(&conn, "COMMIT")?;
+                    if let Err(e) = writer::fixed(&conn, "COMMIT") {
+                        // Not left open: its snapshot would hold back every checkpoint.
+                        let _ = writer::fixed(&conn, "ROLLBACK");
+                        return Err(e.into());
+                    }
                     Ok(out)
                 }
                 Err(e) => {
