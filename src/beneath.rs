@@ -315,6 +315,20 @@ impl Folder {
             .map(|st| st.st_mode & 0o7777)
     }
 
+    /// Whether the file `name` in this folder is `file` (same device and inode; `name` itself
+    /// not followed). A note opened by its path is then the one in this folder: the path's
+    /// folder was not swapped since this one was opened.
+    pub fn holds(&self, name: &OsStr, file: &std::fs::File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(here), Ok(there)) = (
+            rustix::fs::statat(&self.fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW),
+            file.metadata(),
+        ) else {
+            return false;
+        };
+        here.st_dev == there.dev() && here.st_ino == there.ino()
+    }
+
     /// Creates the file `name`, never over an existing one, open for writing.
     pub fn create_new(&self, name: &OsStr) -> io::Result<std::fs::File> {
         use rustix::fs::{Mode, OFlags};

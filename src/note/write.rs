@@ -238,6 +238,13 @@ fn update(
                 return Err(e);
             }
         };
+        // The note the guard opened by its path is the one in the folder this write opened:
+        // a folder swapped since (for a symlink, say) is caught by the next attempt's open,
+        // and nothing is renamed into the folder it replaced.
+        if !folder.holds(file_name(path), &guard.file) {
+            drop_temp();
+            continue;
+        }
         match guard.still(path, &current) {
             Ok(true) => {}
             Ok(false) => {
@@ -924,6 +931,46 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotADirectory);
         assert_eq!(fs::read(&path).unwrap(), b"keep me");
+    }
+
+    #[test]
+    fn a_folder_swapped_for_a_symlink_during_the_write_is_refused_and_nothing_lands_anywhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("vault");
+        let folder = root.join("In_Progress");
+        let (outside, moved) = (dir.path().join("outside"), dir.path().join("moved"));
+        fs::create_dir_all(&folder).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        let path = folder.join("a.md");
+        fs::write(&path, "text").unwrap();
+        fs::write(outside.join("a.md"), "text").unwrap();
+        // Between the temp file and the rename (the journal settle of a results write), the
+        // folder is moved away and a symlink to a folder outside the vault takes its name.
+        let mut swapped = false;
+        let written = update_note_settling(
+            &root,
+            &path,
+            |t| format!("{t} + result"),
+            false,
+            &mut || {
+                if !std::mem::replace(&mut swapped, true) {
+                    fs::rename(&folder, &moved).unwrap();
+                    std::os::unix::fs::symlink(&outside, &folder).unwrap();
+                }
+            },
+            None,
+        );
+        assert!(
+            written.as_ref().is_err_and(WriteError::is_symlink_refusal),
+            "{written:?}"
+        );
+        assert_eq!(fs::read_to_string(outside.join("a.md")).unwrap(), "text");
+        assert_eq!(fs::read_to_string(moved.join("a.md")).unwrap(), "text");
+        let left: Vec<_> = fs::read_dir(&moved)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "no temp file left behind: {left:?}");
     }
 
     #[test]
