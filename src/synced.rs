@@ -615,13 +615,31 @@ mod tests {
         assert!(is_foreign_activity(&after, &me(), day, Some(taken), now));
     }
 
-    #[test]
-    fn the_scan_finds_recent_foreign_notes_in_every_state_folder_and_skips_old_files() {
+    /// A prepared vault for the scan tests, now, and a `tool_updated` a minute before it.
+    fn scan_vault() -> (tempfile::TempDir, Vault, SystemTime, String) {
         let dir = tempfile::tempdir().unwrap();
         let vault = Vault::new(dir.path().to_path_buf(), Folders::default());
         vault.prepare().unwrap();
         let now = SystemTime::now();
         let recent = humantime::format_rfc3339_seconds(now - Duration::from_secs(60)).to_string();
+        (dir, vault, now, recent)
+    }
+
+    /// The start-up scan with a window of a day.
+    fn scan_a_day(vault: &Vault, now: SystemTime) -> Vec<ForeignNote> {
+        foreign_notes(
+            vault,
+            &me(),
+            Duration::from_secs(86_400),
+            None,
+            1 << 20,
+            now,
+        )
+    }
+
+    #[test]
+    fn the_scan_finds_recent_foreign_notes_in_every_state_folder_and_skips_old_files() {
+        let (_dir, vault, now, recent) = scan_vault();
         std::fs::write(
             vault.folder(State::Done).join("theirs.md"),
             note("beta-1234", &recent),
@@ -638,14 +656,7 @@ mod tests {
         let f = std::fs::File::options().write(true).open(&old).unwrap();
         f.set_modified(now - Duration::from_secs(3 * 86_400))
             .unwrap();
-        let found = foreign_notes(
-            &vault,
-            &me(),
-            Duration::from_secs(86_400),
-            None,
-            1 << 20,
-            now,
-        );
+        let found = scan_a_day(&vault, now);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].path.ends_with("Done/theirs.md"));
         assert_eq!(found[0].runner, "beta-1234");
@@ -653,11 +664,7 @@ mod tests {
 
     #[test]
     fn a_scan_shared_out_over_threads_finds_every_foreign_note_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let vault = Vault::new(dir.path().to_path_buf(), Folders::default());
-        vault.prepare().unwrap();
-        let now = SystemTime::now();
-        let recent = humantime::format_rfc3339_seconds(now - Duration::from_secs(60)).to_string();
+        let (_dir, vault, now, recent) = scan_vault();
         let n = FOREIGN_SCAN_CHUNK * 3 + 7;
         let theirs = [5, FOREIGN_SCAN_CHUNK + 1, n - 1];
         for i in 0..n {
@@ -672,14 +679,7 @@ mod tests {
             )
             .unwrap();
         }
-        let found = foreign_notes(
-            &vault,
-            &me(),
-            Duration::from_secs(86_400),
-            None,
-            1 << 20,
-            now,
-        );
+        let found = scan_a_day(&vault, now);
         let names: Vec<String> = found
             .iter()
             .map(|f| f.path.file_name().unwrap().to_string_lossy().into_owned())
