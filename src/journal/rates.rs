@@ -57,22 +57,11 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
-        if self.start_on_room(run, call_id, tool, effect, params, limits, None) {
-            return Ok(StartAdmission::Started);
+        match self.start_or_admit(run, call_id, tool, effect, params, limits, None)? {
+            None => Ok(StartAdmission::Started),
+            Some((Wait::Executed, admit)) => self.write_executed(admit),
+            Some((_, admit)) => self.write(admit),
         }
-        match start_write(run, call_id, tool, effect, params, limits, None) {
-            StartWrite::Queued(insert) => self.queue_start(insert),
-            StartWrite::Admit(Wait::Executed, admit) => {
-                self.write_executed(self.room.deciding(tool, admit))
-            }
-            StartWrite::Admit(_, admit) => self.write(self.room.deciding(tool, admit)),
-        }
-    }
-
-    /// A `read_only` start with no limit to check: queued, not waited for.
-    fn queue_start(&self, insert: TxJob<()>) -> Result<StartAdmission, JournalError> {
-        self.write_queued("a read_only call's start", insert)?;
-        Ok(StartAdmission::Started)
     }
 
     /// [`call_started_within`](Self::call_started_within) for async callers (the runner).
@@ -90,24 +79,21 @@ impl Journal {
         limits: &[RateWindow],
         spend: Option<&str>,
     ) -> Result<StartAdmission, JournalError> {
-        if self.start_on_room(run, call_id, tool, effect, params, limits, spend) {
-            return Ok(StartAdmission::Started);
-        }
-        match start_write(run, call_id, tool, effect, params, limits, spend) {
-            StartWrite::Queued(insert) => self.queue_start(insert),
-            StartWrite::Admit(wait, admit) => {
-                self.write_async(wait, self.room.deciding(tool, admit))
-                    .await
-            }
+        match self.start_or_admit(run, call_id, tool, effect, params, limits, spend)? {
+            None => Ok(StartAdmission::Started),
+            Some((wait, admit)) => self.write_async(wait, admit).await,
         }
     }
 
-    /// Starts a `read_only` call without asking the writer when its windows have room to
-    /// spare ([`RateRoom::admit`]): its insert is queued, not waited for. False when the
-    /// writer must decide (a side effect's start, an approval to spend, a window not counted
-    /// yet or more than half full, a full queue).
+    /// What both `call_started_within*` do before the writer decides: `None` when the call
+    /// has started without it, else the admission it must decide and what to wait for.
+    ///
+    /// A `read_only` call whose windows have room to spare ([`RateRoom::admit`]) starts
+    /// without asking the writer: its insert is queued, not waited for. So does one with no
+    /// limit to check. The writer decides a side effect's start, an approval to spend, a
+    /// window not counted yet or more than half full, and a start the full queue refused.
     #[allow(clippy::too_many_arguments)]
-    fn start_on_room(
+    fn start_or_admit(
         &self,
         run: RunId,
         call_id: &str,
@@ -116,23 +102,32 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
         spend: Option<&str>,
-    ) -> bool {
-        if needs_durable_start(effect) || limits.is_empty() || spend.is_some() {
-            return false;
+    ) -> Result<Option<(Wait, TxJob<StartAdmission>)>, JournalError> {
+        if !needs_durable_start(effect) && !limits.is_empty() && spend.is_none() {
+            let now = now_ms();
+            let (id, name, text) = (call_id.to_owned(), tool.to_owned(), params.to_string());
+            let on_room = self.room.admit(tool, limits, |held| {
+                let insert = move |tx: &Tx<'_>| {
+                    let inserted = insert_start(tx, now, run, &id, &name, effect, &text);
+                    drop(held); // counted now (or rolled back, and the counts with it)
+                    inserted
+                };
+                matches!(
+                    self.writer.try_enqueue("a read_only call's start", insert),
+                    Ok(true)
+                )
+            });
+            if on_room {
+                return Ok(None);
+            }
         }
-        let now = now_ms();
-        let (call_id, name, params) = (call_id.to_owned(), tool.to_owned(), params.to_string());
-        self.room.admit(tool, limits, |held| {
-            let insert = move |tx: &Tx<'_>| {
-                let inserted = insert_start(tx, now, run, &call_id, &name, effect, &params);
-                drop(held); // counted now (or rolled back, and the counts with it)
-                inserted
-            };
-            matches!(
-                self.writer.try_enqueue("a read_only call's start", insert),
-                Ok(true)
-            )
-        })
+        match start_write(run, call_id, tool, effect, params, limits, spend) {
+            StartWrite::Queued(insert) => {
+                self.write_queued("a read_only call's start", insert)?;
+                Ok(None)
+            }
+            StartWrite::Admit(wait, admit) => Ok(Some((wait, self.room.deciding(tool, admit)))),
+        }
     }
 
     /// How many calls of `tool` started at or after `since`, across all runs.
