@@ -468,21 +468,27 @@ mod tests {
     use crate::watch::{self, Hint};
     use std::time::Duration;
 
+    /// A prepared vault, its journal, and this daemon's runner watch.
+    fn fixture() -> (tempfile::TempDir, Vault, Journal, RunnerWatch) {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = Vault::new(dir.path().join("vault"), Folders::default());
+        vault.prepare().unwrap();
+        let journal = Journal::open(&dir.path().join("state")).unwrap();
+        let runners = RunnerWatch::new(
+            RunnerId::parse("alpha-0a1b").unwrap(),
+            Duration::from_secs(3600),
+            None,
+        );
+        (dir, vault, journal, runners)
+    }
+
     /// A move noted before it was made that found its name taken (another runner's note, say)
     /// put the note under another name: the name it meant is looked at again
     /// (`look_again_unless_moved`); a move to the name it meant is not.
     #[test]
     fn a_move_to_a_taken_name_misses_its_target() {
-        let dir = tempfile::tempdir().unwrap();
-        let vault = Vault::new(dir.path().join("vault"), Folders::default());
-        vault.prepare().unwrap();
-        let journal = Journal::open(&dir.path().join("state")).unwrap();
-        let own = RunnerWatch::new(
-            RunnerId::parse("alpha-0a1b").unwrap(),
-            Duration::from_secs(3600),
-            None,
-        )
-        .own();
+        let (_dir, vault, journal, runners) = fixture();
+        let own = runners.own();
         let (x, y) = (
             vault.folder(State::InProgress).join("x.md"),
             vault.folder(State::InProgress).join("y.md"),
@@ -510,15 +516,7 @@ mod tests {
     /// (and under load mostly did) come first.
     #[tokio::test]
     async fn a_finished_notes_move_is_noted_before_its_event_reaches_the_watcher() {
-        let dir = tempfile::tempdir().unwrap();
-        let vault = Vault::new(dir.path().join("vault"), Folders::default());
-        vault.prepare().unwrap();
-        let journal = Journal::open(&dir.path().join("state")).unwrap();
-        let runners = RunnerWatch::new(
-            RunnerId::parse("alpha-0a1b").unwrap(),
-            Duration::from_secs(3600),
-            None,
-        );
+        let (_dir, vault, journal, runners) = fixture();
         let (tx, mut rx) = tokio::sync::mpsc::channel(64);
         let (v, own) = (vault.clone(), runners.own());
         let _watching = watch::start(
