@@ -188,31 +188,48 @@ pub struct ForeignNote {
     pub updated: SystemTime,
 }
 
-/// Notes in any state folder whose `tool_runner` is another's and whose `tool_updated` is
-/// inside `window` (and after the last take-over). Reads only notes whose mtime is inside the
-/// window: a note another runner updated recently was written recently here too, whatever
-/// the sync client did with its mtime after that (clients keep it or set it to the arrival).
-pub fn foreign_notes(
+/// A note whose frontmatter carries a `tool_runner`, as the start-up scan found it.
+#[derive(Debug, Clone)]
+pub struct StampedNote {
+    pub path: PathBuf,
+    pub state: State,
+    pub modified: SystemTime,
+    pub stamp: RunnerStamp,
+}
+
+/// The start-up scan of every state folder, shared by the checks of docs/design.md §9.9 (another
+/// runner's recent notes) and §9.12 (notes stamped here, with a journal that knows none): each
+/// regular file of at most `max_bytes` that `wanted` takes by its folder and mtime has its head
+/// read once. Returns the notes with a `tool_runner`, in scan order (state by state, as
+/// [`State::ALL`] lists them).
+pub fn stamped_notes(
     vault: &Vault,
-    me: &RunnerId,
-    window: Duration,
-    taken_over_at: Option<SystemTime>,
     max_bytes: u64,
-    now: SystemTime,
-) -> Vec<ForeignNote> {
-    let oldest = now.checked_sub(window).unwrap_or(SystemTime::UNIX_EPOCH);
-    let judge = |path: &PathBuf| {
+    wanted: impl Fn(State, SystemTime) -> bool + Sync,
+) -> Vec<StampedNote> {
+    let judge = |(state, path): &(State, PathBuf)| {
         let meta = std::fs::symlink_metadata(path).ok()?;
-        if meta.modified().map_or(true, |m| m < oldest) || meta.len() > max_bytes {
+        let modified = meta.modified().ok()?;
+        if !meta.is_file() || meta.len() > max_bytes || !wanted(*state, modified) {
             return None;
         }
-        foreign_note(path, me, window, taken_over_at, now)
+        let stamp = runner_stamp(&read_head(path).ok()?)?;
+        Some(StampedNote {
+            path: path.clone(),
+            state: *state,
+            modified,
+            stamp,
+        })
     };
-    let paths: Vec<PathBuf> = State::ALL.into_iter().flat_map(|s| vault.scan(s)).collect();
-    // Before the first claim, every recent note is opened and read: on a backlog of
+    let paths: Vec<(State, PathBuf)> = State::ALL
+        .into_iter()
+        .flat_map(|s| vault.scan(s).into_iter().map(move |p| (s, p)))
+        .collect();
+    // Before the first claim, every wanted note is opened and read: on a backlog of
     // thousands that is the larger part of the start-up, shared out over the cores.
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
     let chunk = paths.len().div_ceil(threads).max(FOREIGN_SCAN_CHUNK);
+    let judge = &judge;
     std::thread::scope(|scope| {
         let parts: Vec<_> = paths
             .chunks(chunk)
@@ -225,10 +242,34 @@ pub fn foreign_notes(
     })
 }
 
+/// The first bound on a file's mtime for another runner's recent note: a note another runner
+/// updated recently was written recently here too, whatever the sync client did with its
+/// mtime after that (clients keep it or set it to the arrival).
+pub fn recent_since(window: Duration, now: SystemTime) -> SystemTime {
+    now.checked_sub(window).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// Of the scanned notes, those whose `tool_runner` is another's and whose `tool_updated` is
+/// inside `window` (and after the last take-over), their files changed inside the window.
+pub fn foreign_among(
+    scanned: &[StampedNote],
+    me: &RunnerId,
+    window: Duration,
+    taken_over_at: Option<SystemTime>,
+    now: SystemTime,
+) -> Vec<ForeignNote> {
+    let oldest = recent_since(window, now);
+    scanned
+        .iter()
+        .filter(|n| n.modified >= oldest)
+        .filter_map(|n| foreign_of(&n.path, &n.stamp, me, window, taken_over_at, now))
+        .collect()
+}
+
 /// Fewer notes than this are scanned by one thread: a thread's start costs more than they do.
 const FOREIGN_SCAN_CHUNK: usize = 256;
 
-/// One note, read and judged (for the start-up scan and for events while running).
+/// One note, read and judged (for events while running).
 pub fn foreign_note(
     path: &Path,
     me: &RunnerId,
@@ -236,14 +277,24 @@ pub fn foreign_note(
     taken_over_at: Option<SystemTime>,
     now: SystemTime,
 ) -> Option<ForeignNote> {
-    let text = read_head(path).ok()?;
-    let stamp = runner_stamp(&text)?;
-    if !is_foreign_activity(&stamp, me, window, taken_over_at, now) {
+    let stamp = runner_stamp(&read_head(path).ok()?)?;
+    foreign_of(path, &stamp, me, window, taken_over_at, now)
+}
+
+fn foreign_of(
+    path: &Path,
+    stamp: &RunnerStamp,
+    me: &RunnerId,
+    window: Duration,
+    taken_over_at: Option<SystemTime>,
+    now: SystemTime,
+) -> Option<ForeignNote> {
+    if !is_foreign_activity(stamp, me, window, taken_over_at, now) {
         return None;
     }
     Some(ForeignNote {
         path: path.to_path_buf(),
-        runner: stamp.runner,
+        runner: stamp.runner.clone(),
         updated: stamp.updated?,
     })
 }
@@ -625,16 +676,12 @@ mod tests {
         (dir, vault, now, recent)
     }
 
-    /// The start-up scan with a window of a day.
+    /// The start-up scan as `run_vault` makes it for §9.9 alone, with a window of a day.
     fn scan_a_day(vault: &Vault, now: SystemTime) -> Vec<ForeignNote> {
-        foreign_notes(
-            vault,
-            &me(),
-            Duration::from_secs(86_400),
-            None,
-            1 << 20,
-            now,
-        )
+        let day = Duration::from_secs(86_400);
+        let oldest = recent_since(day, now);
+        let scanned = stamped_notes(vault, 1 << 20, |_, modified| modified >= oldest);
+        foreign_among(&scanned, &me(), day, None, now)
     }
 
     #[test]

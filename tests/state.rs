@@ -338,6 +338,14 @@ async fn an_emptied_journal_is_refused_like_a_deleted_one() {
     let vault = TestVault::new(&search.base_url(), "");
     vault.drop_note("a.md", &note_with_calls("A", &[search_call("one")]));
     assert_eq!(vault.once().0, 0);
+    // A note finished long ago counts too: the start-up scan reads every note while the
+    // journal knows none, not only those changed inside `runner_window`.
+    let done = std::fs::File::options()
+        .write(true)
+        .open(vault.root.join("Done/a.md"))
+        .unwrap();
+    done.set_modified(std::time::SystemTime::now() - Duration::from_secs(90 * 86_400))
+        .unwrap();
     for f in ["journal.sqlite-wal", "journal.sqlite-shm"] {
         let _ = std::fs::remove_file(vault.state.join(f));
     }
@@ -345,6 +353,7 @@ async fn an_emptied_journal_is_refused_like_a_deleted_one() {
     let (code, log) = vault.once();
     assert_ne!(code, 0, "{log}");
     assert!(log.contains("--new-journal"), "{log}");
+    assert!(log.contains("Done/a.md"), "names the note: {log}");
 }
 
 // ---------------------------------------------------------------------------------------------

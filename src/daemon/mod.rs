@@ -249,8 +249,15 @@ pub async fn run_vault(
             dir: config.state_dir.clone(),
             source,
         })?;
-    storage::journal_continuity(&config, &vault, &journal, &me, new_journal)?;
-    one_runner(&config, &vault, &journal, take_over)?;
+    // One read of each note's head serves both start-up checks: the journal's continuity
+    // (every note, while the journal knows none) and another runner's recent notes (§9.9).
+    let continuity = storage::continuity_unknown(&journal)?;
+    let oldest = crate::synced::recent_since(config.runner_window, SystemTime::now());
+    let scanned = crate::synced::stamped_notes(&vault, config.max_note_bytes, |state, modified| {
+        (continuity && storage::continuity_reads(state)) || modified >= oldest
+    });
+    storage::journal_continuity(&vault, &journal, &me, new_journal, &scanned)?;
+    one_runner(&config, &vault, &journal, &me, take_over, &scanned)?;
     let http = http_client()?;
     // Servers start in parallel; each delays start-up by at most its start_timeout.
     let mcp = McpSource::start(
@@ -379,32 +386,32 @@ fn result_store(config: &Config) -> ResultStore {
 
 /// The start-up check of docs/design.md §9.9: with `take_over`, records that other runners' notes up
 /// to now are history; then refuses to start while a note of another runner is younger than
-/// `runner_window`. Reads only notes whose mtime is inside the window.
+/// `runner_window`. `scanned`: the start-up scan's stamped notes, with every note whose mtime
+/// is inside the window.
 fn one_runner(
     config: &Config,
     vault: &Vault,
     journal: &Journal,
+    me: &RunnerId,
     take_over: bool,
+    scanned: &[crate::synced::StampedNote],
 ) -> Result<(), DaemonError> {
-    let me =
-        RunnerId::load_or_create(&config.state_dir).map_err(|source| DaemonError::RunnerId {
-            dir: config.state_dir.clone(),
-            source,
-        })?;
+    let foreign = |taken_over_at| {
+        crate::synced::foreign_among(
+            scanned,
+            me,
+            config.runner_window,
+            taken_over_at,
+            SystemTime::now(),
+        )
+    };
     if take_over {
         // §9.14: the other runner's notes as they are now, future-dated ones included, become
         // history whatever its clock says; `--take-over` always works.
-        let newest_foreign = crate::synced::foreign_notes(
-            vault,
-            &me,
-            config.runner_window,
-            journal.taken_over_at()?,
-            config.max_note_bytes,
-            SystemTime::now(),
-        )
-        .into_iter()
-        .map(|f| f.updated)
-        .max();
+        let newest_foreign = foreign(journal.taken_over_at()?)
+            .into_iter()
+            .map(|f| f.updated)
+            .max();
         let at = journal.record_take_over(me.as_str(), newest_foreign)?;
         tracing::warn!(
             runner = %me,
@@ -412,15 +419,7 @@ fn one_runner(
             humantime::format_rfc3339_seconds(at)
         );
     }
-    let taken_over_at = journal.taken_over_at()?;
-    let found = crate::synced::foreign_notes(
-        vault,
-        &me,
-        config.runner_window,
-        taken_over_at,
-        config.max_note_bytes,
-        SystemTime::now(),
-    );
+    let found = foreign(journal.taken_over_at()?);
     if !found.is_empty() {
         return Err(DaemonError::SecondRunner(crate::synced::refusal(
             &found,

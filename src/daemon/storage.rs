@@ -226,17 +226,19 @@ pub(crate) fn stamped_here(runner: &str, me: &crate::synced::RunnerId) -> bool {
 /// new) while the vault holds notes this machine's vaultd stamped does not know what those
 /// notes ran. Refused unless `new_journal` (`--new-journal`), which records that the journal
 /// starts afresh: the pending side effects of those notes are then held (`journal_lost`).
+/// `scanned`: the start-up scan's stamped notes, of every folder but DryRun's while
+/// [`continuity_unknown`].
 pub(crate) fn journal_continuity(
-    config: &crate::config::Config,
     vault: &crate::vault::Vault,
     journal: &crate::journal::Journal,
     me: &crate::synced::RunnerId,
     new_journal: bool,
+    scanned: &[crate::synced::StampedNote],
 ) -> Result<(), DaemonError> {
-    if journal.has_runs()? || journal.new_journal_at()?.is_some() {
+    if !continuity_unknown(journal)? {
         return Ok(());
     }
-    let stamped = notes_stamped_here(vault, me, config.max_note_bytes, 3);
+    let stamped = notes_stamped_here(scanned, me, 3);
     if stamped.is_empty() {
         return Ok(());
     }
@@ -262,31 +264,31 @@ pub(crate) fn journal_continuity(
     Ok(())
 }
 
-/// Up to `max` notes in any state folder whose `tool_runner` is this machine's vaultd.
+/// Whether the journal knows no note at all: then the start-up scan reads every note, for
+/// [`journal_continuity`].
+pub(crate) fn continuity_unknown(
+    journal: &crate::journal::Journal,
+) -> Result<bool, crate::journal::JournalError> {
+    Ok(!journal.has_runs()? && journal.new_journal_at()?.is_none())
+}
+
+/// Whether the start-up scan reads a note of `state` for [`journal_continuity`]: any but
+/// DryRun's. A dry run stamps nothing that the journal records (docs/design.md §12.1): its
+/// notes say nothing about a lost journal.
+pub(crate) fn continuity_reads(state: State) -> bool {
+    state != State::DryRun
+}
+
+/// Up to `max` of the scanned notes whose `tool_runner` is this machine's vaultd.
 fn notes_stamped_here(
-    vault: &crate::vault::Vault,
+    scanned: &[crate::synced::StampedNote],
     me: &crate::synced::RunnerId,
-    max_bytes: u64,
     max: usize,
 ) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    // A dry run stamps nothing that the journal records (docs/design.md §12.1): its notes
-    // say nothing about a lost journal.
-    for state in State::ALL.into_iter().filter(|s| *s != State::DryRun) {
-        for path in vault.scan(state) {
-            if std::fs::metadata(&path).is_ok_and(|m| m.len() > max_bytes) {
-                continue;
-            }
-            let Ok(text) = crate::vault::read_regular_text(&path) else {
-                continue;
-            };
-            if crate::synced::runner_stamp(&text).is_some_and(|s| stamped_here(&s.runner, me)) {
-                found.push(path);
-                if found.len() >= max {
-                    return found;
-                }
-            }
-        }
-    }
-    found
+    scanned
+        .iter()
+        .filter(|n| continuity_reads(n.state) && stamped_here(&n.stamp.runner, me))
+        .take(max)
+        .map(|n| n.path.clone())
+        .collect()
 }
