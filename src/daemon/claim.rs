@@ -13,6 +13,19 @@ use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
+/// A note as it was read and parsed before its claim: the claim reuses the parse when the
+/// text it then reads is the same.
+pub(crate) struct Looked {
+    pub(crate) text: String,
+    pub(crate) parsed: ParsedNote,
+}
+
+/// A claimed note's text as read at its claim, and the note as looked at before it.
+pub(crate) struct Reads {
+    pub(crate) claimed: Claimed,
+    pub(crate) looked: Looked,
+}
+
 impl Daemon {
     /// Claims a note (rename into In_Progress) if it has pending calls, then runs it.
     pub(crate) async fn claim_and_run(
@@ -48,7 +61,7 @@ impl Daemon {
             {
                 return Ok(()); // moved into Approved/ by hand: only `vaultd approve` counts
             }
-            let mut ident = self.identify(path, &text).await?;
+            let mut ident = self.identify(path, &text, &parsed).await?;
             if let Some(of) = ident.wait_for.take() {
                 if self.wait_for_original(path, &of, &parsed).await? {
                     continue;
@@ -72,7 +85,8 @@ impl Daemon {
                 continue;
             }
             let note_id = ident.note_id.clone();
-            let outcome = self.claim_identified(path, pass, &mut ident).await;
+            let looked = Looked { text, parsed };
+            let outcome = self.claim_identified(path, pass, &mut ident, looked).await;
             self.deactivate(&note_id);
             return outcome;
         }
@@ -178,6 +192,7 @@ impl Daemon {
         path: &Path,
         pass: Pass,
         ident: &mut Identity,
+        looked: Looked,
     ) -> Result<(), DaemonError> {
         let Some((claimed, left, read)) = self.claim_note(path).await else {
             return Ok(());
@@ -188,7 +203,17 @@ impl Daemon {
         let _unwinding = super::intake::ForgetOnPanic::new(&self.inflight, &claimed);
         let from = self.vault.relative(path);
         let outcome = self
-            .begin_and_execute(&claimed, &from, pass, ident, left.as_ref(), read)
+            .begin_and_execute(
+                &claimed,
+                &from,
+                pass,
+                ident,
+                left.as_ref(),
+                Reads {
+                    claimed: read,
+                    looked,
+                },
+            )
             .await;
         self.inflight
             .lock()
@@ -204,8 +229,12 @@ impl Daemon {
         pass: Pass,
         ident: &mut Identity,
         left: Option<&LeftBehind>,
-        read: Claimed,
+        reads: Reads,
     ) -> Result<(), DaemonError> {
+        let Reads {
+            claimed: read,
+            looked,
+        } = reads;
         let note = self.vault.relative(claimed);
         let (id, from) = (ident.note_id.clone(), from.to_string());
         let copy_of = ident
@@ -226,8 +255,15 @@ impl Daemon {
             .as_ref()
             .ok()
             .and_then(|bytes| std::str::from_utf8(bytes).ok());
-        let keep = text.filter(|text| {
-            crate::pipeline::execute::may_stamp_at_claim(&parse_note(text), &live.runner.registry)
+        // Parsed when it was looked at, unless it changed before its claim.
+        let parsed = text.map(|text| match looked {
+            Looked { text: seen, parsed } if seen == text => parsed,
+            _ => parse_note(text),
+        });
+        let keep = text.filter(|_| {
+            parsed.as_ref().is_some_and(|parsed| {
+                crate::pipeline::execute::may_stamp_at_claim(parsed, &live.runner.registry)
+            })
         });
         let (began, prepared) = {
             let mut began = std::pin::pin!(self.journal.begin_claim_async(
@@ -248,7 +284,9 @@ impl Daemon {
                 None => std::future::poll_fn(|cx| Poll::Ready(began.as_mut().poll(cx))).await,
                 Some(_) => Poll::Ready(began.as_mut().await),
             };
-            let prepared = text.map(|text| self.prepare(ident, pass, &live, text.to_owned()));
+            let prepared = text
+                .zip(parsed)
+                .map(|(text, parsed)| self.prepare(ident, pass, &live, text.to_owned(), parsed));
             match sent {
                 Poll::Ready(began) => (began, prepared),
                 Poll::Pending => (began.await, prepared),
@@ -387,9 +425,13 @@ impl Daemon {
     /// without one is a stale copy of a note claimed within `stale_copy_window` from its path,
     /// or from the path a sync client's duplicate name leads back to when its text is that
     /// note's text as claimed.
-    pub(crate) async fn identify(&self, path: &Path, text: &str) -> Result<Identity, DaemonError> {
+    pub(crate) async fn identify(
+        &self,
+        path: &Path,
+        text: &str,
+        parsed: &ParsedNote,
+    ) -> Result<Identity, DaemonError> {
         let rel = self.vault.relative(path);
-        let parsed = parse_note(text);
         if let Some(id) =
             note::frontmatter_property(text, "tool_note").filter(|id| valid_note_id(id))
         {
@@ -440,7 +482,7 @@ impl Daemon {
             // §9.10: the calls the carried id started get their recorded outcome (or
             // UNKNOWN_OUTCOME), as that note would: the copy is that note for them.
             let still_running = self.is_active(&id);
-            if !still_running && shares_unstarted_pending(&parsed, &original_text, &prior) {
+            if !still_running && shares_unstarted_pending(parsed, &original_text, &prior) {
                 // §9.10: those calls belong to that note; it has not run them yet (it waits
                 // to be claimed, recovered or approved). Run here now, they would run twice.
                 return Ok(Identity {
@@ -449,7 +491,7 @@ impl Daemon {
                     ..Identity::default()
                 });
             }
-            if shares_started_call(&parsed, &prior) || still_running {
+            if shares_started_call(parsed, &prior) || still_running {
                 tracing::warn!(
                     note = %rel,
                     copy_of = %original,
@@ -474,7 +516,7 @@ impl Daemon {
         };
         let q = rel.clone();
         if let Some(claim) = self.read_journal(|j| j.last_claim_from(&q))?
-            && let Some((prior, stale)) = self.stale_copy_of(&parsed, claim).await?
+            && let Some((prior, stale)) = self.stale_copy_of(parsed, claim).await?
         {
             tracing::warn!(
                 note = %rel,
@@ -487,7 +529,7 @@ impl Daemon {
             ident.stale = Some(stale);
             return Ok(ident);
         }
-        if let Some((original, prior, stale)) = self.duplicate_of(path, text, &parsed).await? {
+        if let Some((original, prior, stale)) = self.duplicate_of(path, text, parsed).await? {
             tracing::warn!(
                 note = %rel,
                 copy_of = %stale.of.note,

@@ -45,19 +45,21 @@ impl Daemon {
         let Some(text) = self.read_claimed(&note, read).await? else {
             return Ok(());
         };
-        let prepared = self.prepare(&mut note.ident, note.pass, &note.live, text)?;
+        let parsed = parse_note(&text);
+        let prepared = self.prepare(&mut note.ident, note.pass, &note.live, text, parsed)?;
         self.execute_prepared(note, prepared).await
     }
 
-    /// The run's facts and plan (see [`Prepared`]); `ident`'s prior calls go into the facts.
+    /// The run's facts and plan (see [`Prepared`]) for `text`, `parsed`; `ident`'s prior calls
+    /// go into the facts.
     pub(crate) fn prepare(
         &self,
         ident: &mut Identity,
         pass: Pass,
         live: &reload::Live,
         text: String,
+        parsed: ParsedNote,
     ) -> Result<Prepared, DaemonError> {
-        let parsed = parse_note(&text);
         let mut facts = self.facts_for(&parsed, pass, ident)?;
         facts.journal_lost = self.journal_lost(&text, &facts)?;
         // Results in the note that the journal holds only as recorded: their "written" mark
@@ -126,9 +128,13 @@ impl Daemon {
                 IdentityWrite::NotYet => {}
                 IdentityWrite::Written(stamped) => {
                     // Planned again on the note as written: the same calls and facts, but
-                    // line numbers of INVALID_JSON now count the frontmatter the stamp added.
-                    text = stamped;
-                    parsed = parse_note(&text);
+                    // their places (and the line numbers of INVALID_JSON) now count the
+                    // frontmatter the stamp added. The parse is moved, not made again, when
+                    // the stamp changed only the frontmatter.
+                    let claimed = std::mem::replace(&mut text, stamped);
+                    parsed = parsed
+                        .restamped(&claimed, &text)
+                        .unwrap_or_else(|| parse_note(&text));
                     plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
                 }
             }

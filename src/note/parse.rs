@@ -115,6 +115,33 @@ impl ParsedNote {
             .map(|(_, a)| a.as_ref().map_err(String::as_str))
     }
 
+    /// This parse of `old`, for `new`: a text that differs from `old` only in its frontmatter
+    /// (the identity stamp adds one or changes it), so its calls' spans and lines move by
+    /// what the frontmatter gained. None when anything after the frontmatter differs, or when
+    /// a call is broken (its error names a line): `new` is then parsed afresh.
+    pub fn restamped(mut self, old: &str, new: &str) -> Option<ParsedNote> {
+        if self
+            .calls
+            .iter()
+            .any(|c| matches!(c.body, CallBody::Broken(_)))
+        {
+            return None;
+        }
+        let (from, to) = (body_start(old), body_start(new));
+        if old[from..] != new[to..] || old.starts_with('\u{FEFF}') != new.starts_with('\u{FEFF}') {
+            return None;
+        }
+        let lines_before = |prefix: &str| prefix.bytes().filter(|&b| b == b'\n').count();
+        let (old_lines, new_lines) = (lines_before(&old[..from]), lines_before(&new[..to]));
+        for call in &mut self.calls {
+            call.span = call.span.start - from + to..call.span.end - from + to;
+            call.line = call.line - old_lines + new_lines;
+        }
+        self.frontmatter = frontmatter::span(new);
+        self.line_ending = detect_line_ending(new);
+        Some(self)
+    }
+
     /// True when a question in the note asks about `call_id` with exactly the parameters
     /// hashed to `params_hash`: a call edited after its question was written is not.
     pub fn is_held_as(&self, call_id: &str, params_hash: &str) -> bool {
@@ -139,9 +166,7 @@ pub fn parse_note(text: &str) -> ParsedNote {
 /// and container prefixes stripped, LF line breaks). The blocks [`parse_note`] reads calls
 /// from; public for differential tests against other CommonMark implementations.
 pub fn json_block_contents(text: &str) -> Vec<String> {
-    let content_start = if text.starts_with('\u{FEFF}') { 3 } else { 0 };
-    let body_start = frontmatter::span(text).map_or(content_start, |r| r.end);
-    scan_blocks(&text[body_start..])
+    scan_blocks(&text[body_start(text)..])
         .fences
         .into_iter()
         .filter(|f| f.is_json() && !f.in_quote)
@@ -159,16 +184,25 @@ pub(crate) struct Analysis {
     pub tail_closer: Option<String>,
 }
 
+/// Where a note's body starts: after its frontmatter, else after its BOM.
+fn body_start(text: &str) -> usize {
+    let content_start = if text.starts_with('\u{FEFF}') {
+        '\u{FEFF}'.len_utf8()
+    } else {
+        0
+    };
+    frontmatter::span(text).map_or(content_start, |r| r.end)
+}
+
 /// The full parse behind [`parse_note`].
 pub(crate) fn analyze(text: &str) -> Analysis {
     let bom = text.starts_with('\u{FEFF}');
-    let content_start = if bom { '\u{FEFF}'.len_utf8() } else { 0 };
     // Frontmatter is cut off by hand and the rest parsed on its own, instead of letting
     // pulldown-cmark's YAML option find it: that option also turns a `---` hr in the middle
     // of a note (followed later by another `---`) into a "metadata block" and would hide
     // every call between them. Obsidian only knows frontmatter at the very top.
     let frontmatter = frontmatter::span(text);
-    let body_start = frontmatter.as_ref().map_or(content_start, |r| r.end);
+    let body_start = body_start(text);
     let body = &text[body_start..];
     let lines = LineIndex::new(text);
     let scan = scan_blocks(body);
@@ -836,6 +870,22 @@ pub fn hash_id(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_parse_is_moved_onto_a_note_whose_frontmatter_alone_changed() {
+        let old = format!("Intro\n\n{}", fenced(CALL));
+        let new = format!("---\ntool_note: n-0123456789ab\n---\n{old}");
+        let moved = parse_note(&old).restamped(&old, &new).unwrap();
+        assert_eq!(moved, parse_note(&new));
+        assert_eq!(moved.calls[0].line, 6);
+        assert_eq!(&new[moved.calls[0].span.clone()], fenced(CALL).trim_end());
+        // Anything else changed, or a broken call whose error names its line: parsed afresh.
+        let edited = new.replace("Intro", "Intro, edited");
+        assert!(parse_note(&old).restamped(&old, &edited).is_none());
+        let broken = format!("Intro\n\n{}", fenced(r#"{"tool_call": {"name": "x" "y"}}"#));
+        let stamped = format!("---\ntool_note: n-0123456789ab\n---\n{broken}");
+        assert!(parse_note(&broken).restamped(&broken, &stamped).is_none());
+    }
 
     const CALL: &str = r#"{"tool_call": {"name": "search_web", "parameters": {"query": "AI agents", "num_results": 3}}}"#;
 

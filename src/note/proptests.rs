@@ -188,6 +188,19 @@ proptest! {
     }
 
     #[test]
+    fn a_parse_moved_onto_the_stamped_note_is_its_own_parse(text in note_text()) {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let stamped = crate::note::stamp_claim(&text, "n-0123456789ab", "vaultd@host", now);
+        let parsed = parse_note(&text);
+        let broken = parsed.calls.iter().any(|c| matches!(c.body, CallBody::Broken(_)));
+        match parsed.restamped(&text, &stamped) {
+            Some(moved) => prop_assert_eq!(moved, parse_note(&stamped)),
+            // Only a broken call (its error names a line) or a changed body is parsed again.
+            None => prop_assert!(broken || body(&stamped) != body(&text), "{:?}", text),
+        }
+    }
+
+    #[test]
     fn parse_never_panics(text in "(?s).{0,400}") {
         let _ = parse_note(&text);
     }
