@@ -1,7 +1,7 @@
 //! Property tests across parse and render: whatever the note, appending results keeps every
 //! original byte and marks exactly the pending calls done.
 
-use crate::call::{CallError, CallResult, ErrorCode, ToolOutput};
+use crate::call::{CallError, CallResult, ErrorCode, HeldCall, ToolOutput};
 use crate::note::parse::{CallBody, parse_note};
 use crate::note::render::{Block, append_blocks};
 use proptest::prelude::*;
@@ -103,6 +103,13 @@ fn note_text() -> impl Strategy<Value = String> {
         })
 }
 
+/// A call block of the tool `t` with the given query.
+fn fence(query: &str) -> String {
+    format!(
+        "```json\n{{\"tool_call\": {{\"name\": \"t\", \"parameters\": {{\"q\": \"{query}\"}}}}}}\n```"
+    )
+}
+
 fn result_for(call_id: &str, ok: bool) -> CallResult {
     let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     CallResult {
@@ -185,6 +192,53 @@ proptest! {
             &[("tool_runner", "vaultd@host"), ("tool_note", "n-0123456789ab")],
         );
         prop_assert_eq!(one, steps);
+    }
+
+    #[test]
+    fn the_counts_of_a_results_write_are_those_of_the_note_written(
+        text in note_text(),
+        kinds in prop::collection::vec(0u8..5, 24),
+    ) {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        // Most generated notes hold no call: each gets two more (which a fence it leaves
+        // open swallows, as it would in a note).
+        let text = format!("{text}\n\n{}\n\n{}\n", fence("a"), fence("b"));
+        let before = parse_note(&text);
+        let pending: Vec<_> = before.pending_calls().collect();
+        let results: Vec<CallResult> = pending
+            .iter()
+            .zip(&kinds)
+            .map(|(c, k)| result_for(&c.call_id, *k == 0))
+            .collect();
+        let held: Vec<HeldCall> = pending
+            .iter()
+            .map(|c| HeldCall {
+                call_id: c.call_id.clone(),
+                name: "t".into(),
+                parameters: serde_json::Map::new(),
+                reason: "held > `x`\n```".into(),
+                question: None,
+            })
+            .collect();
+        let preview = serde_json::json!({"would": "```\n> [!success]-"});
+        // Per pending call: a result (ok or failed), a question, a preview, or nothing.
+        let blocks: Vec<Block> = kinds
+            .iter()
+            .zip(0..pending.len())
+            .filter_map(|(k, i)| match k {
+                0 | 1 => Some(Block::Result(&results[i])),
+                2 => Some(Block::Held(&held[i])),
+                3 => Some(Block::Preview(&preview)),
+                _ => None,
+            })
+            .collect();
+        let written = append_blocks(&text, &blocks, "done", now);
+        let appended = if blocks.is_empty() {
+            text.clone()
+        } else {
+            crate::note::render::append_only(&text, &crate::note::parse::analyze(&text), &blocks)
+        };
+        prop_assert_eq!(written, crate::note::render::set_properties(&appended, "done", now));
     }
 
     #[test]

@@ -60,18 +60,76 @@ fn append_analyzed(
     extra: &[(&str, &str)],
 ) -> String {
     let appended = append_only(text, analysis, blocks);
-    set_parsed(&appended, &parse_note(&appended), status, now, extra)
+    // Counted from the note as it was and the blocks, not by parsing what was written: each
+    // block is one callout, parsed as such after the note (`append_only` closes what the
+    // note leaves open), and adds nothing else that is counted.
+    let counts = Counts::after(&analysis.note, blocks);
+    set_counted(&appended, counts, status, now, extra)
+}
+
+/// What the four properties count: the note's result blocks, the failed ones, and its calls
+/// without a result that a `[!question]` holds for a person.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    results: usize,
+    errors: usize,
+    held: usize,
+}
+
+impl Counts {
+    /// The counts of a note parsed as `note`.
+    pub(crate) fn of(note: &ParsedNote) -> Counts {
+        Counts::after(note, &[])
+    }
+
+    /// The counts of a note parsed as `note` once `blocks` are appended to it.
+    pub(crate) fn after(note: &ParsedNote, blocks: &[Block<'_>]) -> Counts {
+        let new_results: Vec<&CallResult> = blocks
+            .iter()
+            .filter_map(|b| match b {
+                Block::Result(r) => Some(*r),
+                _ => None,
+            })
+            .collect();
+        let done: std::collections::HashSet<&str> = note
+            .results
+            .iter()
+            .map(|r| r.call_id.as_str())
+            .chain(new_results.iter().map(|r| r.call_id.as_str()))
+            .collect();
+        let questions: std::collections::HashSet<&str> = note
+            .held
+            .iter()
+            .map(|h| h.call_id.as_str())
+            .chain(blocks.iter().filter_map(|b| match b {
+                Block::Held(h) => Some(h.call_id.as_str()),
+                _ => None,
+            }))
+            .collect();
+        Counts {
+            results: note.results.len() + new_results.len(),
+            errors: note.results.iter().filter(|r| !r.ok).count()
+                + new_results.iter().filter(|r| r.outcome.is_err()).count(),
+            held: note
+                .calls
+                .iter()
+                .filter(|c| !done.contains(c.call_id.as_str()))
+                .filter(|c| questions.contains(c.call_id.as_str()))
+                .count(),
+        }
+    }
 }
 
 /// How many lines a results write of `blocks` (with the `extra` properties) adds above the
 /// body of `text`: the frontmatter properties it creates or adds. Every call block of the
 /// note moves down by this much when it is written back.
 pub fn lines_added_above(text: &str, blocks: &[Block<'_>], extra: &[(&str, &str)]) -> usize {
-    let appended = append_only(text, &analyze(text), blocks);
+    let analysis = analyze(text);
+    let appended = append_only(text, &analysis, blocks);
     // Any status and time: each property is one line whatever its value.
-    let written = set_parsed(
+    let written = set_counted(
         &appended,
-        &parse_note(&appended),
+        Counts::after(&analysis.note, blocks),
         "failed",
         SystemTime::UNIX_EPOCH,
         extra,
@@ -110,7 +168,7 @@ pub fn moved_down(result: &CallResult, added: usize) -> CallResult {
 }
 
 /// `text` with the blocks appended and the frontmatter not yet touched.
-fn append_only(text: &str, analysis: &Analysis, blocks: &[Block<'_>]) -> String {
+pub(crate) fn append_only(text: &str, analysis: &Analysis, blocks: &[Block<'_>]) -> String {
     let eol = analysis.note.line_ending.as_str();
     let mut out = String::with_capacity(text.len() + 1024 * blocks.len());
     out.push_str(text);
@@ -153,15 +211,25 @@ fn set_parsed(
     now: SystemTime,
     extra: &[(&str, &str)],
 ) -> String {
-    let calls = note.results.len();
-    let errors = note.results.iter().filter(|r| !r.ok).count();
-    let held = note
-        .pending_calls()
-        .filter(|c| note.is_held(&c.call_id))
-        .count();
+    set_counted(text, Counts::of(note), status, now, extra)
+}
+
+/// [`set_parsed`] with the note's [`Counts`].
+fn set_counted(
+    text: &str,
+    counts: Counts,
+    status: &str,
+    now: SystemTime,
+    extra: &[(&str, &str)],
+) -> String {
+    let Counts {
+        results,
+        errors,
+        held,
+    } = counts;
     let mut props = vec![
         ("tool_status", one_line(status)),
-        ("tool_calls", calls.to_string()),
+        ("tool_calls", results.to_string()),
         ("tool_errors", errors.to_string()),
     ];
     // Calls waiting for a person (a `[!question]` each, no result yet): shown once a note
