@@ -13,6 +13,23 @@ use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
+/// The paths a sync client's duplicate name of the note at `path` leads back to, in its
+/// folder (`x 2.md`, `x (1).md`, `x-HOST.md`, …: [`crate::synced::duplicate_originals`]).
+fn duplicate_paths(path: &Path) -> Vec<PathBuf> {
+    let (Some(stem), Some(parent)) = (
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".md")),
+        path.parent(),
+    ) else {
+        return Vec::new();
+    };
+    crate::synced::duplicate_originals(stem)
+        .into_iter()
+        .map(|original| parent.join(format!("{original}.md")))
+        .collect()
+}
+
 /// A note as it was read and parsed before its claim: the claim reuses the parse when the
 /// text it then reads is the same.
 pub(crate) struct Looked {
@@ -514,8 +531,14 @@ impl Daemon {
             note_id: new_note_id(),
             ..Identity::default()
         };
-        let q = rel.clone();
-        if let Some(claim) = self.read_journal(|j| j.last_claim_from(&q))?
+        // The last claims from this path and from the paths a sync client's duplicate name
+        // leads back to, in one read.
+        let originals = duplicate_paths(path);
+        let mut froms = vec![rel.clone()];
+        froms.extend(originals.iter().map(|p| self.vault.relative(p)));
+        let mut claims = self.read_journal(|j| j.last_claims_from(&froms))?;
+        let duplicates: Vec<_> = froms.drain(1..).zip(claims.drain(1..)).collect();
+        if let Some(Some(claim)) = claims.pop()
             && let Some((prior, stale)) = self.stale_copy_of(parsed, claim).await?
         {
             tracing::warn!(
@@ -529,7 +552,7 @@ impl Daemon {
             ident.stale = Some(stale);
             return Ok(ident);
         }
-        if let Some((original, prior, stale)) = self.duplicate_of(path, text, parsed).await? {
+        if let Some((original, prior, stale)) = self.duplicate_of(duplicates, text, parsed).await? {
             tracing::warn!(
                 note = %rel,
                 copy_of = %stale.of.note,
@@ -583,33 +606,21 @@ impl Daemon {
     }
 
     /// A note without `tool_note` whose name is a sync client's duplicate name of a note
-    /// claimed from the same folder (`x 2.md`, `x (1).md`, `x-HOST.md`, …:
-    /// [`synced::duplicate_originals`]) and whose text equals that note's text as claimed
-    /// (docs/design.md §9.10): the stale copy it is, as if it were at that path, with the original's
-    /// path.
+    /// claimed from the same folder ([`duplicate_paths`]; `claimed_from` holds their last
+    /// claims) and whose text equals that note's text as claimed (docs/design.md §9.10): the
+    /// stale copy it is, as if it were at that path, with the original's path.
     async fn duplicate_of(
         &self,
-        path: &Path,
+        claimed_from: Vec<(String, Option<Claim>)>,
         text: &str,
         parsed: &ParsedNote,
     ) -> Result<Option<(String, HashMap<String, JournalCall>, StaleCopy)>, DaemonError> {
-        let (Some(stem), Some(parent)) = (
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(".md")),
-            path.parent(),
-        ) else {
-            return Ok(None);
-        };
-        let originals = crate::synced::duplicate_originals(stem);
-        if originals.is_empty() {
+        if claimed_from.iter().all(|(_, claim)| claim.is_none()) {
             return Ok(None);
         }
         let sha = crate::tools::vault::sha256_hex(text.as_bytes());
-        for original in originals {
-            let from = self.vault.relative(&parent.join(format!("{original}.md")));
-            let q = from.clone();
-            let Some(claim) = self.read_journal(|j| j.last_claim_from(&q))? else {
+        for (from, claim) in claimed_from {
+            let Some(claim) = claim else {
                 continue;
             };
             if claim.text_sha256.as_deref() != Some(sha.as_str()) {

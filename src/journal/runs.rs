@@ -391,22 +391,12 @@ impl Journal {
 
     /// The newest claim of a note with an identity from the vault-relative path `from`.
     pub fn last_claim_from(&self, from: &str) -> Result<Option<Claim>, JournalError> {
-        self.read(|tx| {
-            let row: Option<(String, i64, String, Option<String>)> = query_one(
-                tx,
-                "SELECT note_id, claimed_at_ms, note, claimed_sha256 FROM runs
-                 WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1",
-                params![from],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )
-            .optional()?;
-            Ok(row.map(|(note_id, at, note, text_sha256)| Claim {
-                note_id,
-                claimed_at: from_ms(at),
-                note,
-                text_sha256,
-            }))
-        })
+        self.read(|tx| last_claim_in(tx, from))
+    }
+
+    /// [`last_claim_from`](Self::last_claim_from) of each path, in one read.
+    pub fn last_claims_from(&self, froms: &[String]) -> Result<Vec<Option<Claim>>, JournalError> {
+        self.read(|tx| froms.iter().map(|from| last_claim_in(tx, from)).collect())
     }
 
     /// The note the note `note_id` is a stale copy of, if it is one (its first claim said so),
@@ -436,6 +426,23 @@ impl Journal {
             .optional()?)
         })
     }
+}
+
+fn last_claim_in(tx: &Tx<'_>, from: &str) -> Result<Option<Claim>, Failure> {
+    let row: Option<(String, i64, String, Option<String>)> = query_one(
+        tx,
+        "SELECT note_id, claimed_at_ms, note, claimed_sha256 FROM runs
+         WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+        params![from],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )
+    .optional()?;
+    Ok(row.map(|(note_id, at, note, text_sha256)| Claim {
+        note_id,
+        claimed_at: from_ms(at),
+        note,
+        text_sha256,
+    }))
 }
 
 #[cfg(test)]
