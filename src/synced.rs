@@ -194,31 +194,62 @@ pub struct StampedNote {
     pub path: PathBuf,
     pub state: State,
     pub modified: SystemTime,
-    pub stamp: RunnerStamp,
+    /// The stamp in the note's first [`HEAD_BYTES`], decoded lossily: what §9.9 reads.
+    pub head: Option<RunnerStamp>,
+    /// The stamp of the whole note when it was read whole ([`ScanRead::Whole`]) and is UTF-8:
+    /// what §9.12 reads (a note that is not UTF-8 is never run).
+    pub whole: Option<RunnerStamp>,
 }
 
+/// How much of a note the start-up scan reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanRead {
+    Skip,
+    Head,
+    Whole,
+}
+
+/// How much of a note the second-runner checks read: its frontmatter is at the top.
+pub const HEAD_BYTES: usize = 64 * 1024;
+
 /// The start-up scan of every state folder, shared by the checks of docs/design.md §9.9 (another
-/// runner's recent notes) and §9.12 (notes stamped here, with a journal that knows none): each
-/// regular file of at most `max_bytes` that `wanted` takes by its folder and mtime has its head
-/// read once. Returns the notes with a `tool_runner`, in scan order (state by state, as
-/// [`State::ALL`] lists them).
+/// runner's recent notes: their heads) and §9.12 (notes stamped here, with a journal that knows
+/// none: every note whole, a long frontmatter's `tool_runner` may stand past any head): each
+/// regular file of at most `max_bytes` is read once, as much of it as `wanted` says by its
+/// folder and mtime. Returns the notes with a `tool_runner`, in scan order (state by state,
+/// as [`State::ALL`] lists them).
 pub fn stamped_notes(
     vault: &Vault,
     max_bytes: u64,
-    wanted: impl Fn(State, SystemTime) -> bool + Sync,
+    wanted: impl Fn(State, SystemTime) -> ScanRead + Sync,
 ) -> Vec<StampedNote> {
     let judge = |(state, path): &(State, PathBuf)| {
         let meta = std::fs::symlink_metadata(path).ok()?;
         let modified = meta.modified().ok()?;
-        if !meta.is_file() || meta.len() > max_bytes || !wanted(*state, modified) {
+        if !meta.is_file() || meta.len() > max_bytes {
             return None;
         }
-        let stamp = runner_stamp(&read_head(path).ok()?)?;
+        let (head, whole) = match wanted(*state, modified) {
+            ScanRead::Skip => return None,
+            ScanRead::Head => (runner_stamp(&read_head(path).ok()?), None),
+            ScanRead::Whole => {
+                let bytes = crate::files::read_regular(path).ok()?;
+                let head = &bytes[..bytes.len().min(HEAD_BYTES)];
+                (
+                    runner_stamp(&String::from_utf8_lossy(head)),
+                    std::str::from_utf8(&bytes).ok().and_then(runner_stamp),
+                )
+            }
+        };
+        if head.is_none() && whole.is_none() {
+            return None;
+        }
         Some(StampedNote {
             path: path.clone(),
             state: *state,
             modified,
-            stamp,
+            head,
+            whole,
         })
     };
     let paths: Vec<(State, PathBuf)> = State::ALL
@@ -242,9 +273,9 @@ pub fn stamped_notes(
     })
 }
 
-/// The first bound on a file's mtime for another runner's recent note: a note another runner
-/// updated recently was written recently here too, whatever the sync client did with its
-/// mtime after that (clients keep it or set it to the arrival).
+/// The oldest mtime a note of another runner's recent activity can have here: a note another
+/// runner updated recently was written recently here too, whatever the sync client did with
+/// its mtime after that (clients keep it or set it to the arrival).
 pub fn recent_since(window: Duration, now: SystemTime) -> SystemTime {
     now.checked_sub(window).unwrap_or(SystemTime::UNIX_EPOCH)
 }
@@ -262,7 +293,7 @@ pub fn foreign_among(
     scanned
         .iter()
         .filter(|n| n.modified >= oldest)
-        .filter_map(|n| foreign_of(&n.path, &n.stamp, me, window, taken_over_at, now))
+        .filter_map(|n| foreign_of(&n.path, n.head.as_ref()?, me, window, taken_over_at, now))
         .collect()
 }
 
@@ -551,7 +582,7 @@ fn read_head(path: &Path) -> std::io::Result<String> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
     let mut buf = Vec::with_capacity(4096);
-    file.take(64 * 1024).read_to_end(&mut buf)?;
+    file.take(HEAD_BYTES as u64).read_to_end(&mut buf)?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
@@ -680,7 +711,13 @@ mod tests {
     fn scan_a_day(vault: &Vault, now: SystemTime) -> Vec<ForeignNote> {
         let day = Duration::from_secs(86_400);
         let oldest = recent_since(day, now);
-        let scanned = stamped_notes(vault, 1 << 20, |_, modified| modified >= oldest);
+        let scanned = stamped_notes(vault, 1 << 20, |_, modified| {
+            if modified >= oldest {
+                ScanRead::Head
+            } else {
+                ScanRead::Skip
+            }
+        });
         foreign_among(&scanned, &me(), day, None, now)
     }
 

@@ -254,7 +254,14 @@ pub async fn run_vault(
     let continuity = storage::continuity_unknown(&journal)?;
     let oldest = crate::synced::recent_since(config.runner_window, SystemTime::now());
     let scanned = crate::synced::stamped_notes(&vault, config.max_note_bytes, |state, modified| {
-        (continuity && storage::continuity_reads(state)) || modified >= oldest
+        use crate::synced::ScanRead;
+        if continuity && storage::continuity_reads(state) {
+            ScanRead::Whole
+        } else if modified >= oldest {
+            ScanRead::Head
+        } else {
+            ScanRead::Skip
+        }
     });
     storage::journal_continuity(&vault, &journal, &me, new_journal, &scanned)?;
     one_runner(&config, &vault, &journal, &me, take_over, &scanned)?;

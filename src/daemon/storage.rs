@@ -287,8 +287,69 @@ fn notes_stamped_here(
 ) -> Vec<std::path::PathBuf> {
     scanned
         .iter()
-        .filter(|n| continuity_reads(n.state) && stamped_here(&n.stamp.runner, me))
+        .filter(|n| continuity_reads(n.state))
+        .filter(|n| {
+            n.whole
+                .as_ref()
+                .is_some_and(|s| stamped_here(&s.runner, me))
+        })
         .take(max)
         .map(|n| n.path.clone())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Folders;
+    use crate::synced::{RunnerId, stamped_notes};
+    use crate::vault::Vault;
+
+    /// The notes the continuity check names, from the start-up scan as `run_vault` makes it
+    /// while the journal knows none.
+    fn named(vault: &Vault, me: &RunnerId) -> Vec<String> {
+        let scanned = stamped_notes(vault, 1 << 20, |state, _| {
+            if continuity_reads(state) {
+                crate::synced::ScanRead::Whole
+            } else {
+                crate::synced::ScanRead::Skip
+            }
+        });
+        notes_stamped_here(&scanned, me, 3)
+            .iter()
+            .map(|p| vault.relative(p))
+            .collect()
+    }
+
+    #[test]
+    fn notes_stamped_here_are_found_whole_and_only_when_vaultd_could_have_run_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let vault = Vault::new(dir.path().to_path_buf(), Folders::default());
+        vault.prepare().unwrap();
+        let me = RunnerId::parse("alpha-0a1b").unwrap();
+        let stamped = |extra: &str| {
+            format!(
+                "---\n{extra}tool_runner: alpha-0a1b\ntool_updated: 2026-01-01T00:00:00Z\n---\nbody\n"
+            )
+        };
+        let write = |state: State, name: &str, bytes: &[u8]| {
+            std::fs::write(vault.folder(state).join(name), bytes).unwrap();
+        };
+        // A frontmatter longer than any head read: its `tool_runner` (added last) is found.
+        let long = format!("notes: {}\n", "x".repeat(100 * 1024));
+        write(State::Done, "long.md", stamped(&long).as_bytes());
+        // Not UTF-8: vaultd never ran it, whatever its frontmatter says.
+        let mut latin1 = stamped("").into_bytes();
+        latin1.extend_from_slice(b"caf\xe9\n");
+        write(State::Done, "latin1.md", &latin1);
+        // A dry run records nothing in the journal (docs/design.md §12.1).
+        write(State::DryRun, "dry.md", stamped("").as_bytes());
+        write(State::Failed, "another.md", stamped("").as_bytes());
+        write(
+            State::Failed,
+            "theirs.md",
+            stamped("").replace("alpha", "beta").as_bytes(),
+        );
+        assert_eq!(named(&vault, &me), ["Done/long.md", "Failed/another.md"]);
+    }
 }

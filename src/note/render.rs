@@ -33,9 +33,10 @@ pub fn append_blocks(text: &str, blocks: &[Block<'_>], status: &str, now: System
 
 /// A results write in one pass over the note: the blocks `pick` chooses from the note as it
 /// is are appended as [`append_blocks`] does, and the `extra` properties (`tool_runner`,
-/// `tool_note`) are set with the four, after them. The note is parsed twice (as it is, and as
-/// written, to count its results) where appending and setting each property parsed it anew:
-/// five times per note (a tenth of the daemon's CPU, as a profile under load showed).
+/// `tool_note`) are set with the four, after them. The note is parsed once, as it is: the
+/// counts of the note as written follow from that parse and the blocks ([`Counts::after`]),
+/// where appending and setting each property parsed it anew, five times per note (a tenth of
+/// the daemon's CPU, as a profile under load showed).
 pub fn append_and_set<'b>(
     text: &str,
     pick: impl FnOnce(&ParsedNote) -> Vec<Block<'b>>,
