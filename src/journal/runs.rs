@@ -428,15 +428,17 @@ impl Journal {
     }
 }
 
+/// The statement of [`Journal::last_claim_from`] (its plan is checked in `schema.rs`).
+pub(super) const LAST_CLAIM_FROM: &str =
+    "SELECT note_id, claimed_at_ms, note, claimed_sha256 FROM runs
+     WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1";
+
 fn last_claim_in(tx: &Tx<'_>, from: &str) -> Result<Option<Claim>, Failure> {
-    let row: Option<(String, i64, String, Option<String>)> = query_one(
-        tx,
-        "SELECT note_id, claimed_at_ms, note, claimed_sha256 FROM runs
-         WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1",
-        params![from],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-    )
-    .optional()?;
+    let row: Option<(String, i64, String, Option<String>)> =
+        query_one(tx, LAST_CLAIM_FROM, params![from], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?;
     Ok(row.map(|(note_id, at, note, text_sha256)| Claim {
         note_id,
         claimed_at: from_ms(at),

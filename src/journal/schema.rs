@@ -205,10 +205,7 @@ mod tests {
         let conn = journal.reader();
         // The text of `last_claim_from`'s statement, so the cache hands back the same one.
         let st = conn
-            .prepare_cached(
-                "SELECT note_id, claimed_at_ms, note, claimed_sha256 FROM runs
-                 WHERE claimed_from = ?1 AND note_id IS NOT NULL ORDER BY id DESC LIMIT 1",
-            )
+            .prepare_cached(crate::journal::runs::LAST_CLAIM_FROM)
             .unwrap();
         assert!(
             st.get_status(rusqlite::StatementStatus::VmStep) > 0,
