@@ -210,14 +210,19 @@ proptest! {
             .zip(&kinds)
             .map(|(c, k)| result_for(&c.call_id, *k == 0))
             .collect();
+        // Every other one a server's question, which a `tool_answer` block follows.
         let held: Vec<HeldCall> = pending
             .iter()
-            .map(|c| HeldCall {
+            .enumerate()
+            .map(|(i, c)| HeldCall {
                 call_id: c.call_id.clone(),
                 name: "t".into(),
                 parameters: serde_json::Map::new(),
                 reason: "held > `x`\n```".into(),
-                question: None,
+                question: (i % 2 == 1).then(|| serde_json::json!({
+                    "message": "Which one?\n```json",
+                    "requestedSchema": {"type": "object", "properties": {"pick": {"type": "string"}}}
+                })),
             })
             .collect();
         let preview = serde_json::json!({"would": "```\n> [!success]-"});
