@@ -249,20 +249,14 @@ pub async fn run_vault(
             dir: config.state_dir.clone(),
             source,
         })?;
-    // One read of each note's head serves both start-up checks: the journal's continuity
-    // (every note, while the journal knows none) and another runner's recent notes (§9.9).
-    let continuity = storage::continuity_unknown(&journal)?;
+    // One read of each note serves both start-up checks: the journal's continuity (§9.12)
+    // and another runner's recent notes (§9.9).
     let oldest = crate::synced::recent_since(config.runner_window, SystemTime::now());
-    let scanned = crate::synced::stamped_notes(&vault, config.max_note_bytes, |state, modified| {
-        use crate::synced::ScanRead;
-        if continuity && storage::continuity_reads(state) {
-            ScanRead::Whole
-        } else if modified >= oldest {
-            ScanRead::Head
-        } else {
-            ScanRead::Skip
-        }
-    });
+    let scanned = crate::synced::stamped_notes(
+        &vault,
+        config.max_note_bytes,
+        storage::start_up_read(storage::continuity_unknown(&journal)?, oldest),
+    );
     storage::journal_continuity(&vault, &journal, &me, new_journal, &scanned)?;
     one_runner(&config, &vault, &journal, &me, take_over, &scanned)?;
     let http = http_client()?;

@@ -275,8 +275,28 @@ pub(crate) fn continuity_unknown(
 /// Whether the start-up scan reads a note of `state` for [`journal_continuity`]: any but
 /// DryRun's. A dry run stamps nothing that the journal records (docs/design.md §12.1): its
 /// notes say nothing about a lost journal.
-pub(crate) fn continuity_reads(state: State) -> bool {
+fn continuity_reads(state: State) -> bool {
     state != State::DryRun
+}
+
+/// How much of a note the start-up scan reads, by its folder and mtime: while the journal
+/// knows no note (`continuity_unknown`), every note but DryRun's whole, for
+/// [`journal_continuity`]; else the head of a note changed since `oldest`, for the
+/// second-runner check (§9.9).
+pub(crate) fn start_up_read(
+    continuity_unknown: bool,
+    oldest: std::time::SystemTime,
+) -> impl Fn(State, std::time::SystemTime) -> crate::synced::ScanRead + Sync {
+    use crate::synced::ScanRead;
+    move |state, modified| {
+        if continuity_unknown && continuity_reads(state) {
+            ScanRead::Whole
+        } else if modified >= oldest {
+            ScanRead::Head
+        } else {
+            ScanRead::Skip
+        }
+    }
 }
 
 /// Up to `max` of the scanned notes whose `tool_runner` is this machine's vaultd.
@@ -306,15 +326,10 @@ mod tests {
     use crate::vault::Vault;
 
     /// The notes the continuity check names, from the start-up scan as `run_vault` makes it
-    /// while the journal knows none.
+    /// while the journal knows none (and no note is recent enough for §9.9's read).
     fn named(vault: &Vault, me: &RunnerId) -> Vec<String> {
-        let scanned = stamped_notes(vault, 1 << 20, |state, _| {
-            if continuity_reads(state) {
-                crate::synced::ScanRead::Whole
-            } else {
-                crate::synced::ScanRead::Skip
-            }
-        });
+        let after_every_note = std::time::SystemTime::now() + Duration::from_secs(3600);
+        let scanned = stamped_notes(vault, 1 << 20, start_up_read(true, after_every_note));
         notes_stamped_here(&scanned, me, 3)
             .iter()
             .map(|p| vault.relative(p))
