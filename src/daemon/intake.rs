@@ -11,10 +11,10 @@ use crate::vault::{State, Vault};
 use crate::watch::Hint;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 /// A hint that `on_hint` drops without a look: an event of this daemon's own claim, write or
@@ -207,6 +207,7 @@ impl Daemon {
     /// it gives the slot back and takes no note off the queue.
     pub(crate) async fn next_queued(&self) -> (OwnedSemaphorePermit, PathBuf) {
         let slot = self.note_slot().await;
+        let _ahead = self.note_slots.ahead();
         loop {
             if let Some(path) = self.queue.lock().expect("queue lock poisoned").pop_front() {
                 return (slot, path);
@@ -217,11 +218,7 @@ impl Daemon {
 
     /// One of the `workers * 4` note slots: how many notes are held and worked on at once.
     pub(crate) async fn note_slot(&self) -> OwnedSemaphorePermit {
-        self.note_slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the note slots are never closed")
+        self.note_slots.take().await
     }
 
     /// Spawns a note task with its slot, which moves into the task.
@@ -693,6 +690,54 @@ impl Drop for ForgetOnPanic<'_> {
     }
 }
 
+/// The note slots: how many notes are held and worked on at once, and whether one is alone.
+pub(crate) struct NoteSlots {
+    slots: Arc<Semaphore>,
+    total: usize,
+    /// Slots the intake loop took for a note not queued yet (`next_queued`), waiting for one.
+    ahead: AtomicUsize,
+}
+
+impl NoteSlots {
+    pub(crate) fn new(total: usize) -> NoteSlots {
+        NoteSlots {
+            slots: Arc::new(Semaphore::new(total)),
+            total,
+            ahead: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) async fn take(&self) -> OwnedSemaphorePermit {
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the note slots are never closed")
+    }
+
+    /// Marks one slot as taken ahead, for a note not found yet, until the guard drops.
+    pub(crate) fn ahead(&self) -> Ahead<'_> {
+        self.ahead.fetch_add(1, Ordering::SeqCst);
+        Ahead(&self.ahead)
+    }
+
+    /// True when at most one note holds a slot (the caller's): a slot taken ahead for the
+    /// next note, which the intake loop holds while it waits for one, is no note.
+    pub(crate) fn one_note(&self) -> bool {
+        let held = self.total - self.slots.available_permits();
+        held <= 1 + self.ahead.load(Ordering::SeqCst)
+    }
+}
+
+/// A slot counted as taken ahead while this lives (cancel-safe: dropped with its future).
+pub(crate) struct Ahead<'a>(&'a AtomicUsize);
+
+impl Drop for Ahead<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -783,5 +828,25 @@ mod tests {
             !unfinished("```json\n{\"tool_call\": {\n```\nmore text after it\n"),
             "text after it: the writer went on"
         );
+    }
+
+    #[tokio::test]
+    async fn a_slot_the_intake_loop_took_ahead_leaves_a_note_alone() {
+        let slots = NoteSlots::new(8);
+        // The intake loop, waiting for the next note with a slot in hand (`next_queued`).
+        let waiting = slots.take().await;
+        let ahead = slots.ahead();
+        let first = slots.take().await;
+        assert!(slots.one_note(), "one note and the loop's slot taken ahead");
+        let second = slots.take().await;
+        assert!(!slots.one_note(), "two notes");
+        drop(second);
+        // The loop found a note: its slot is that note's now.
+        drop(ahead);
+        assert!(!slots.one_note(), "the loop's slot went to a second note");
+        drop(waiting);
+        assert!(slots.one_note());
+        drop(first);
+        assert!(slots.one_note(), "no note at all");
     }
 }

@@ -25,7 +25,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 pub(crate) mod claim;
@@ -155,10 +155,8 @@ pub struct Daemon {
     pub(crate) journal: Arc<Journal>,
     /// Notes being looked at now; `true` = another hint came meanwhile, look again after.
     pub(crate) inflight: Mutex<HashMap<PathBuf, bool>>,
-    /// Bounds how many notes are held in memory and processed at once.
-    pub(crate) note_slots: Arc<Semaphore>,
-    /// How many note slots there are (`workers * 4`).
-    pub(crate) note_slots_total: usize,
+    /// Bounds how many notes are held in memory and processed at once (`workers * 4`).
+    pub(crate) note_slots: intake::NoteSlots,
     /// Notes waiting for a note slot, in the order they were found: a note task is spawned
     /// only with its slot in hand (STYLE habit 3), so a backlog of 10,000 notes is 10,000
     /// paths here, not 10,000 tasks.
@@ -348,8 +346,7 @@ async fn run_reloading(
         arrivals,
         results,
         hold_alerts,
-        note_slots: Arc::new(Semaphore::new(config.workers * 4)),
-        note_slots_total: config.workers * 4,
+        note_slots: intake::NoteSlots::new(config.workers * 4),
         queue: Mutex::new(VecDeque::new()),
         queued: tokio::sync::Notify::new(),
         live: std::sync::RwLock::new(Arc::new(reload::Live { config, runner })),
@@ -641,8 +638,9 @@ impl Daemon {
         f: impl FnOnce() -> T + Send + 'static,
     ) -> T {
         use tokio::runtime::{Handle, RuntimeFlavor};
-        let alone = self.note_slots.available_permits() + 1 >= self.note_slots_total;
-        if alone && Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        if self.note_slots.one_note()
+            && Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread
+        {
             tokio::task::block_in_place(f)
         } else {
             tokio::task::spawn_blocking(f)

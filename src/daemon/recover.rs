@@ -37,7 +37,7 @@ impl Daemon {
                 continue;
             }
             let _unwinding = super::intake::ForgetOnPanic::new(&self.inflight, &path);
-            let _slot = self.note_slots.acquire().await;
+            let _slot = self.note_slot().await;
             // The list may be stale: the run's own task may have closed it meanwhile, and a
             // new file may sit at the same path. Take the journal's word now.
             let note = r.note.clone();
