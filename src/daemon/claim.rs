@@ -282,6 +282,10 @@ impl Daemon {
                 crate::pipeline::execute::may_stamp_at_claim(parsed, &live.runner.registry)
             })
         });
+        // A note alone commits what nobody waits to be durable without an fsync (its call's
+        // outcome, say), however soon after another commit: none of the fsyncs that gather
+        // the writes of many notes in one commit on its way to Done.
+        self.journal.set_one_note(self.note_slots.one_note());
         let (began, prepared) = {
             let mut began = std::pin::pin!(self.journal.begin_claim_async(
                 &note,

@@ -29,8 +29,9 @@
 //! # Commits without an fsync
 //! A group of writes none of whose callers waits for durability (queued, `Executed` or
 //! `Committed` ones: the `read_only` starts and outcomes, the claim of a note with only
-//! `read_only` calls, "written and moved") that came to an idle writer (notes arriving one at
-//! a time) commits with `synchronous=NORMAL`: no fsync. Every other group commits with
+//! `read_only` calls, "written and moved") that came to an idle writer, or while the daemon
+//! works on one note alone ([`Journal::set_one_note`]: a note's start and outcome can come
+//! right after each other's commit), commits with `synchronous=NORMAL`: no fsync. Every other group commits with
 //! `synchronous=FULL` (under load, the fsync's time is what gathers the next writes into one
 //! group), and its fsync of the WAL (one file, appended in order) makes every commit before
 //! it durable too; the writer fsyncs the WAL itself once it has been idle for 50 ms after a
@@ -360,6 +361,13 @@ impl Journal {
             room,
             origin: Mutex::new(None),
         })
+    }
+
+    /// Tells the writer whether the daemon works on one note alone now (the daemon, at each
+    /// claim): a note alone commits its writes that nobody waits to be durable without an
+    /// fsync, however soon they follow each other (`writer.rs`, `Writer::set_one_note`).
+    pub fn set_one_note(&self, alone: bool) {
+        self.writer.set_one_note(alone);
     }
 
     /// The database file.

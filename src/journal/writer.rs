@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{
     Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError, sync_channel,
 };
@@ -64,6 +64,8 @@ pub(super) struct Writer {
     jobs: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<()>>,
     counts: Arc<Counts>,
+    /// Set while the daemon works on one note alone ([`Writer::set_one_note`]).
+    one_note: Arc<AtomicBool>,
 }
 
 /// What the thread has done, for tests to prove grouping and fsyncs with, and how long it
@@ -99,14 +101,30 @@ impl Writer {
         let (jobs, queue) = sync_channel::<Job>(QUEUE);
         let counts = Arc::new(Counts::default());
         let counter = counts.clone();
+        let one_note = Arc::new(AtomicBool::new(false));
+        let alone = one_note.clone();
         let thread = std::thread::Builder::new()
             .name("journal-writer".into())
-            .spawn(move || write_groups(&conn, &queue, &path, &counter, &storage, room))?;
+            .spawn(move || {
+                write_groups(&conn, &queue, &path, &counter, &alone, &storage, room);
+            })?;
         Ok(Writer {
             jobs: Some(jobs),
             thread: Some(thread),
             counts,
+            one_note,
         })
+    }
+
+    /// Whether the daemon works on one note alone now: while it does, a group none of whose
+    /// callers waits for durability commits without an fsync even when it comes right after
+    /// another commit (see [`IDLE_BEFORE_NO_FSYNC`]). The fsync that gathers writes under load
+    /// only delays a note alone: its call's outcome, queued while its start's group commits,
+    /// would wait for that group's fsync and then fsync again, before its results replace
+    /// the note. What a crash can lose is the same either way (`journal/mod.rs`, "Commits
+    /// without an fsync").
+    pub(super) fn set_one_note(&self, alone: bool) {
+        self.one_note.store(alone, Ordering::Relaxed);
     }
 
     #[cfg(test)]
@@ -300,6 +318,7 @@ fn write_groups(
     queue: &Receiver<Job>,
     path: &std::path::Path,
     counts: &Counts,
+    one_note: &AtomicBool,
     storage: &StorageHealth,
     room: Arc<RateRoom>,
 ) {
@@ -331,9 +350,11 @@ fn write_groups(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        // Without an fsync only a group that came to an idle writer: under load every group
-        // fsyncs, and the fsync's time is what gathers the next writes into one group.
-        let idle = waiting_since.elapsed() >= IDLE_BEFORE_NO_FSYNC;
+        // Without an fsync only a group that came to an idle writer, or one of a note worked on
+        // alone: under load every group fsyncs, and the fsync's time is what gathers the next
+        // writes into one group.
+        let idle =
+            waiting_since.elapsed() >= IDLE_BEFORE_NO_FSYNC || one_note.load(Ordering::Relaxed);
         let full = !idle || group.iter().any(|job| job.durable);
         sync.set(conn, full);
         let changes = conn.total_changes();
@@ -612,6 +633,45 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(synced(), at_start + 3, "fsynced once idle for a linger");
+    }
+
+    /// A group that comes right after another commit fsyncs (under load, that fsync gathers the
+    /// next writes), unless the daemon works on one note alone: then only a durable write
+    /// makes a group fsync.
+    #[test]
+    fn a_note_alone_commits_what_nobody_waits_on_without_an_fsync_however_soon() {
+        let (_dir, journal) = shared_journal();
+        journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync meanwhile
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let synced = || journal.writer.wal_syncs();
+        // Not alone, the group fsyncs (unless the writer thread was held up for longer than
+        // `IDLE_BEFORE_NO_FSYNC` right before it: not asserted, a loaded machine may do that).
+        for (alone, fsyncs) in [(false, 1), (true, 0), (false, 1)] {
+            journal.set_one_note(alone);
+            journal.flush().unwrap(); // what an earlier round left not durable
+            let at_start = synced();
+            // The held write writes nothing (no fsync); the queued start forms the next group
+            // the moment it is done: the writer was not idle before it.
+            let (release, holder) = hold_the_writer(&journal);
+            let call_id = format!("c-{alone}-{fsyncs}-{at_start}");
+            start_search(&journal, run, &call_id);
+            release.send(()).unwrap();
+            holder.join().unwrap();
+            let until = Instant::now() + Duration::from_secs(10);
+            let seen = || {
+                let run = journal.run_for_note("In_Progress/a.md").unwrap().unwrap();
+                run.calls.iter().any(|c| c.call_id == call_id)
+            };
+            while !seen() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(seen(), "the queued start committed");
+            if alone {
+                assert_eq!(synced() - at_start, fsyncs, "alone: no fsync");
+            } else {
+                assert!(synced() - at_start <= fsyncs, "not alone");
+            }
+        }
     }
 
     /// A side effect's outcome, queued like any other, is settled only once its commit is
