@@ -5,7 +5,7 @@
 //! the daemon doing them.
 
 use crate::call::CallResult;
-use crate::daemon::claim::{Claimed, IdentityWrite, PendingClaim, Stamp};
+use crate::daemon::claim::{Claimed, IdentityWrite, Stamp};
 use crate::daemon::write_back::Finished;
 use crate::daemon::{Daemon, DaemonError, Identity, NoteRun, Pass, reload};
 use crate::guard::budget;
@@ -47,7 +47,7 @@ impl Daemon {
         };
         let parsed = parse_note(&text);
         let prepared = self.prepare(&mut note.ident, note.pass, &note.live, text, parsed)?;
-        self.execute_prepared(note, prepared, None).await
+        self.execute_prepared(note, prepared).await
     }
 
     /// The run's facts and plan (see [`Prepared`]) for `text`, `parsed`; `ident`'s prior calls
@@ -93,15 +93,10 @@ impl Daemon {
     }
 
     /// [`execute`](Self::execute) from its [`Prepared`] facts and plan on.
-    /// With `pending`, the claim's record is still on its way to the journal: it is waited for
-    /// before anything is recorded under the run, or, when the plan only runs `read_only`
-    /// calls, once they started (their starts are queued behind it); a record that could
-    /// not be written undoes the claim, and the calls' results are dropped.
     pub(crate) async fn execute_prepared(
         self: &Arc<Self>,
         note: NoteRun,
         prepared: Prepared,
-        mut pending: Option<PendingClaim<'_>>,
     ) -> Result<(), DaemonError> {
         let Prepared {
             mut text,
@@ -113,18 +108,9 @@ impl Daemon {
         } = prepared;
         let (live, pass) = (note.live.clone(), note.pass);
         let id_on_note = crate::note::frontmatter_property(&text, "tool_note");
-        let stamps = stamp_at_claim(&plan, pass, &facts)
-            || id_on_note.is_some_and(|id| id != note.ident.note_id);
-        let only_reads = !stamps
-            && plan.spend.is_empty()
-            && plan.steps.iter().all(|(_, step)| match step {
-                Step::Run(call) => call.effect() == Effect::ReadOnly,
-                _ => true,
-            });
-        if !only_reads && let Some(pending) = pending.take() {
-            self.claim_recorded(pending).await?;
-        }
-        if stamps {
+        if stamp_at_claim(&plan, pass, &facts)
+            || id_on_note.is_some_and(|id| id != note.ident.note_id)
+        {
             match self
                 .write_identity(
                     note.run,
@@ -169,14 +155,6 @@ impl Daemon {
         self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
         let calls = self.start_calls(&note, &plan.steps, &with_start).await;
-        if let Some(pending) = pending.take()
-            && let Err(e) = self.claim_recorded(pending).await
-        {
-            for call in calls.iter().flatten() {
-                call.abort(); // read_only: nothing of them needs keeping
-            }
-            return Err(e);
-        }
         let ran: HashSet<String> = plan
             .steps
             .iter()

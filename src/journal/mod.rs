@@ -62,18 +62,6 @@
 //! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
 //! path to Done.
 //!
-//! A note likely to run only `read_only` calls does not wait even for that
-//! (`begin_claim_queued`): its run id is given by the journal at once (one more than the last
-//! given, counted from the largest in the file at open; only the daemon records runs, under
-//! the vault's lock), the record is queued, and its calls start. Their start records are
-//! queued behind it, so they run in the same group or a later one, never before it; a kill
-//! before that group commits loses both, the case above. Anything else recorded under the
-//! run (a stamp's text, a decision spent, a side effect's start, the results of calls that did
-//! not run, the move) waits for the record first. A record that could not be written (the
-//! journal's storage failing, §9.12) undoes the claim as before, once the calls it let start
-//! are stopped: `read_only` ones, whose results are dropped and which run again at the next
-//! claim (§9.3).
-//!
 //! # The stamp
 //! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)
 //! before any of them runs, so that a note moved by hand mid-run carries it. That write
@@ -176,7 +164,7 @@ pub use approvals::Decision;
 pub use calls::{CallProgress, JournalCall};
 pub use events::{LogEntry, LogFilter, RecentFailure};
 pub use rates::{RateUse, RateWindow, StartAdmission};
-pub use runs::{Claim, ClaimRecord, LinkClaim, OpenRun, RunId};
+pub use runs::{Claim, LinkClaim, OpenRun, RunId};
 
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
@@ -213,9 +201,6 @@ pub struct Journal {
     /// far from its limits is admitted on them without waiting for the writer
     /// ([`rates::RateRoom`]).
     room: Arc<rates::RateRoom>,
-    /// The last run id given ([`Journal::new_run_id`]): counted here from the largest in the
-    /// file at open. Only the daemon records runs, and it holds the vault's lock.
-    last_run: std::sync::atomic::AtomicI64,
     /// When this journal was started afresh (`--new-journal`), once read: asked for every new
     /// note (`Daemon::journal_lost`), recorded only before a daemon starts (and by this handle).
     origin: Mutex<Option<Option<std::time::SystemTime>>>,
@@ -361,9 +346,6 @@ impl Journal {
         // Opened after the writer's connection set WAL mode and migrated the schema.
         let reader = Connection::open(&path).map_err(|e| wrap(e.into()))?;
         schema::configure_reader(&reader).map_err(wrap)?;
-        let last_run: RunId = conn
-            .query_row("SELECT COALESCE(MAX(id), 0) FROM runs", [], |r| r.get(0))
-            .map_err(|e| wrap(e.into()))?;
         let storage = Arc::new(StorageHealth::default());
         let room = Arc::new(rates::RateRoom::default());
         let writer = writer::Writer::start(conn, path.clone(), storage.clone(), room.clone())
@@ -377,18 +359,8 @@ impl Journal {
             writer,
             reader: Mutex::new(reader),
             room,
-            last_run: std::sync::atomic::AtomicI64::new(last_run),
             origin: Mutex::new(None),
         })
-    }
-
-    /// The id of a run about to be recorded: one more than the last given. A run's id is
-    /// known before its record is written, so that what is recorded under it can be queued
-    /// behind the record without waiting for it ([`Journal::begin_claim_queued`]).
-    fn new_run_id(&self) -> RunId {
-        self.last_run
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            + 1
     }
 
     /// Tells the writer whether the daemon works on one note alone now (the daemon, at each

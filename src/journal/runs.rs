@@ -13,23 +13,6 @@ use std::time::SystemTime;
 /// One claim of one note: from the rename into In_Progress to the move out of it.
 pub type RunId = i64;
 
-/// The answer to a claim record queued by [`Journal::begin_claim_queued`].
-pub struct ClaimRecord(tokio::sync::oneshot::Receiver<Result<RunId, Failure>>);
-
-impl ClaimRecord {
-    /// Waits until the record ran in the writer's transaction: `Ok` then, else why it could
-    /// not (the journal's storage failing, §9.12).
-    pub async fn recorded(self, journal: &Journal) -> Result<(), JournalError> {
-        match self.0.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(journal.failed(e)),
-            Err(_) => Err(journal.failed(Failure::Other(
-                "the journal's writer has stopped".to_string(),
-            ))),
-        }
-    }
-}
-
 /// The newest claim made from one path (docs/design.md §9.6): which note it was and where it is now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
@@ -133,7 +116,6 @@ impl Journal {
         let copy_of = copy_of.map(|(of, grace)| (of.to_owned(), grace));
         let left_behind = left_behind.map(str::to_owned);
         self.write(claim_job(
-            self.new_run_id(),
             note,
             note_id,
             claimed_from,
@@ -159,10 +141,8 @@ pub struct LinkClaim {
     pub note_id: Option<String>,
 }
 
-/// The job of a claim's run record (see [`Journal::begin_note_run`]), under the run id `id`.
-#[allow(clippy::too_many_arguments)]
+/// The job of a claim's run record (see [`Journal::begin_note_run`]).
 fn claim_job(
-    id: RunId,
     note: String,
     note_id: Option<String>,
     claimed_from: Option<String>,
@@ -188,9 +168,8 @@ fn claim_job(
         exec(
             tx,
             "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
-                                   copy_within_grace, left_behind, claimed_sha256, claimed_text,
-                                   id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                                   copy_within_grace, left_behind, claimed_sha256, claimed_text)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 note,
                 now,
@@ -200,12 +179,12 @@ fn claim_job(
                 copy_of.map(|c| c.1),
                 left_behind,
                 claimed_sha256,
-                claimed_text,
-                id
+                claimed_text
             ],
         )?;
-        event(tx, now, "claim", Some(id), note, &EventFields::default())?;
-        Ok(id)
+        let run = tx.last_insert_rowid();
+        event(tx, now, "claim", Some(run), note, &EventFields::default())?;
+        Ok(run)
     }
 }
 
@@ -235,7 +214,6 @@ impl Journal {
             None => Wait::Executed,
         };
         let job = claim_job(
-            self.new_run_id(),
             note.to_owned(),
             Some(note_id.to_owned()),
             Some(claimed_from.to_owned()),
@@ -245,40 +223,6 @@ impl Journal {
             claimed_text.map(str::to_owned),
         );
         self.write_async(wait, job).await
-    }
-
-    /// [`begin_claim_async`](Self::begin_claim_async) of a note whose calls are all `read_only`
-    /// ones, without waiting for the record: its run id is given at once, its record queued,
-    /// and [`ClaimRecord::recorded`] says when it ran in the writer's transaction (or why it
-    /// could not). Everything recorded under the run id after this call is queued after the
-    /// record, in the same or a later group ("The claim" in the module doc).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn begin_claim_queued(
-        &self,
-        note: &str,
-        note_id: &str,
-        claimed_from: &str,
-        copy_of: Option<(&str, bool)>,
-        left_behind: Option<&str>,
-        claimed_sha256: Option<&str>,
-    ) -> Result<(RunId, ClaimRecord), JournalError> {
-        let id = self.new_run_id();
-        let job = claim_job(
-            id,
-            note.to_owned(),
-            Some(note_id.to_owned()),
-            Some(claimed_from.to_owned()),
-            copy_of.map(|(of, grace)| (of.to_owned(), grace)),
-            left_behind.map(str::to_owned),
-            claimed_sha256.map(str::to_owned),
-            None,
-        );
-        let answer = self
-            .writer
-            .submit_unawaited(Wait::Executed, job)
-            .await
-            .map_err(|e| self.failed(e))?;
-        Ok((id, ClaimRecord(answer)))
     }
 
     /// Keeps `text`, the note as claimed, with its run, and returns once that is durable: the
@@ -507,59 +451,6 @@ fn last_claim_in(tx: &Tx<'_>, from: &str) -> Result<Option<Claim>, Failure> {
 mod tests {
     use crate::journal::testing::*;
     use crate::journal::*;
-
-    /// A queued claim's run id is known before its record is written, what is recorded
-    /// under it is queued behind it, ids go on after a reopen, and a record that cannot be
-    /// written says so to whoever waits for it.
-    #[tokio::test]
-    async fn a_queued_claim_has_its_run_id_at_once_and_says_whether_it_was_recorded() {
-        let (dir, journal) = fresh_journal();
-        let first = journal.begin_run("In_Progress/a.md").unwrap();
-        let (run, record) = journal
-            .begin_claim_queued(
-                "In_Progress/b.md",
-                "n-b",
-                "Needs_Action/b.md",
-                None,
-                None,
-                None,
-            )
-            .await
-            .unwrap();
-        assert_eq!(run, first + 1);
-        // A read_only start, queued right behind the record: its run exists when it runs.
-        start_search(&journal, run, "c-1");
-        record.recorded(&journal).await.expect("recorded");
-        journal.flush().unwrap();
-        let open = journal.run_for_note("In_Progress/b.md").unwrap().unwrap();
-        assert_eq!(open.run_id, run);
-        assert_eq!(open.calls.len(), 1, "the start is recorded under it");
-        drop(journal);
-
-        let journal = Journal::open(dir.path()).unwrap();
-        let next = journal.begin_run("In_Progress/c.md").unwrap();
-        assert_eq!(next, run + 1, "counted on from the largest id in the file");
-        // Another writer took the next id: the record fails, and says so.
-        let other = rusqlite::Connection::open(journal.path()).unwrap();
-        other
-            .execute(
-                "INSERT INTO runs (id, note, claimed_at_ms) VALUES (?1, 'In_Progress/x.md', 1)",
-                [next + 1],
-            )
-            .unwrap();
-        let (_, record) = journal
-            .begin_claim_queued(
-                "In_Progress/d.md",
-                "n-d",
-                "Needs_Action/d.md",
-                None,
-                None,
-                None,
-            )
-            .await
-            .unwrap();
-        assert!(record.recorded(&journal).await.is_err());
-    }
 
     #[test]
     fn ending_move_closes_the_run_and_a_new_claim_starts_another() {
