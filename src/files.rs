@@ -53,10 +53,23 @@ pub fn open_regular(path: &Path) -> io::Result<std::fs::File> {
 
 /// [`open_regular`], read whole.
 pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
-    use std::io::Read;
     let mut bytes = Vec::new();
-    open_regular(path)?.read_to_end(&mut bytes)?;
+    read_rest(&open_regular(path)?, &mut bytes, NOTE_READ)?;
     Ok(bytes)
+}
+
+/// Room made for a note before it is read: most notes fit in one `read`.
+pub const NOTE_READ: usize = 8 * 1024;
+
+/// Reads `file` from where it is to its end into `bytes`, `room` bytes reserved first. Not
+/// std's `File::read_to_end`, which asks the file's size and position first (a `statx` and
+/// an `lseek` for every read, a note read three times on its way to Done): the reads grow
+/// the buffer as they need, and a note that fits `room` takes one `read` and one more for
+/// its end.
+pub fn read_rest(mut file: &std::fs::File, bytes: &mut Vec<u8>, room: usize) -> io::Result<usize> {
+    use std::io::Read;
+    bytes.reserve(room);
+    Read::by_ref(&mut file).take(u64::MAX).read_to_end(bytes)
 }
 
 /// [`read_regular`] as UTF-8 text.
@@ -340,6 +353,35 @@ impl SharedSync {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn read_rest_reads_from_where_the_file_is_to_its_end_whatever_room_was_made() {
+        use std::io::{Seek, SeekFrom};
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0usize, 1, 31, 32, 33, 100, 8 * 1024, 8 * 1024 + 1, 70_000] {
+            let text: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let path = dir.path().join(format!("n{len}.md"));
+            std::fs::write(&path, &text).unwrap();
+            for room in [0, 1, len, len + 1, NOTE_READ] {
+                let mut file = std::fs::File::open(&path).unwrap();
+                let mut bytes = b"kept".to_vec();
+                assert_eq!(read_rest(&file, &mut bytes, room).unwrap(), len);
+                assert_eq!(&bytes[4..], &text[..], "len {len}, room {room}");
+                assert_eq!(&bytes[..4], b"kept", "appended, not replacing");
+                // From where the file is: after a seek, the rest only.
+                let from = len / 2;
+                file.seek(SeekFrom::Start(from as u64)).unwrap();
+                let mut rest = Vec::new();
+                read_rest(&file, &mut rest, room).unwrap();
+                assert_eq!(rest, text[from..], "len {len}, room {room}, from {from}");
+            }
+        }
+        assert_eq!(
+            read_regular(&dir.path().join("n70000.md")).unwrap().len(),
+            70_000
+        );
+    }
+
     use super::*;
     use std::time::Duration;
 

@@ -346,11 +346,12 @@ impl Guard {
     /// (opening the note again, even from this process, would break the lease), and — under
     /// a write lease — the path still names this file and no process has opened it since.
     fn still(&self, path: &Path, current: &str) -> Result<bool, WriteError> {
-        use std::io::{Read, Seek};
-        let mut bytes = Vec::with_capacity(current.len());
+        use std::io::Seek;
+        let mut bytes = Vec::new();
         let mut file = &self.file;
+        // One byte more than `current`: a note that grew is told by the first read.
         file.rewind()
-            .and_then(|_| file.read_to_end(&mut bytes))
+            .and_then(|_| crate::files::read_rest(file, &mut bytes, current.len() + 1))
             .map_err(|e| read_error(path, e))?;
         if bytes != current.as_bytes() {
             return Ok(false);
@@ -378,7 +379,7 @@ impl Guard {
     fn missed_writer(&self, path: &Path, current: &str) -> Result<Option<String>, WriteError> {
         #[cfg(target_os = "linux")]
         if self.write_lease {
-            use std::io::{Read, Seek};
+            use std::io::Seek;
             use std::os::fd::AsRawFd;
             let fd = self.file.as_raw_fd();
             // SAFETY: fcntl on a valid, open descriptor owned by `self.file`.
@@ -399,7 +400,7 @@ impl Guard {
             let mut bytes = Vec::new();
             let mut file = &self.file;
             file.rewind()
-                .and_then(|_| file.read_to_end(&mut bytes))
+                .and_then(|_| crate::files::read_rest(file, &mut bytes, current.len() + 1))
                 .map_err(|e| read_error(path, e))?;
             if bytes == current.as_bytes() {
                 return Ok(None);
@@ -474,11 +475,10 @@ fn read_unless_busy(path: &Path) -> Result<Option<Vec<u8>>, WriteError> {
 /// the bytes may be half a note), as [`writer_busy`] decides. On Linux the read happens under
 /// the read lease that answers the question, so no writer can open the note before it is read.
 pub(crate) fn read_noting_writer(file: &mut File) -> io::Result<(Vec<u8>, bool)> {
-    use std::io::Read;
     let read = |file: &mut File| {
         // Most notes fit: one read() for the bytes, one for the end.
-        let mut bytes = Vec::with_capacity(8 * 1024);
-        file.read_to_end(&mut bytes).map(|_| bytes)
+        let mut bytes = Vec::new();
+        crate::files::read_rest(file, &mut bytes, crate::files::NOTE_READ).map(|_| bytes)
     };
     #[cfg(target_os = "linux")]
     {
