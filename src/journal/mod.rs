@@ -365,7 +365,9 @@ impl Journal {
 
     /// Tells the writer whether the daemon works on one note alone now (the daemon, at each
     /// claim): a note alone commits its writes that nobody waits to be durable without an
-    /// fsync, however soon they follow each other (`writer.rs`, `Writer::set_one_note`).
+    /// fsync, however soon they follow each other (`writer.rs`, `Writer::set_one_note`). A
+    /// snapshot, kept until the next claim: a stale answer costs an fsync, or the grouping
+    /// an fsync gives under load, never a record.
     pub fn set_one_note(&self, alone: bool) {
         self.writer.set_one_note(alone);
     }
