@@ -5,7 +5,7 @@
 use crate::call::{CallError, CallResult, ErrorCode};
 use crate::guard::BreakerConfig;
 use crate::guard::breaker::{Breakers, Gate, circuit_key};
-use crate::journal::{Committed, Journal, RateWindow, RunRef, StartAdmission};
+use crate::journal::{Committed, Journal, RateWindow, RunId, StartAdmission};
 use crate::results::ResultStore;
 use crate::secret::Redactor;
 use crate::tools::{Effect, Registry, ToolCall, ValidCall};
@@ -100,7 +100,7 @@ impl Runner {
     /// it is returned.
     pub async fn run_call(
         &self,
-        run: impl Into<RunRef>,
+        run: RunId,
         note: &str,
         note_id: &str,
         call: &ValidCall,
@@ -108,9 +108,8 @@ impl Runner {
         permit: OwnedSemaphorePermit,
     ) -> Ran {
         let read_only = call.effect() == Effect::ReadOnly;
-        let run = run.into();
         let result = self
-            .run_unrecorded(run.clone(), note, note_id, call, spend, permit)
+            .run_unrecorded(run, note, note_id, call, spend, permit)
             .await;
         let (result, committed) = match result {
             Unrecorded::Recorded(result) => (result, None),
@@ -132,7 +131,7 @@ impl Runner {
     /// unrecorded; one refused before it started is recorded already.
     async fn run_unrecorded(
         &self,
-        run: RunRef,
+        run: RunId,
         note: &str,
         note_id: &str,
         call: &ValidCall,
@@ -164,13 +163,13 @@ impl Runner {
                     }
                 }
                 return Unrecorded::Recorded(
-                    self.record(run.clone(), CallResult::failed_now(call_id, name, e))
+                    self.record(run, CallResult::failed_now(call_id, name, e))
                         .await,
                 );
             }
         };
 
-        let started = self.record_start(run.clone(), call, spend).await;
+        let started = self.record_start(run, call, spend).await;
         if gate == Gate::Trial && started.is_err() {
             self.breakers.release_trial(&circuit);
         }
@@ -224,7 +223,7 @@ impl Runner {
     /// not started, with the call's result (a RATE_LIMITED one recorded).
     async fn record_start(
         &self,
-        run: RunRef,
+        run: RunId,
         call: &ValidCall,
         spend: Option<&str>,
     ) -> Result<(), CallResult> {
@@ -233,15 +232,7 @@ impl Runner {
         let redacted = self.redact_value(Value::Object(call.parameters.clone()));
         let admitted = self
             .journal
-            .call_started_within_async(
-                run.clone(),
-                call_id,
-                name,
-                call.effect(),
-                &redacted,
-                &limits,
-                spend,
-            )
+            .call_started_within_async(run, call_id, name, call.effect(), &redacted, &limits, spend)
             .await;
         let error = match admitted {
             Ok(StartAdmission::Started) => return Ok(()),
@@ -263,7 +254,7 @@ impl Runner {
 
     /// Records a call's outcome in the journal (also for calls that never started, so
     /// `vaultd log` shows them) and returns it.
-    pub async fn record(&self, run: impl Into<RunRef>, result: CallResult) -> CallResult {
+    pub async fn record(&self, run: RunId, result: CallResult) -> CallResult {
         if let Err(e) = self.journal.call_finished_async(run, &result).await {
             tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}")
         }

@@ -3,13 +3,14 @@
 
 use super::Daemon;
 use crate::daemon::{DaemonError, Identity, NoteRun, Pass, StaleCopy};
-use crate::journal::{Claim, JournalCall, RunId, RunRef};
+use crate::journal::{Claim, JournalCall, RunId};
 use crate::note::{self, ParsedNote, parse_note};
 use crate::vault::{FileKey, LeftBehind, LinkError, State, VaultError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 /// The paths a sync client's duplicate name of the note at `path` leads back to, in its
@@ -34,16 +35,6 @@ fn duplicate_paths(path: &Path) -> Vec<PathBuf> {
 pub(crate) struct Looked {
     pub(crate) text: String,
     pub(crate) parsed: ParsedNote,
-}
-
-/// A claim whose record is on its way to the journal (`begin_claim_queued`): the run it will
-/// be, and what undoes the claim if it cannot be recorded.
-pub(crate) struct PendingClaim<'a> {
-    pub(crate) record: crate::journal::ClaimRecord,
-    pub(crate) run: RunRef,
-    pub(crate) claimed: &'a Path,
-    pub(crate) from: &'a str,
-    pub(crate) left: Option<&'a LeftBehind>,
 }
 
 /// A claimed note's text as read at its claim, and the note as looked at before it.
@@ -295,43 +286,32 @@ impl Daemon {
         // outcome, say), however soon after another commit: none of the fsyncs that gather
         // the writes of many notes in one commit on its way to Done.
         self.journal.set_one_note(self.note_slots.one_note());
-        // A record kept durable (`keep`) is waited for before the run's facts are read: its
-        // commit makes every write queued before it readable, which the facts' count of the
-        // note's started calls (§12.2) then includes. Any other is queued: the facts and plan
-        // are made while it is on its way, and it is waited for before anything but a
-        // `read_only` call's start is recorded under the run (`execute_prepared`; "The claim"
-        // in `journal/mod.rs`).
-        let (began, record) = match keep {
-            Some(_) => (
-                self.journal
-                    .begin_claim_async(
-                        &note,
-                        &id,
-                        &from,
-                        copy_of,
-                        left_key.as_deref(),
-                        sha.as_deref(),
-                        keep,
-                    )
-                    .await
-                    .map(RunRef::from),
-                None,
-            ),
-            None => match self
-                .journal
-                .begin_claim_queued(
-                    &note,
-                    &id,
-                    &from,
-                    copy_of,
-                    left_key.as_deref(),
-                    sha.as_deref(),
-                )
-                .await
-            {
-                Ok((run, record)) => (Ok(run), Some(record)),
-                Err(e) => (Err(e), None),
-            },
+        let (began, prepared) = {
+            let mut began = std::pin::pin!(self.journal.begin_claim_async(
+                &note,
+                &id,
+                &from,
+                copy_of,
+                left_key.as_deref(),
+                sha.as_deref(),
+                keep,
+            ));
+            // Polled once, the record is on its way to the journal's writer; the run's facts
+            // and plan are made meanwhile (nothing of them is recorded under the run), and the
+            // record is waited for before anything that is. Not for a record kept durable
+            // (`keep`): its commit makes every write queued before it readable, which the
+            // facts' count of the note's started calls (§12.2) then includes.
+            let sent = match keep {
+                None => std::future::poll_fn(|cx| Poll::Ready(began.as_mut().poll(cx))).await,
+                Some(_) => Poll::Ready(began.as_mut().await),
+            };
+            let prepared = text
+                .zip(parsed)
+                .map(|(text, parsed)| self.prepare(ident, pass, &live, text.to_owned(), parsed));
+            match sent {
+                Poll::Ready(began) => (began, prepared),
+                Poll::Pending => (began.await, prepared),
+            }
         };
         let text_kept = keep.is_some();
         let run = match began {
@@ -343,24 +323,9 @@ impl Daemon {
                 return Err(e.into());
             }
         };
-        let prepared = text
-            .zip(parsed)
-            .map(|(text, parsed)| self.prepare(ident, pass, &live, text.to_owned(), parsed));
-        let mut pending = record.map(|record| PendingClaim {
-            record,
-            run: run.clone(),
-            claimed,
-            from: &from,
-            left,
-        });
-        // Known now, or once the pending record is written (`claim_recorded`).
-        let id_now = match &run {
-            RunRef::Id(run) => *run,
-            RunRef::Pending(_) => 0,
-        };
         tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
-        let mut run = NoteRun {
-            run: id_now,
+        let run = NoteRun {
+            run,
             path: claimed.to_path_buf(),
             pass,
             ident: std::mem::take(ident),
@@ -368,47 +333,8 @@ impl Daemon {
             text_kept,
         };
         match prepared {
-            Some(Ok(prepared)) => self.execute_prepared(run, prepared, pending).await,
-            Some(Err(e)) => {
-                if let Some(pending) = pending.take() {
-                    self.claim_recorded(&mut run, pending).await?;
-                }
-                Err(e)
-            }
-            None => {
-                // Not UTF-8: said so by `read_claimed`, which records the run's end.
-                if let Some(pending) = pending.take() {
-                    self.claim_recorded(&mut run, pending).await?;
-                }
-                self.execute(run, Some(read)).await
-            }
-        }
-    }
-
-    /// Waits for a claim record queued by `begin_claim_queued` to run in the journal's
-    /// transaction and gives `note` its run id; if the record could not be written, the
-    /// claim is undone as when the record is waited for at once.
-    pub(crate) async fn claim_recorded(
-        &self,
-        note: &mut NoteRun,
-        pending: PendingClaim<'_>,
-    ) -> Result<(), DaemonError> {
-        let PendingClaim {
-            record,
-            claimed,
-            from,
-            left,
-            ..
-        } = pending;
-        match record.recorded(&self.journal).await {
-            Ok(run) => {
-                note.run = run;
-                Ok(())
-            }
-            Err(e) => {
-                self.unclaim(claimed, from, left).await;
-                Err(e.into())
-            }
+            Some(prepared) => self.execute_prepared(run, prepared?).await,
+            None => self.execute(run, Some(read)).await, // not UTF-8: said so by `read_claimed`
         }
     }
 

@@ -5,12 +5,11 @@
 //! the daemon doing them.
 
 use crate::call::CallResult;
-use crate::daemon::claim::{Claimed, IdentityWrite, PendingClaim, Stamp};
+use crate::daemon::claim::{Claimed, IdentityWrite, Stamp};
 use crate::daemon::write_back::Finished;
 use crate::daemon::{Daemon, DaemonError, Identity, NoteRun, Pass, reload};
 use crate::guard::budget;
 use crate::guard::hold_alert::HeldSummary;
-use crate::journal::RunRef;
 use crate::note::{ParsedNote, parse_note};
 use crate::pipeline::next_state::{Ending, next_state, outcome_reason, place_as_written};
 use crate::pipeline::plan::{self, Facts, Step};
@@ -48,7 +47,7 @@ impl Daemon {
         };
         let parsed = parse_note(&text);
         let prepared = self.prepare(&mut note.ident, note.pass, &note.live, text, parsed)?;
-        self.execute_prepared(note, prepared, None).await
+        self.execute_prepared(note, prepared).await
     }
 
     /// The run's facts and plan (see [`Prepared`]) for `text`, `parsed`; `ident`'s prior calls
@@ -94,16 +93,10 @@ impl Daemon {
     }
 
     /// [`execute`](Self::execute) from its [`Prepared`] facts and plan on.
-    /// With `pending`, the claim's record is still on its way to the journal: it is waited for
-    /// before anything is recorded under the run, or, when the plan runs only `read_only`
-    /// calls, once they started (their starts are queued behind it). A record that could not
-    /// be written undoes the claim once those calls ended; their results are dropped (they
-    /// run again at the next claim, §9.3).
     pub(crate) async fn execute_prepared(
         self: &Arc<Self>,
-        mut note: NoteRun,
+        note: NoteRun,
         prepared: Prepared,
-        mut pending: Option<PendingClaim<'_>>,
     ) -> Result<(), DaemonError> {
         let Prepared {
             mut text,
@@ -115,18 +108,9 @@ impl Daemon {
         } = prepared;
         let (live, pass) = (note.live.clone(), note.pass);
         let id_on_note = crate::note::frontmatter_property(&text, "tool_note");
-        let stamps = stamp_at_claim(&plan, pass, &facts)
-            || id_on_note.is_some_and(|id| id != note.ident.note_id);
-        let only_reads = !stamps
-            && plan.spend.is_empty()
-            && plan.steps.iter().all(|(_, step)| match step {
-                Step::Run(call) => call.effect() == Effect::ReadOnly,
-                _ => true,
-            });
-        if !only_reads && let Some(pending) = pending.take() {
-            self.claim_recorded(&mut note, pending).await?;
-        }
-        if stamps {
+        if stamp_at_claim(&plan, pass, &facts)
+            || id_on_note.is_some_and(|id| id != note.ident.note_id)
+        {
             match self
                 .write_identity(
                     note.run,
@@ -170,22 +154,7 @@ impl Daemon {
         self.spend_decisions(alone).await?;
         self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
-        let run_ref = match &pending {
-            Some(pending) => pending.run.clone(),
-            None => RunRef::Id(note.run),
-        };
-        let calls = self
-            .start_calls(&note, run_ref, &plan.steps, &with_start)
-            .await;
-        if let Some(pending) = pending.take()
-            && let Err(e) = self.claim_recorded(&mut note, pending).await
-        {
-            // Ended, not aborted: a call cut off mid-way would leave its circuit's trial open.
-            for call in calls.into_iter().flatten() {
-                let _ = call.await;
-            }
-            return Err(e);
-        }
+        let calls = self.start_calls(&note, &plan.steps, &with_start).await;
         let ran: HashSet<String> = plan
             .steps
             .iter()
@@ -331,11 +300,10 @@ impl Daemon {
     async fn start_calls(
         &self,
         run_of: &NoteRun,
-        run: RunRef,
         steps: &[(String, Step)],
         spend: &HashMap<String, String>,
     ) -> Vec<Option<JoinHandle<Ran>>> {
-        let live = &run_of.live;
+        let (live, run) = (&run_of.live, run_of.run);
         let mut handles = Vec::with_capacity(steps.len());
         let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
         for (_, step) in steps {
@@ -350,7 +318,7 @@ impl Daemon {
                 (None, None)
             };
             let permit = live.runner.permit().await;
-            let (live, call, run) = (live.clone(), call.clone(), run.clone());
+            let (live, call) = (live.clone(), call.clone());
             let note = self.vault.relative(&run_of.path);
             let note_id = run_of.ident.note_id.clone();
             let spend = spend.get(&call.call_id).cloned();

@@ -2,7 +2,7 @@
 //! its outcome and when its result block was written into the note (docs/design.md §9.3).
 
 use super::events::{EventFields, event};
-use super::{Committed, RunRef, Wait, record_move, run_note};
+use super::{Committed, Wait, record_move, run_note};
 use super::{
     Failure, Journal, JournalError, RunId, Tx, attach, exec, from_ms, from_ns, now_ms, query_one,
     to_ms, to_ns, undo,
@@ -74,15 +74,12 @@ impl Journal {
     /// [`call_finished`](Self::call_finished) for async callers (the runner).
     pub async fn call_finished_async(
         &self,
-        run: impl Into<RunRef>,
+        run: RunId,
         result: &CallResult,
     ) -> Result<(), JournalError> {
-        let run = run.into();
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
-        self.write_async(Wait::Durable, move |tx| {
-            record_outcome(tx, run.id()?, &outcome)
-        })
-        .await
+        self.write_async(Wait::Durable, move |tx| record_outcome(tx, run, &outcome))
+            .await
     }
 
     /// [`call_finished_async`](Self::call_finished_async) for the runner: queued, and
@@ -94,11 +91,10 @@ impl Journal {
     /// ("Per-effect durability" above).
     pub async fn call_finished_later(
         &self,
-        run: impl Into<RunRef>,
+        run: RunId,
         result: &CallResult,
         durable: bool,
     ) -> Result<Committed, JournalError> {
-        let run = run.into();
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
         let wait = if durable {
             Wait::Durable
@@ -106,7 +102,7 @@ impl Journal {
             Wait::Committed
         };
         self.writer
-            .submit_later(wait, move |tx| record_outcome(tx, run.id()?, &outcome))
+            .submit_later(wait, move |tx| record_outcome(tx, run, &outcome))
             .await
             .map(Committed)
             .map_err(|e| self.failed(e))

@@ -62,19 +62,6 @@
 //! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
 //! path to Done.
 //!
-//! A note whose calls are likely all `read_only` ones does not wait even for that
-//! (`begin_claim_queued`): its record is queued and its calls start. What they record before
-//! the record's answer is in (their starts; a RATE_LIMITED or circuit-open outcome; their
-//! outcomes) names the run as [`RunRef::Pending`] and is queued behind the record, on the same
-//! queue: it runs after it, in the same group or a later one, and takes the id the record
-//! got, or fails if the record could not be written, never landing under another run. A kill
-//! before that group commits loses both, the case above. Anything else recorded under the run
-//! (a stamp's text, a decision spent, a side effect's start, the results of calls that did not
-//! run, the move) waits for the record's answer first. A record that could not be written (the
-//! journal's storage failing, §9.12) undoes the claim as before, once the calls it let start
-//! have ended: `read_only` ones, whose results are dropped and which run again at the next
-//! claim (§9.3).
-//!
 //! # The stamp
 //! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)
 //! before any of them runs, so that a note moved by hand mid-run carries it. That write
@@ -177,7 +164,7 @@ pub use approvals::Decision;
 pub use calls::{CallProgress, JournalCall};
 pub use events::{LogEntry, LogFilter, RecentFailure};
 pub use rates::{RateUse, RateWindow, StartAdmission};
-pub use runs::{Claim, ClaimRecord, LinkClaim, OpenRun, RunId, RunRef};
+pub use runs::{Claim, LinkClaim, OpenRun, RunId};
 
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 
 use super::Wait;
 use super::calls::{insert_start, needs_durable_start};
-use super::{Failure, Journal, JournalError, RunId, RunRef, Tx, from_ms, now_ms, query_one, to_ms};
+use super::{Failure, Journal, JournalError, RunId, Tx, from_ms, now_ms, query_one, to_ms};
 use crate::call::Effect;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
@@ -57,7 +57,7 @@ impl Journal {
         params: &Value,
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
-        match self.start_or_admit(run.into(), call_id, tool, effect, params, limits, None)? {
+        match self.start_or_admit(run, call_id, tool, effect, params, limits, None)? {
             None => Ok(StartAdmission::Started),
             Some((Wait::Executed, admit)) => self.write_executed(admit),
             Some((_, admit)) => self.write(admit),
@@ -71,7 +71,7 @@ impl Journal {
     #[allow(clippy::too_many_arguments)]
     pub async fn call_started_within_async(
         &self,
-        run: impl Into<RunRef>,
+        run: RunId,
         call_id: &str,
         tool: &str,
         effect: Effect,
@@ -79,7 +79,7 @@ impl Journal {
         limits: &[RateWindow],
         spend: Option<&str>,
     ) -> Result<StartAdmission, JournalError> {
-        match self.start_or_admit(run.into(), call_id, tool, effect, params, limits, spend)? {
+        match self.start_or_admit(run, call_id, tool, effect, params, limits, spend)? {
             None => Ok(StartAdmission::Started),
             Some((wait, admit)) => self.write_async(wait, admit).await,
         }
@@ -95,7 +95,7 @@ impl Journal {
     #[allow(clippy::too_many_arguments)]
     fn start_or_admit(
         &self,
-        run: RunRef,
+        run: RunId,
         call_id: &str,
         tool: &str,
         effect: Effect,
@@ -107,11 +107,8 @@ impl Journal {
             let now = now_ms();
             let (id, name, text) = (call_id.to_owned(), tool.to_owned(), params.to_string());
             let on_room = self.room.admit(tool, limits, |held| {
-                let run = run.clone();
                 let insert = move |tx: &Tx<'_>| {
-                    let inserted = run
-                        .id()
-                        .and_then(|run| insert_start(tx, now, run, &id, &name, effect, &text));
+                    let inserted = insert_start(tx, now, run, &id, &name, effect, &text);
                     drop(held); // counted now (or rolled back, and the counts with it)
                     inserted
                 };
@@ -489,7 +486,7 @@ enum StartWrite {
 type TxJob<T> = Box<dyn FnOnce(&Tx<'_>) -> Result<T, Failure> + Send>;
 
 fn start_write(
-    run: RunRef,
+    run: RunId,
     call_id: &str,
     tool: &str,
     effect: Effect,
@@ -505,7 +502,7 @@ fn start_write(
             if let Some(hash) = &spend {
                 super::approvals::spend_approval(tx, &call_id, hash, now)?;
             }
-            insert_start(tx, now, run.id()?, &call_id, &tool, effect, &params)
+            insert_start(tx, now, run, &call_id, &tool, effect, &params)
         }));
     }
     let admit = move |tx: &Tx<'_>| {
@@ -527,7 +524,7 @@ fn start_write(
                 reset_at: from_ms(reset_at),
             }),
             None => {
-                insert_start(tx, now, run.id()?, call_id, tool, effect, params)?;
+                insert_start(tx, now, run, call_id, tool, effect, params)?;
                 Ok(StartAdmission::Started)
             }
         }

@@ -8,56 +8,10 @@ use super::{
 };
 use super::{Wait, record_move, run_note};
 use rusqlite::{OptionalExtension, params};
-use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 /// One claim of one note: from the rename into In_Progress to the move out of it.
 pub type RunId = i64;
-
-/// A run by its id, or by the claim record on its way to the writer that will give it
-/// ([`Journal::begin_claim_queued`]). A write queued under a pending run resolves it when it
-/// runs in the writer's transaction, which is after the record (one queue, in order): it
-/// fails if the record could not be written.
-#[derive(Clone, Debug)]
-pub enum RunRef {
-    Id(RunId),
-    Pending(Arc<OnceLock<RunId>>),
-}
-
-impl RunRef {
-    /// The run's id: known, or given by its record (in the writer's transaction).
-    pub(super) fn id(&self) -> Result<RunId, Failure> {
-        match self {
-            RunRef::Id(run) => Ok(*run),
-            RunRef::Pending(slot) => slot.get().copied().ok_or_else(|| {
-                Failure::Other("the note's claim could not be recorded".to_string())
-            }),
-        }
-    }
-}
-
-impl From<RunId> for RunRef {
-    fn from(run: RunId) -> RunRef {
-        RunRef::Id(run)
-    }
-}
-
-/// The answer to a claim record queued by [`Journal::begin_claim_queued`].
-pub struct ClaimRecord(tokio::sync::oneshot::Receiver<Result<RunId, Failure>>);
-
-impl ClaimRecord {
-    /// Waits until the record ran in the writer's transaction and returns the run's id, or
-    /// why it could not be written (the journal's storage failing, §9.12).
-    pub async fn recorded(self, journal: &Journal) -> Result<RunId, JournalError> {
-        match self.0.await {
-            Ok(Ok(run)) => Ok(run),
-            Ok(Err(e)) => Err(journal.failed(e)),
-            Err(_) => Err(journal.failed(Failure::Other(
-                "the journal's writer has stopped".to_string(),
-            ))),
-        }
-    }
-}
 
 /// The newest claim made from one path (docs/design.md §9.6): which note it was and where it is now.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,7 +116,6 @@ impl Journal {
         let copy_of = copy_of.map(|(of, grace)| (of.to_owned(), grace));
         let left_behind = left_behind.map(str::to_owned);
         self.write(claim_job(
-            None,
             note,
             note_id,
             claimed_from,
@@ -188,11 +141,8 @@ pub struct LinkClaim {
     pub note_id: Option<String>,
 }
 
-/// The job of a claim's run record (see [`Journal::begin_note_run`]); its id goes into `slot`
-/// too, for the writes queued behind it ([`RunRef::Pending`]).
-#[allow(clippy::too_many_arguments)]
+/// The job of a claim's run record (see [`Journal::begin_note_run`]).
 fn claim_job(
-    slot: Option<Arc<OnceLock<RunId>>>,
     note: String,
     note_id: Option<String>,
     claimed_from: Option<String>,
@@ -234,9 +184,6 @@ fn claim_job(
         )?;
         let run = tx.last_insert_rowid();
         event(tx, now, "claim", Some(run), note, &EventFields::default())?;
-        if let Some(slot) = &slot {
-            let _ = slot.set(run);
-        }
         Ok(run)
     }
 }
@@ -267,7 +214,6 @@ impl Journal {
             None => Wait::Executed,
         };
         let job = claim_job(
-            None,
             note.to_owned(),
             Some(note_id.to_owned()),
             Some(claimed_from.to_owned()),
@@ -277,39 +223,6 @@ impl Journal {
             claimed_text.map(str::to_owned),
         );
         self.write_async(wait, job).await
-    }
-
-    /// [`begin_claim_async`](Self::begin_claim_async) without waiting: the record is queued,
-    /// and the run is returned as [`RunRef::Pending`], for the writes a note's `read_only`
-    /// calls queue behind the record before [`ClaimRecord::recorded`] gives its id ("The
-    /// claim" in the module doc).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn begin_claim_queued(
-        &self,
-        note: &str,
-        note_id: &str,
-        claimed_from: &str,
-        copy_of: Option<(&str, bool)>,
-        left_behind: Option<&str>,
-        claimed_sha256: Option<&str>,
-    ) -> Result<(RunRef, ClaimRecord), JournalError> {
-        let slot = Arc::new(OnceLock::new());
-        let job = claim_job(
-            Some(slot.clone()),
-            note.to_owned(),
-            Some(note_id.to_owned()),
-            Some(claimed_from.to_owned()),
-            copy_of.map(|(of, grace)| (of.to_owned(), grace)),
-            left_behind.map(str::to_owned),
-            claimed_sha256.map(str::to_owned),
-            None,
-        );
-        let answer = self
-            .writer
-            .submit_unawaited(Wait::Executed, job)
-            .await
-            .map_err(|e| self.failed(e))?;
-        Ok((RunRef::Pending(slot), ClaimRecord(answer)))
     }
 
     /// Keeps `text`, the note as claimed, with its run, and returns once that is durable: the
@@ -538,95 +451,6 @@ fn last_claim_in(tx: &Tx<'_>, from: &str) -> Result<Option<Claim>, Failure> {
 mod tests {
     use crate::journal::testing::*;
     use crate::journal::*;
-
-    /// A queued claim's writes go behind its record and take its id when they run; a record
-    /// that cannot be written says so to whoever waits for it, and the writes behind it fail
-    /// instead of landing under another run.
-    #[tokio::test]
-    async fn writes_behind_a_queued_claim_take_its_id_or_fail_with_it() {
-        let (_dir, journal) = fresh_journal();
-        let first = journal.begin_run("In_Progress/a.md").unwrap();
-        let (run, record) = journal
-            .begin_claim_queued(
-                "In_Progress/b.md",
-                "n-b",
-                "Needs_Action/b.md",
-                None,
-                None,
-                None,
-            )
-            .await
-            .unwrap();
-        // A read_only start and its outcome, queued right behind the record.
-        journal
-            .call_started_within_async(
-                run.clone(),
-                "c-1",
-                "search_web",
-                crate::tools::Effect::ReadOnly,
-                &serde_json::json!({ "query": "q" }),
-                &[],
-                None,
-            )
-            .await
-            .unwrap();
-        let done = journal
-            .call_finished_later(run.clone(), &search_ok("c-1"), false)
-            .await
-            .unwrap();
-        let id = record.recorded(&journal).await.expect("recorded");
-        journal.settle(done).unwrap();
-        assert!(id > first);
-        let open = journal.run_for_note("In_Progress/b.md").unwrap().unwrap();
-        assert_eq!(open.run_id, id);
-        assert_eq!(
-            progress_of(&journal, "In_Progress/b.md").len(),
-            1,
-            "one call, finished"
-        );
-        assert!(
-            matches!(open.calls[0].progress, CallProgress::Finished(_)),
-            "{:?}",
-            open.calls
-        );
-
-        // A record the writer cannot write (refused by a trigger another connection put on
-        // the file): its answer says so, and the outcome queued behind it fails with it
-        // instead of landing under some other run.
-        let other = rusqlite::Connection::open(journal.path()).unwrap();
-        other
-            .execute_batch(
-                "CREATE TRIGGER refuse_c BEFORE INSERT ON runs WHEN NEW.note = 'In_Progress/c.md'
-                 BEGIN SELECT RAISE(ABORT, 'refused'); END;",
-            )
-            .unwrap();
-        let (run, record) = journal
-            .begin_claim_queued(
-                "In_Progress/c.md",
-                "n-c",
-                "Needs_Action/c.md",
-                None,
-                None,
-                None,
-            )
-            .await
-            .unwrap();
-        let done = journal
-            .call_finished_later(run, &search_ok("c-2"), false)
-            .await
-            .unwrap();
-        let refused = record.recorded(&journal).await.unwrap_err();
-        assert!(refused.to_string().contains("refused"), "{refused}");
-        let lost = journal.settle(done).unwrap_err();
-        assert!(
-            lost.to_string().contains("claim could not be recorded"),
-            "{lost}"
-        );
-        assert!(journal.run_for_note("In_Progress/c.md").unwrap().is_none());
-        assert!(journal.note_calls("n-c").unwrap().is_empty());
-        let b = journal.run_for_note("In_Progress/b.md").unwrap().unwrap();
-        assert_eq!(b.calls.len(), 1, "nothing of c's under b's run");
-    }
 
     #[test]
     fn ending_move_closes_the_run_and_a_new_claim_starts_another() {

@@ -174,21 +174,6 @@ impl Writer {
         answer.await.map_err(|_| stopped())?
     }
 
-    /// [`submit_async`](Self::submit_async) that returns once `f` is queued, with the receiver
-    /// of its answer.
-    pub(super) async fn submit_unawaited<T: Send + 'static>(
-        &self,
-        wait: Wait,
-        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
-    ) -> Result<tokio::sync::oneshot::Receiver<Result<T, Failure>>, Failure> {
-        let (reply, answer) = tokio::sync::oneshot::channel::<Result<T, Failure>>();
-        self.send_async(answering(wait, f, move |r| {
-            let _ = reply.send(r);
-        }))
-        .await?;
-        Ok(answer)
-    }
-
     /// Queues `f` for the next group from an async caller and returns at once with its
     /// [`Later`] answer: the caller goes on with its own work (a file's fsync, say) while the
     /// group commits, and takes the answer when it needs it.
