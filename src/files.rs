@@ -353,6 +353,8 @@ impl SharedSync {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::time::Duration;
 
     #[test]
     fn read_rest_reads_from_where_the_file_is_to_its_end_whatever_room_was_made() {
@@ -381,9 +383,6 @@ mod tests {
             70_000
         );
     }
-
-    use super::*;
-    use std::time::Duration;
 
     /// A file handed to `close_soon` stays open until the round after it, then is closed.
     /// The round closes its files right after it answers the flushers (a close can wait for
