@@ -62,6 +62,14 @@
 //! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
 //! path to Done.
 //!
+//! A commit that fails (a full disk, an I/O error) after the record ran leaves the daemon
+//! with the id of a run the journal does not hold. The writer never gives that id out again,
+//! and refuses every later write under it, even once another process's run has taken it as
+//! the next rowid (`writer::GroupRuns`). Nothing of the note is then recorded under another
+//! run: a start the daemon waits for (a rate-limited tool's) fails, and the note goes back to
+//! be claimed again (docs/design.md §9.12); the writes nobody waits for are logged as not
+//! recorded, and the note's result blocks stand (a `read_only` call may run again).
+//!
 //! # The stamp
 //! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)
 //! before any of them runs, so that a note moved by hand mid-run carries it. That write
@@ -290,11 +298,41 @@ impl std::fmt::Display for Failure {
 struct Tx<'a> {
     conn: &'a Connection,
     rates: Option<&'a std::cell::RefCell<rates::RateCache>>,
+    /// In the writer: the runs its groups recorded, and those a failed commit lost.
+    runs: Option<&'a std::cell::RefCell<writer::GroupRuns>>,
 }
 
 impl<'a> Tx<'a> {
     fn read(conn: &'a Connection) -> Tx<'a> {
-        Tx { conn, rates: None }
+        Tx {
+            conn,
+            rates: None,
+            runs: None,
+        }
+    }
+
+    /// The id a new run's must be above (0 outside the writer): see [`writer::GroupRuns`].
+    fn run_floor(&self) -> RunId {
+        self.runs.map_or(0, |runs| runs.borrow().highest())
+    }
+
+    /// Notes a run this group's transaction recorded: if the group's commit fails, the run
+    /// is lost (see [`writer::GroupRuns`]).
+    fn recorded_run(&self, run: RunId) {
+        if let Some(runs) = self.runs {
+            runs.borrow_mut().recorded(run);
+        }
+    }
+
+    /// Refuses a write under a run whose record a failed commit lost: its id may be another
+    /// run's by now (see [`writer::GroupRuns`]).
+    fn refuse_lost(&self, run: RunId) -> Result<(), Failure> {
+        match self.runs {
+            Some(runs) if runs.borrow().is_lost(run) => Err(Failure::Other(format!(
+                "run {run} is not in the journal: its claim record was lost with a failed commit, and nothing more is recorded under it"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -620,6 +658,7 @@ fn record_move(tx: &Tx<'_>, run: RunId, to: &str, ends_run: bool) -> Result<(), 
 }
 
 fn run_note(tx: &Tx<'_>, run: RunId) -> Result<String, Failure> {
+    tx.refuse_lost(run)?;
     query_one(
         tx,
         "SELECT note FROM runs WHERE id = ?1",

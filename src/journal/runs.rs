@@ -165,11 +165,13 @@ fn claim_job(
         if stale > 0 {
             tracing::warn!(note, "journal: closing a stale open run of the same note");
         }
+        // Above every id this writer gave out, even one whose record a failed commit lost.
         exec(
             tx,
-            "INSERT INTO runs (note, claimed_at_ms, note_id, claimed_from, copy_of,
+            "INSERT INTO runs (id, note, claimed_at_ms, note_id, claimed_from, copy_of,
                                    copy_within_grace, left_behind, claimed_sha256, claimed_text)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                 VALUES (max(coalesce((SELECT max(id) FROM runs), 0), ?10) + 1,
+                         ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 note,
                 now,
@@ -179,10 +181,12 @@ fn claim_job(
                 copy_of.map(|c| c.1),
                 left_behind,
                 claimed_sha256,
-                claimed_text
+                claimed_text,
+                tx.run_floor()
             ],
         )?;
         let run = tx.last_insert_rowid();
+        tx.recorded_run(run);
         event(tx, now, "claim", Some(run), note, &EventFields::default())?;
         Ok(run)
     }
@@ -232,6 +236,7 @@ impl Journal {
     pub fn keep_claimed_text(&self, run: RunId, text: &str) -> Result<(), JournalError> {
         let text = text.to_owned();
         self.write(move |tx| {
+            tx.refuse_lost(run)?;
             exec(
                 tx,
                 "UPDATE runs SET claimed_text = ?1 WHERE id = ?2",
@@ -379,6 +384,7 @@ impl Journal {
     pub fn adopt_run(&self, run: RunId, note_id: &str) -> Result<(), JournalError> {
         let note_id = note_id.to_owned();
         self.write(move |tx| {
+            tx.refuse_lost(run)?;
             let note_id = note_id.as_str();
             exec(
                 tx,

@@ -43,6 +43,53 @@ enum Ran {
     Unheard(Failure),
 }
 
+/// The runs the writer's groups recorded, for [`Tx`]'s `run_floor`, `recorded_run` and
+/// `refuse_lost`.
+///
+/// A claim record answered once it ran (`Wait::Executed`, a `read_only` note's) gives its
+/// caller the run's id before its group commits. If that commit then fails, the run is not
+/// in the journal, yet the daemon goes on with its id. `runs.id` is a rowid: the next run
+/// recorded would take the same id, and the daemon's later writes under it (its call's
+/// start and outcome, its note's move) would land under that other run. So this writer
+/// never gives an id out twice (a claim's id is above every id it recorded, lost or not),
+/// and the runs of a failed group are lost: every write under one is refused, whichever
+/// run another process (`vaultd reject`, while the daemon runs) may have recorded with its
+/// id since (see "The claim" in `journal/mod.rs` for what the daemon then does).
+#[derive(Default)]
+pub(super) struct GroupRuns {
+    /// Recorded by the group in its transaction now.
+    this_group: Vec<super::RunId>,
+    /// Lost with a failed commit, for as long as this writer runs (its daemon's note tasks
+    /// hold their ids no longer).
+    lost: std::collections::HashSet<super::RunId>,
+    /// The highest id recorded, lost or not.
+    highest: super::RunId,
+}
+
+impl GroupRuns {
+    pub(super) fn recorded(&mut self, run: super::RunId) {
+        self.this_group.push(run);
+        self.highest = self.highest.max(run);
+    }
+
+    pub(super) fn highest(&self) -> super::RunId {
+        self.highest
+    }
+
+    pub(super) fn is_lost(&self, run: super::RunId) -> bool {
+        self.lost.contains(&run)
+    }
+
+    /// The group's commit went as `committed` says.
+    fn ended(&mut self, committed: bool) {
+        if committed {
+            self.this_group.clear();
+        } else {
+            self.lost.extend(self.this_group.drain(..));
+        }
+    }
+}
+
 /// One write: given the group's transaction (or the reason there is none), it runs and says
 /// how it went.
 struct Job {
@@ -323,6 +370,7 @@ fn write_groups(
     room: Arc<RateRoom>,
 ) {
     let rates = RefCell::new(RateCache::new(room));
+    let runs = RefCell::new(GroupRuns::default());
     let mut sync = WalSync::default();
     loop {
         let waiting_since = std::time::Instant::now();
@@ -361,7 +409,7 @@ fn write_groups(
         // Counted before its callers are answered: one who reads the count after its write
         // returned sees its own group (the tests count groups so).
         counts.groups.fetch_add(1, Ordering::SeqCst);
-        commit_group(conn, group, path, &rates, storage, &mut || {
+        commit_group(conn, group, path, (&rates, &runs), storage, &mut || {
             if !full {
                 return;
             }
@@ -444,7 +492,7 @@ fn commit_group(
     conn: &Connection,
     group: Vec<Job>,
     path: &std::path::Path,
-    rates: &RefCell<RateCache>,
+    (rates, runs): (&RefCell<RateCache>, &RefCell<GroupRuns>),
     storage: &StorageHealth,
     before_answers: &mut dyn FnMut(),
 ) {
@@ -463,6 +511,7 @@ fn commit_group(
     let tx = Tx {
         conn,
         rates: Some(rates),
+        runs: Some(runs),
     };
     let mut waiting: Vec<AfterCommit> = Vec::with_capacity(group.len());
     for job in group {
@@ -502,6 +551,7 @@ fn commit_group(
             let _ = conn.execute_batch("ROLLBACK");
         }
     }
+    runs.borrow_mut().ended(commit.is_ok());
     if commit.is_ok() {
         before_answers();
     }
@@ -910,6 +960,82 @@ mod tests {
         // The writer carries on with the next group.
         journal.call_finished(run, &search_ok("c-after")).unwrap();
         assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 1);
+    }
+
+    /// A claim answered once it ran (a `read_only` note's, `Wait::Executed`) whose group's
+    /// commit then fails: the run is not in the journal, and its id is taken by the next run
+    /// another process records (`vaultd reject`, while the daemon runs). Nothing the daemon
+    /// writes under the id lands in that run, and the daemon's own next run gets a new id.
+    #[test]
+    fn writes_under_a_run_whose_claim_a_failed_commit_lost_are_refused() {
+        let (dir, journal) = shared_journal();
+        let before = journal.begin_run("Done/earlier.md").unwrap();
+        let (release, holder) = hold_the_writer(&journal);
+        let j = journal.clone();
+        let threads = writers(2, move |i| {
+            if i == 0 {
+                // A commit failure, as in `a_failed_commit_reaches_every_caller_of_its_group`.
+                return j
+                    .write(|tx| {
+                        tx.execute_batch("PRAGMA defer_foreign_keys = ON")?;
+                        tx.execute(
+                            "INSERT INTO calls (run_id, call_id, tool) VALUES (999, 'c-x', 't')",
+                            [],
+                        )?;
+                        Ok(())
+                    })
+                    .map(|()| None);
+            }
+            let claim = j.begin_claim_async(
+                "In_Progress/a.md",
+                "n-0123456789ab",
+                "Needs_Action/a.md",
+                None,
+                None,
+                None,
+                None,
+            );
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(claim)
+                .map(Some)
+        });
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        let mut answers = threads.into_iter().map(|t| t.join().unwrap());
+        assert!(answers.next().unwrap().is_err(), "the commit failed");
+        let lost = answers
+            .next()
+            .unwrap()
+            .expect("a read_only claim is answered before its commit")
+            .unwrap();
+        assert_eq!(lost, before + 1);
+        // Another process records a run: the rowid the failed commit left free.
+        let other = Journal::open(dir.path()).unwrap();
+        let theirs = other.begin_run("Rejected/b.md").unwrap();
+        assert_eq!(theirs, lost, "the id is taken again, as a rowid is");
+        let err = journal
+            .call_finished(lost, &search_ok("c-1"))
+            .expect_err("no outcome under a lost run");
+        assert!(
+            err.to_string().contains("lost with a failed commit"),
+            "{err}"
+        );
+        assert!(journal.note_moved(lost, "Done/a.md", true).is_err());
+        assert!(journal.keep_claimed_text(lost, "text").is_err());
+        journal.flush().unwrap();
+        let runs = other.open_runs().unwrap();
+        let b = runs
+            .iter()
+            .find(|r| r.run_id == theirs)
+            .expect("their run is open");
+        assert!(b.calls.is_empty(), "{:?}", b.calls);
+        assert_eq!(b.note, "Rejected/b.md");
+        // The daemon's next run is a new one.
+        let next = journal.begin_run("In_Progress/c.md").unwrap();
+        assert!(next > theirs, "{next} after {theirs}");
+        journal.call_finished(next, &search_ok("c-2")).unwrap();
     }
 
     #[test]
