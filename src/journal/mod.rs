@@ -65,10 +65,12 @@
 //! A commit that fails (a full disk, an I/O error) after the record ran leaves the daemon
 //! with the id of a run the journal does not hold. The writer never gives that id out again,
 //! and refuses every later write under it, even once another process's run has taken it as
-//! the next rowid (`writer::GroupRuns`). Nothing of the note is then recorded under another
-//! run: a start the daemon waits for (a rate-limited tool's) fails, and the note goes back to
-//! be claimed again (docs/design.md §9.12); the writes nobody waits for are logged as not
-//! recorded, and the note's result blocks stand (a `read_only` call may run again).
+//! the next rowid (`writer::GroupRuns`). So nothing of the note is recorded under another
+//! run: each write under it fails. A start the daemon waits for sends the note back to be
+//! claimed again (docs/design.md §9.12); the writes nobody waits for (a `read_only` start with
+//! room in its window, the outcome, the move) are logged as not recorded, and the note's
+//! result blocks stand; any other such failure leaves the note in In_Progress, for the
+//! recovery of the next start.
 //!
 //! # The stamp
 //! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)

@@ -80,6 +80,18 @@ impl GroupRuns {
         self.lost.contains(&run)
     }
 
+    /// Where the group's runs are before a job, for [`rolled_back`](Self::rolled_back).
+    fn mark(&self) -> usize {
+        self.this_group.len()
+    }
+
+    /// A job rolled back to its savepoint: the runs it recorded are not in the journal, and
+    /// nobody was given their ids (its caller got its error). Their ids stay below the
+    /// floor all the same.
+    fn rolled_back(&mut self, mark: usize) {
+        self.this_group.truncate(mark);
+    }
+
     /// The group's commit went as `committed` says.
     fn ended(&mut self, committed: bool) {
         if committed {
@@ -515,10 +527,21 @@ fn commit_group(
     };
     let mut waiting: Vec<AfterCommit> = Vec::with_capacity(group.len());
     for job in group {
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back on an earlier job's error (a full
+            // disk, an I/O error): a job run now would commit on its own, while the group's
+            // COMMIT fails and tells its callers otherwise.
+            (job.run)(Err(Failure::Other(
+                "the group's transaction was rolled back after an earlier write's error"
+                    .to_string(),
+            )));
+            continue;
+        }
         if let Err(e) = fixed(conn, "SAVEPOINT job") {
             (job.run)(Err(shared(&e)));
             continue;
         }
+        let runs_before = runs.borrow().mark();
         // A panicking job (a bug) is rolled back like a failed one; its caller sees the
         // writer drop its reply.
         let ran = catch_unwind(AssertUnwindSafe(|| (job.run)(Ok(&tx)))).unwrap_or_else(|_| {
@@ -535,6 +558,7 @@ fn commit_group(
                     storage.note_error(e);
                 }
                 rates.borrow_mut().clear();
+                runs.borrow_mut().rolled_back(runs_before);
                 fixed(conn, "ROLLBACK TO job").and_then(|()| fixed(conn, "RELEASE job"))
             }
         };
@@ -962,59 +986,114 @@ mod tests {
         assert_eq!(journal.open_runs().unwrap()[0].calls.len(), 1);
     }
 
-    /// A claim answered once it ran (a `read_only` note's, `Wait::Executed`) whose group's
-    /// commit then fails: the run is not in the journal, and its id is taken by the next run
-    /// another process records (`vaultd reject`, while the daemon runs). Nothing the daemon
-    /// writes under the id lands in that run, and the daemon's own next run gets a new id.
-    #[test]
-    fn writes_under_a_run_whose_claim_a_failed_commit_lost_are_refused() {
-        let (dir, journal) = shared_journal();
-        let before = journal.begin_run("Done/earlier.md").unwrap();
-        let (release, holder) = hold_the_writer(&journal);
-        let j = journal.clone();
-        let threads = writers(2, move |i| {
-            if i == 0 {
-                // A commit failure, as in `a_failed_commit_reaches_every_caller_of_its_group`.
-                return j
-                    .write(|tx| {
-                        tx.execute_batch("PRAGMA defer_foreign_keys = ON")?;
-                        tx.execute(
-                            "INSERT INTO calls (run_id, call_id, tool) VALUES (999, 'c-x', 't')",
-                            [],
-                        )?;
-                        Ok(())
-                    })
-                    .map(|()| None);
-            }
-            let claim = j.begin_claim_async(
-                "In_Progress/a.md",
-                "n-0123456789ab",
-                "Needs_Action/a.md",
-                None,
-                None,
-                None,
-                None,
-            );
-            tokio::runtime::Builder::new_current_thread()
-                .build()
+    /// A `read_only` note's claim, answered once it ran (`Wait::Executed`), in a group whose
+    /// commit then fails; the run id its caller was given.
+    fn lose_a_claim(journal: &Arc<Journal>) -> crate::journal::RunId {
+        use std::future::Future;
+        use std::task::Poll;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (release, holder) = hold_the_writer(journal);
+        let mut claim = std::pin::pin!(journal.begin_claim_async(
+            "In_Progress/a.md",
+            "n-0123456789ab",
+            "Needs_Action/a.md",
+            None,
+            None,
+            None,
+            None,
+        ));
+        // Polled once, it is queued (as `begin_and_execute` does); behind it, in the same
+        // group, a write whose COMMIT fails, as a full disk or an I/O error would fail it.
+        let first = rt.block_on(std::future::poll_fn(|cx| {
+            Poll::Ready(claim.as_mut().poll(cx).is_pending())
+        }));
+        assert!(first, "the claim waits for the writer");
+        journal
+            .write_queued("a write whose commit fails", |tx| {
+                tx.execute_batch("PRAGMA defer_foreign_keys = ON")?;
+                tx.execute(
+                    "INSERT INTO calls (run_id, call_id, tool) VALUES (999, 'c-x', 't')",
+                    [],
+                )?;
+                Ok(())
+            })
+            .unwrap();
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        let lost = rt
+            .block_on(claim)
+            .expect("a read_only claim is answered before its commit");
+        journal.flush().unwrap();
+        assert!(
+            journal
+                .open_runs()
                 .unwrap()
-                .block_on(claim)
-                .map(Some)
+                .iter()
+                .all(|r| r.run_id != lost),
+            "the failed commit took the claim with it"
+        );
+        lost
+    }
+
+    /// A write whose error makes SQLite roll the whole group's transaction back (a full
+    /// disk): the writes queued behind it in the group are not committed on their own, and
+    /// their callers hear that they failed, which they did.
+    #[test]
+    fn writes_after_sqlite_rolled_the_group_back_fail_and_are_not_committed() {
+        let (_dir, journal) = shared_journal();
+        let (release, holder) = hold_the_writer(&journal);
+        journal
+            .write_queued("a write that fills the disk", |tx| {
+                let pages: i64 = tx.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+                tx.execute_batch(&format!("PRAGMA max_page_count = {pages}"))?;
+                tx.execute(
+                    "INSERT INTO events (at_ms, event, note, detail) VALUES (0, 'big', 'x', ?1)",
+                    [("y".repeat(1 << 20))],
+                )?;
+                Ok(())
+            })
+            .unwrap();
+        let j = journal.clone();
+        let behind = writers(1, move |_| {
+            j.write(|tx| {
+                tx.execute(
+                    "INSERT INTO events (at_ms, event, note) VALUES (0, 'behind', 'x')",
+                    [],
+                )?;
+                Ok(())
+            })
         });
         release.send(()).unwrap();
         holder.join().unwrap();
-        let mut answers = threads.into_iter().map(|t| t.join().unwrap());
-        assert!(answers.next().unwrap().is_err(), "the commit failed");
-        let lost = answers
-            .next()
-            .unwrap()
-            .expect("a read_only claim is answered before its commit")
+        let answer = behind.into_iter().next().unwrap().join().unwrap();
+        journal
+            .write(|tx| {
+                tx.execute_batch("PRAGMA max_page_count = 1073741823")?;
+                Ok(())
+            })
             .unwrap();
-        assert_eq!(lost, before + 1);
-        // Another process records a run: the rowid the failed commit left free.
+        let log = journal.log(&LogFilter::default()).unwrap();
+        let committed = log.iter().any(|e| e.event == "behind");
+        assert_eq!(
+            answer.is_ok(),
+            committed,
+            "the caller heard {answer:?}; the write is committed: {committed}"
+        );
+    }
+
+    /// The next run another process records (`vaultd reject`, while the daemon runs) takes
+    /// the lost claim's id, as a rowid is taken: nothing the daemon writes under the id lands
+    /// in that run.
+    #[test]
+    fn writes_under_a_run_whose_claim_a_failed_commit_lost_are_refused() {
+        let (dir, journal) = shared_journal();
+        journal.begin_run("Done/earlier.md").unwrap();
+        let lost = lose_a_claim(&journal);
         let other = Journal::open(dir.path()).unwrap();
         let theirs = other.begin_run("Rejected/b.md").unwrap();
-        assert_eq!(theirs, lost, "the id is taken again, as a rowid is");
+        assert_eq!(theirs, lost, "the id is taken again");
         let err = journal
             .call_finished(lost, &search_ok("c-1"))
             .expect_err("no outcome under a lost run");
@@ -1024,18 +1103,24 @@ mod tests {
         );
         assert!(journal.note_moved(lost, "Done/a.md", true).is_err());
         assert!(journal.keep_claimed_text(lost, "text").is_err());
-        journal.flush().unwrap();
         let runs = other.open_runs().unwrap();
-        let b = runs
-            .iter()
-            .find(|r| r.run_id == theirs)
-            .expect("their run is open");
+        let b = runs.iter().find(|r| r.run_id == theirs).expect("their run");
         assert!(b.calls.is_empty(), "{:?}", b.calls);
         assert_eq!(b.note, "Rejected/b.md");
-        // The daemon's next run is a new one.
+    }
+
+    /// The daemon's own next claim gets a new id, not the lost one (which a rowid would
+    /// give it), and its writes are recorded.
+    #[test]
+    fn the_next_claim_after_a_lost_one_gets_an_id_of_its_own() {
+        let (_dir, journal) = shared_journal();
+        let lost = lose_a_claim(&journal);
         let next = journal.begin_run("In_Progress/c.md").unwrap();
-        assert!(next > theirs, "{next} after {theirs}");
+        assert!(next > lost, "{next} after {lost}");
         journal.call_finished(next, &search_ok("c-2")).unwrap();
+        let runs = journal.open_runs().unwrap();
+        let c = runs.iter().find(|r| r.run_id == next).expect("the new run");
+        assert_eq!(c.calls.len(), 1);
     }
 
     #[test]
