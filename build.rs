@@ -14,6 +14,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=scripts/symbol-order.txt");
     println!("cargo:rerun-if-env-changed=VAULTD_SYMBOL_ORDER");
+    println!("cargo:rerun-if-env-changed=VAULTD_PACK_RELOCS");
     let wanted = env::var("VAULTD_SYMBOL_ORDER").map_or(true, |v| v != "0");
     let release = env::var("PROFILE").as_deref() == Ok("release");
     let target = env::var("TARGET").unwrap_or_default();
@@ -23,9 +24,11 @@ fn main() {
     // Relative relocations packed (DT_RELR): `.rela.dyn` shrinks from ~880 KB, which the
     // dynamic loader reads whole at every start and which then stays resident, to a few KB
     // (idle RSS, BENCHMARKS.md). The loader must know DT_RELR: glibc 2.36 or later, which is
-    // also what the binary then asks for (`GLIBC_ABI_DT_RELR`), so only where the glibc it
-    // is built against has it.
-    if glibc_at_least(2, 36) {
+    // also what the binary then asks for (`GLIBC_ABI_DT_RELR`), so only where the build
+    // machine's glibc has it. `VAULTD_PACK_RELOCS=0` leaves it out: a binary built here to
+    // run on an older glibc (Debian 11, RHEL 9).
+    let pack = env::var("VAULTD_PACK_RELOCS").map_or(true, |v| v != "0");
+    if pack && glibc_at_least(2, 36) {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }
     if !wanted {

@@ -559,7 +559,12 @@ fn commit_group(
                 }
                 rates.borrow_mut().clear();
                 runs.borrow_mut().rolled_back(runs_before);
-                fixed(conn, "ROLLBACK TO job").and_then(|()| fixed(conn, "RELEASE job"))
+                if conn.is_autocommit() {
+                    // SQLite rolled the whole transaction back: no savepoint is left to end.
+                    Ok(())
+                } else {
+                    fixed(conn, "ROLLBACK TO job").and_then(|()| fixed(conn, "RELEASE job"))
+                }
             }
         };
         if let Err(e) = end {
