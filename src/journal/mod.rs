@@ -31,13 +31,13 @@
 //! `Committed` ones: the `read_only` starts and outcomes, the claim of a note with only
 //! `read_only` calls, "written and moved") that came to an idle writer, or while the daemon
 //! works on one note alone ([`Journal::set_one_note`]: a note's start and outcome can come
-//! right after each other's commit), commits with `synchronous=NORMAL`: no fsync. Every other group commits with
-//! `synchronous=FULL` (under load, the fsync's time is what gathers the next writes into one
-//! group), and its fsync of the WAL (one file, appended in order) makes every commit before
-//! it durable too; the writer fsyncs the WAL itself once it has been idle for 50 ms after a
-//! commit without one. So a search note's
-//! path to Done waits for no journal fsync at all, and what a power loss can take is what a
-//! kill before those commits could: the cases argued here and below.
+//! right after each other's commit), commits with `synchronous=NORMAL`: no fsync. Every
+//! other group commits with `synchronous=FULL` (under load, the fsync's time is what gathers
+//! the next writes into one group), and its fsync of the WAL (one file, appended in order)
+//! makes every commit before it durable too; the writer fsyncs the WAL itself once it has
+//! been idle for 50 ms after a commit without one. So a search note's path to Done waits for
+//! no journal fsync at all, and what a power loss can take is what a kill before those
+//! commits could: the cases argued here and below.
 //!
 //! Rate limits count start records. A `read_only` call with limits waits until its start ran
 //! in the writer's transaction (admission check and insert in one job, serialised with every
