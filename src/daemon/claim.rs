@@ -426,7 +426,17 @@ impl Daemon {
             })
         })
         .await
-        .expect("write task does not panic")?;
+        .expect("write task does not panic");
+        let written = match written {
+            Ok(written) => written,
+            // Nothing of the note ran yet: kept from running by a journal that cannot
+            // record it (§9.12), or by a run a failed commit lost, it goes back to be
+            // claimed again, not left in In_Progress unknown to the journal.
+            Err(e) if e.is_run_lost() || self.storage_paused() => {
+                return Ok(IdentityWrite::NotKept(e));
+            }
+            Err(e) => return Err(e.into()),
+        };
         match written {
             Ok(text) => Ok(IdentityWrite::Written(text)),
             Err(note::WriteError::Gone(_)) => {
@@ -789,6 +799,9 @@ pub(crate) enum IdentityWrite {
     Gone,
     /// Not written now (logged): the results write adds the properties.
     NotYet,
+    /// The journal could not keep the claimed text first (a failed commit lost the run, or
+    /// the storage refuses writes): nothing was written, and nothing of the note ran.
+    NotKept(crate::journal::JournalError),
 }
 
 /// `n-` + 12 random hex digits (docs/design.md §9.2).

@@ -126,6 +126,13 @@ impl Daemon {
             {
                 IdentityWrite::Gone => return Ok(()),
                 IdentityWrite::NotYet => {}
+                IdentityWrite::NotKept(e) => {
+                    tracing::warn!(note = %self.vault.relative(&note.path), "{e}");
+                    let none = HashSet::new();
+                    return self
+                        .wait_for_storage(note.run, &note.path, &note.ident.note_id, &none, vec![])
+                        .await;
+                }
                 IdentityWrite::Written(stamped) => {
                     // Planned again on the note as written: the same calls and facts, but
                     // their places (and the line numbers of INVALID_JSON) now count the

@@ -336,6 +336,103 @@ mod tests {
             .collect()
     }
 
+    /// A note whose claim record a failed commit lost, the storage fine (nothing paused): the
+    /// journal refuses to keep its claimed text before its identity stamp (the note's invalid
+    /// call makes it stamp), and nothing of it has run. It goes back to Needs_Action and is
+    /// claimed again under a run of its own, instead of waiting in In_Progress, unknown to the
+    /// journal, for the next start ("The claim" in `journal/mod.rs`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_note_whose_run_a_failed_commit_lost_is_not_left_in_in_progress() {
+        use crate::daemon::{Mode, Services, run};
+        use crate::journal::{Journal, LogFilter};
+        use crate::tools::{Effect, idle};
+        use std::sync::Arc;
+        use std::time::Instant;
+        let dir = tempfile::tempdir().unwrap();
+        let (root, state) = (dir.path().join("vault"), dir.path().join("state"));
+        std::fs::create_dir(&root).unwrap();
+        let toml = dir.path().join("vaultd.toml");
+        let quoted = |p: &std::path::Path| format!("{:?}", p.display().to_string());
+        let config = format!(
+            "vault = {}\nstate_dir = {}\n",
+            quoted(&root),
+            quoted(&state)
+        );
+        std::fs::write(&toml, config).unwrap();
+        let config = crate::config::load(&crate::config::Overrides {
+            config: Some(toml),
+            ..Default::default()
+        })
+        .unwrap();
+        let vault = Vault::new(config.vault.clone(), config.folders.clone());
+        vault.prepare().unwrap();
+        let journal = Arc::new(Journal::open(&config.state_dir).unwrap());
+        let services = Services {
+            mode: Mode::Run,
+            vault: vault.clone(),
+            journal: journal.clone(),
+            registry: idle::registry(&[("look", Effect::ReadOnly, None, true)]),
+            redactor: Arc::new(crate::secret::Redactor::new([], &[])),
+            config,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let daemon = tokio::spawn(run(services, async {
+            let _ = stopped.await;
+        }));
+        // A call that breaks the tool's schema: it never starts, and its note is stamped.
+        let invalid =
+            "```json\n{\"tool_call\": {\"name\": \"look\", \"parameters\": {\"z\": 1}}}\n```\n";
+        let drop_note = |name: &str| {
+            let to = vault.folder(State::NeedsAction).join(name);
+            std::fs::write(to, format!("# {name}\n{invalid}")).unwrap();
+        };
+        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !done() {
+                assert!(Instant::now() < deadline, "waited in vain for {what}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        let failed = |name: &str| vault.folder(State::Failed).join(name);
+        let events_of = |name: &str, event: &str| {
+            let log = journal.log(&LogFilter::default()).unwrap();
+            log.into_iter()
+                .filter(|e| e.note.ends_with(name) && e.event == event)
+                .count()
+        };
+        tokio::task::block_in_place(|| {
+            // A first note through: the daemon is up, and that note's writes are all sent.
+            drop_note("warm.md");
+            wait_for("warm.md in Failed", &|| failed("warm.md").exists());
+            std::thread::sleep(Duration::from_millis(300));
+            journal.flush().unwrap();
+            assert_eq!(events_of("warm.md", "claim"), 1);
+
+            // The next group: the claim record of a.md, then a write whose commit fails.
+            let (release, holder) = journal.hold_writer();
+            let before = journal.writes_sent();
+            drop_note("a.md");
+            wait_for("the claim of a.md queued", &|| {
+                journal.writes_sent() > before
+            });
+            journal.queue_a_failing_commit();
+            release.send(()).unwrap();
+            holder.join().unwrap();
+
+            wait_for("a.md out of In_Progress", &|| failed("a.md").exists());
+            let text = std::fs::read_to_string(failed("a.md")).unwrap();
+            assert_eq!(text.matches("tool_result").count(), 1, "{text}");
+            assert!(text.contains("INVALID_PARAMS"), "{text}");
+            // The failed commit took the first claim with it: the journal knows the second.
+            journal.flush().unwrap();
+            assert_eq!(events_of("a.md", "claim"), 1);
+            assert_eq!(events_of("a.md", "move"), 1);
+            assert!(journal.open_runs().unwrap().is_empty());
+        });
+        stop.send(()).unwrap();
+        daemon.await.unwrap().unwrap();
+    }
+
     #[test]
     fn notes_stamped_here_are_found_whole_and_only_when_vaultd_could_have_run_them() {
         let dir = tempfile::tempdir().unwrap();

@@ -66,11 +66,12 @@
 //! with the id of a run the journal does not hold. The writer never gives that id out again,
 //! and refuses every later write under it, even once another process's run has taken it as
 //! the next rowid (`writer::GroupRuns`). So nothing of the note is recorded under another
-//! run: each write under it fails. A start the daemon waits for sends the note back to be
-//! claimed again (docs/design.md §9.12); the writes nobody waits for (a `read_only` start with
-//! room in its window, the outcome, the move) are logged as not recorded, and the note's
-//! result blocks stand; any other such failure leaves the note in In_Progress, for the
-//! recovery of the next start.
+//! run: each write under it fails ([`JournalError::RunLost`]). A start the daemon waits for,
+//! or the claimed text kept before the identity stamp ("The stamp"), sends the note back to
+//! be claimed again (docs/design.md §9.12; nothing of it ran); the writes nobody waits for (a
+//! `read_only` start with room in its window, the outcome, the move) are logged as not
+//! recorded, and the note's result blocks stand. The outcomes of calls that never start
+//! (`calls_finished`) come after the stamp, so under a lost run they are never reached.
 //!
 //! # The stamp
 //! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)
@@ -193,6 +194,20 @@ pub enum JournalError {
         path: std::path::PathBuf,
         message: String,
     },
+    /// A write under a run whose claim record a failed commit lost ("The claim").
+    #[error("journal {path}: {}", run_lost(*run))]
+    RunLost {
+        path: std::path::PathBuf,
+        run: RunId,
+    },
+}
+
+impl JournalError {
+    /// Whether this is a write refused because its run's claim record was lost with a failed
+    /// commit: nothing of the note is recorded under that run, whatever the storage does now.
+    pub fn is_run_lost(&self) -> bool {
+        matches!(self, JournalError::RunLost { .. })
+    }
 }
 
 pub struct Journal {
@@ -273,10 +288,19 @@ fn storage_failure(e: &rusqlite::Error) -> Option<String> {
     })
 }
 
+/// Why a write under a lost run is refused.
+fn run_lost(run: RunId) -> String {
+    format!(
+        "run {run} is not in the journal: its claim record was lost with a failed commit, and nothing more is recorded under it"
+    )
+}
+
 /// An error inside a transaction, before the journal's path is attached.
 enum Failure {
     Sql(rusqlite::Error),
     Other(String),
+    /// Refused: the run's claim record was lost ([`Tx::refuse_lost`]).
+    Lost(RunId),
 }
 
 impl From<rusqlite::Error> for Failure {
@@ -290,6 +314,7 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Sql(e) => e.fmt(f),
             Failure::Other(message) => f.write_str(message),
+            Failure::Lost(run) => f.write_str(&run_lost(*run)),
         }
     }
 }
@@ -330,9 +355,7 @@ impl<'a> Tx<'a> {
     /// run's by now (see [`writer::GroupRuns`]).
     fn refuse_lost(&self, run: RunId) -> Result<(), Failure> {
         match self.runs {
-            Some(runs) if runs.borrow().is_lost(run) => Err(Failure::Other(format!(
-                "run {run} is not in the journal: its claim record was lost with a failed commit, and nothing more is recorded under it"
-            ))),
+            Some(runs) if runs.borrow().is_lost(run) => Err(Failure::Lost(run)),
             _ => Ok(()),
         }
     }
@@ -545,6 +568,50 @@ impl Journal {
     }
 }
 
+/// What tests of the journal and of the daemon need to make a commit fail on cue.
+#[cfg(test)]
+impl Journal {
+    /// Holds the writer inside a group of its own until the returned sender sends (or is
+    /// dropped): the writes queued meanwhile make the next group, in the order they came.
+    pub(crate) fn hold_writer(
+        self: &Arc<Self>,
+    ) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let (running, is_running) = std::sync::mpsc::channel::<()>();
+        let j = self.clone();
+        let holder = std::thread::spawn(move || {
+            j.write(move |_tx| {
+                running.send(()).unwrap();
+                let _ = released.recv();
+                Ok(())
+            })
+            .unwrap();
+        });
+        is_running.recv().expect("the holding job runs");
+        (release, holder)
+    }
+
+    /// Queues a write whose group's COMMIT fails: a foreign key checked only at the commit,
+    /// after every job of the group ran, as a full disk or an I/O error would fail it (but
+    /// not a failure of the storage: nothing is paused).
+    pub(crate) fn queue_a_failing_commit(&self) {
+        self.write_queued("a write whose commit fails", |tx| {
+            tx.execute_batch("PRAGMA defer_foreign_keys = ON")?;
+            tx.execute(
+                "INSERT INTO calls (run_id, call_id, tool) VALUES (999, 'c-x', 't')",
+                [],
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// How many writes were handed to the writer so far.
+    pub(crate) fn writes_sent(&self) -> u64 {
+        self.writer.sent()
+    }
+}
+
 /// A call's outcome queued by [`Journal::call_finished_later`], not yet known committed:
 /// [`Journal::settle`] waits for it.
 #[derive(Debug)]
@@ -559,6 +626,10 @@ fn attach(path: &Path, failure: Failure) -> JournalError {
         Failure::Other(message) => JournalError::Other {
             path: path.to_path_buf(),
             message,
+        },
+        Failure::Lost(run) => JournalError::RunLost {
+            path: path.to_path_buf(),
+            run,
         },
     }
 }

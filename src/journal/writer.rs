@@ -135,6 +135,9 @@ struct Counts {
     /// fsyncs of the WAL: by a durable group's commit, or by the writer itself.
     wal_syncs: AtomicU64,
     linger_ms: AtomicU64,
+    /// Jobs handed to the thread's queue.
+    #[cfg(test)]
+    sent: AtomicU64,
 }
 
 impl Default for Counts {
@@ -145,6 +148,8 @@ impl Default for Counts {
             linger_ms: AtomicU64::new(
                 u64::try_from(crate::files::FLUSH_LINGER.as_millis()).unwrap_or(50),
             ),
+            #[cfg(test)]
+            sent: AtomicU64::new(0),
         }
     }
 }
@@ -194,6 +199,11 @@ impl Writer {
     #[cfg(test)]
     pub(super) fn wal_syncs(&self) -> u64 {
         self.counts.wal_syncs.load(Ordering::SeqCst)
+    }
+
+    #[cfg(test)]
+    pub(super) fn sent(&self) -> u64 {
+        self.counts.sent.load(Ordering::SeqCst)
     }
 
     /// The idle linger before the writer's own fsync, from the next wait on.
@@ -252,6 +262,8 @@ impl Writer {
     /// Queues `job` without blocking an async worker (backpressure waits in the blocking pool).
     async fn send_async(&self, job: Job) -> Result<(), Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
+        #[cfg(test)]
+        self.counts.sent.fetch_add(1, Ordering::SeqCst);
         match jobs.try_send(job) {
             Ok(()) => Ok(()),
             Err(TrySendError::Disconnected(_)) => Err(stopped()),
@@ -285,7 +297,11 @@ impl Writer {
     ) -> Result<bool, Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
         match jobs.try_send(queued(what, f)) {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                #[cfg(test)]
+                self.counts.sent.fetch_add(1, Ordering::SeqCst);
+                Ok(true)
+            }
             Err(TrySendError::Full(_)) => Ok(false),
             Err(TrySendError::Disconnected(_)) => Err(stopped()),
         }
@@ -293,6 +309,8 @@ impl Writer {
 
     fn send(&self, job: Job) -> Result<(), Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
+        #[cfg(test)]
+        self.counts.sent.fetch_add(1, Ordering::SeqCst);
         jobs.send(job).map_err(|_| stopped())
     }
 }
@@ -618,19 +636,7 @@ mod tests {
     /// Holds the writer thread inside a job until the returned sender is dropped or sent
     /// to, so that the writes made meanwhile all queue for the next group.
     fn hold_the_writer(journal: &Arc<Journal>) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
-        let (release, released) = mpsc::channel::<()>();
-        let (running, is_running) = mpsc::channel::<()>();
-        let j = journal.clone();
-        let holder = std::thread::spawn(move || {
-            j.write(move |_tx| {
-                running.send(()).unwrap();
-                let _ = released.recv();
-                Ok(())
-            })
-            .unwrap();
-        });
-        is_running.recv().expect("the holding job runs");
-        (release, holder)
+        journal.hold_writer()
     }
 
     /// Starts `n` threads, each running `write(i)`, and returns once every one of them is
@@ -1015,16 +1021,7 @@ mod tests {
             Poll::Ready(claim.as_mut().poll(cx).is_pending())
         }));
         assert!(first, "the claim waits for the writer");
-        journal
-            .write_queued("a write whose commit fails", |tx| {
-                tx.execute_batch("PRAGMA defer_foreign_keys = ON")?;
-                tx.execute(
-                    "INSERT INTO calls (run_id, call_id, tool) VALUES (999, 'c-x', 't')",
-                    [],
-                )?;
-                Ok(())
-            })
-            .unwrap();
+        journal.queue_a_failing_commit();
         release.send(()).unwrap();
         holder.join().unwrap();
         let lost = rt
