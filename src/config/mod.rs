@@ -456,155 +456,16 @@ pub fn from_raw(
         let p = expand_tilde(p);
         if p.is_relative() { base.join(p) } else { p }
     };
-    let vault = match (&overrides.vault, &raw.vault) {
-        (Some(v), _) => v.clone(),
-        (None, Some(v)) => config_path(v),
-        (None, None) => match find_vault_upwards() {
-            Some(v) => v,
-            None => {
-                let looked = match &source {
-                    Some(p) => format!("{} sets no `vault`", p.display()),
-                    None => "no config file sets `vault`".to_string(),
-                };
-                let looked = match std::env::current_dir() {
-                    Ok(cwd) => format!(
-                        "{looked}, and neither {} nor any folder above it holds .vaultd.toml or {}/",
-                        cwd.display(),
-                        Folders::default().needs_action
-                    ),
-                    Err(_) => looked,
-                };
-                return Err(ConfigError::NoVault { looked });
-            }
-        },
-    };
-    // A vault named on the command line that does not exist is "no such vault", not a bad
-    // config; one named in the config file is that file's key at fault.
-    let from_command_line = overrides.vault.is_some();
-    let unusable = |reason: String| {
-        if from_command_line {
-            ConfigError::NoSuchVault {
-                path: vault.clone(),
-                reason,
-            }
-        } else {
-            invalid(
-                "vault",
-                format!("vault folder {} is not usable: {reason}", vault.display()),
-            )
-        }
-    };
-    let canonical = std::fs::canonicalize(&vault).map_err(|e| unusable(e.to_string()))?;
-    if !canonical.is_dir() {
-        return Err(unusable("not a folder".to_string()));
-    }
-    let vault = canonical;
+    let vault = vault_folder(&raw, source.as_deref(), overrides, &config_path, &invalid)?;
     let state_dir = match (&overrides.state_dir, &raw.state_dir) {
         (Some(s), _) => s.clone(),
         (None, Some(s)) => config_path(s),
         // One state per vault (docs/design.md §9.11): named by the id kept in the vault.
         (None, None) => crate::state::id::default_state_dir(&vault)?,
     };
-
-    let workers = raw.workers.unwrap_or(10);
-    if workers == 0 || workers > 1024 {
-        return Err(invalid(
-            "workers",
-            format!("must be 1..=1024, got {workers}"),
-        ));
-    }
-    let max_calls_per_note = raw.max_calls_per_note.unwrap_or(10);
-    if max_calls_per_note == 0 {
-        return Err(invalid("max_calls_per_note", "must be at least 1".into()));
-    }
-    let max_note_bytes = raw.max_note_bytes.unwrap_or(1024 * 1024);
-    if max_note_bytes == 0 {
-        return Err(invalid("max_note_bytes", "must be at least 1".into()));
-    }
-    let shutdown_grace = raw.shutdown_grace.unwrap_or(Duration::from_secs(10));
-    let poll_interval = raw.poll_interval.unwrap_or(Duration::from_secs(2));
-    let watch = match raw.watch {
-        None | Some(RawWatch::Events) => WatchMode::Events,
-        Some(RawWatch::Poll) => WatchMode::Poll(poll_interval),
-    };
-    let rescan_interval = raw.rescan_interval.unwrap_or(Duration::from_secs(300));
-
-    let settle = raw.settle.unwrap_or(Duration::from_secs(2));
-    let moved_in_grace = raw.moved_in_grace.unwrap_or(Duration::from_millis(100));
-    let settle_max = raw.settle_max.unwrap_or(Duration::from_secs(60));
-    let stale_copy_grace = raw.stale_copy_grace.unwrap_or(Duration::from_secs(600));
-    let stale_copy_window = raw
-        .stale_copy_window
-        .unwrap_or(Duration::from_secs(7 * 86_400));
-    let runner_window = raw.runner_window.unwrap_or(Duration::from_secs(86_400));
-
-    // `approve_tool_use` is a built-in tool, but its rules are the gateway's: written in
-    // `[gateway.permissions]` only.
-    {
-        let t = &raw.tools.approve_tool_use;
-        if t.enabled.is_some() || !t.allow.is_empty() || !t.deny.is_empty() || !t.ask.is_empty() {
-            return Err(invalid(
-                "tools.approve_tool_use",
-                "the rules of approve_tool_use are written in [gateway.permissions]".to_string(),
-            ));
-        }
-    }
-    if let Some(p) = raw.gateway.permissions.take() {
-        raw.tools.approve_tool_use = p;
-    }
-
-    let d = Folders::default();
-    let f = raw.folders;
-    let folders = Folders {
-        needs_action: f.needs_action.unwrap_or(d.needs_action),
-        in_progress: f.in_progress.unwrap_or(d.in_progress),
-        pending_approval: f.pending_approval.unwrap_or(d.pending_approval),
-        approved: f.approved.unwrap_or(d.approved),
-        rejected: f.rejected.unwrap_or(d.rejected),
-        done: f.done.unwrap_or(d.done),
-        failed: f.failed.unwrap_or(d.failed),
-        dry_run: f.dry_run.unwrap_or(d.dry_run),
-    };
-    let tool_results = f
-        .tool_results
-        .unwrap_or_else(|| crate::results::DEFAULT_FOLDER.to_string());
-    let sessions = f.sessions.unwrap_or_else(|| DEFAULT_SESSIONS.to_string());
-    {
-        let all = [
-            ("folders.tool_results", &tool_results),
-            ("folders.sessions", &sessions),
-            ("folders.needs_action", &folders.needs_action),
-            ("folders.in_progress", &folders.in_progress),
-            ("folders.pending_approval", &folders.pending_approval),
-            ("folders.approved", &folders.approved),
-            ("folders.rejected", &folders.rejected),
-            ("folders.done", &folders.done),
-            ("folders.failed", &folders.failed),
-            ("folders.dry_run", &folders.dry_run),
-        ];
-        for (i, (key, name)) in all.iter().enumerate() {
-            let p = Path::new(name.as_str());
-            let plain = !name.is_empty()
-                && p.components()
-                    .all(|c| matches!(c, std::path::Component::Normal(_)))
-                && !name.starts_with('.');
-            if !plain {
-                return Err(invalid(
-                    key,
-                    format!("`{name}` must be a relative folder name inside the vault"),
-                ));
-            }
-            for (other_key, other) in &all[..i] {
-                let (a, b) = (Path::new(name.as_str()), Path::new(other.as_str()));
-                if a.starts_with(b) || b.starts_with(a) {
-                    return Err(invalid(
-                        key,
-                        format!("`{name}` overlaps `{other_key}` = `{other}`"),
-                    ));
-                }
-            }
-        }
-    }
+    let core = core_keys(&raw, &invalid)?;
+    gateway_permissions(&mut raw, &invalid)?;
+    let (folders, tool_results, sessions) = folders(raw.folders, &invalid)?;
 
     let cx = TableContext {
         path: &path,
@@ -642,18 +503,18 @@ pub fn from_raw(
         source,
         vault,
         state_dir,
-        workers,
-        max_calls_per_note,
-        max_note_bytes,
-        shutdown_grace,
-        watch,
-        rescan_interval,
-        settle,
-        moved_in_grace,
-        settle_max,
-        stale_copy_grace,
-        stale_copy_window,
-        runner_window,
+        workers: core.workers,
+        max_calls_per_note: core.max_calls_per_note,
+        max_note_bytes: core.max_note_bytes,
+        shutdown_grace: core.shutdown_grace,
+        watch: core.watch,
+        rescan_interval: core.rescan_interval,
+        settle: core.settle,
+        moved_in_grace: core.moved_in_grace,
+        settle_max: core.settle_max,
+        stale_copy_grace: core.stale_copy_grace,
+        stale_copy_window: core.stale_copy_window,
+        runner_window: core.runner_window,
         folders,
         tools,
         max_result_bytes,
@@ -671,6 +532,207 @@ pub fn from_raw(
     };
     config.keep_secret_files_from_servers();
     Ok(config)
+}
+
+/// [`from_raw`]'s vault stage: the folder named on the command line or in the file, else
+/// found walking up; canonical, and a folder.
+fn vault_folder(
+    raw: &RawConfig,
+    source: Option<&Path>,
+    overrides: &Overrides,
+    config_path: &impl Fn(&str) -> PathBuf,
+    invalid: &impl Fn(&str, String) -> ConfigError,
+) -> Result<PathBuf, ConfigError> {
+    let vault = match (&overrides.vault, &raw.vault) {
+        (Some(v), _) => v.clone(),
+        (None, Some(v)) => config_path(v),
+        (None, None) => match find_vault_upwards() {
+            Some(v) => v,
+            None => {
+                let looked = match source {
+                    Some(p) => format!("{} sets no `vault`", p.display()),
+                    None => "no config file sets `vault`".to_string(),
+                };
+                let looked = match std::env::current_dir() {
+                    Ok(cwd) => format!(
+                        "{looked}, and neither {} nor any folder above it holds .vaultd.toml or {}/",
+                        cwd.display(),
+                        Folders::default().needs_action
+                    ),
+                    Err(_) => looked,
+                };
+                return Err(ConfigError::NoVault { looked });
+            }
+        },
+    };
+    // A vault named on the command line that does not exist is "no such vault", not a bad
+    // config; one named in the config file is that file's key at fault.
+    let from_command_line = overrides.vault.is_some();
+    let unusable = |reason: String| {
+        if from_command_line {
+            ConfigError::NoSuchVault {
+                path: vault.clone(),
+                reason,
+            }
+        } else {
+            invalid(
+                "vault",
+                format!("vault folder {} is not usable: {reason}", vault.display()),
+            )
+        }
+    };
+    let canonical = std::fs::canonicalize(&vault).map_err(|e| unusable(e.to_string()))?;
+    if !canonical.is_dir() {
+        return Err(unusable("not a folder".to_string()));
+    }
+    Ok(canonical)
+}
+
+/// The top-level numbers and durations of [`Config`] (each field as documented there).
+struct CoreKeys {
+    workers: usize,
+    max_calls_per_note: usize,
+    max_note_bytes: u64,
+    shutdown_grace: Duration,
+    watch: WatchMode,
+    rescan_interval: Duration,
+    settle: Duration,
+    moved_in_grace: Duration,
+    settle_max: Duration,
+    stale_copy_grace: Duration,
+    stale_copy_window: Duration,
+    runner_window: Duration,
+}
+
+/// [`from_raw`]'s core stage: the top-level numbers and durations, defaulted and checked.
+fn core_keys(
+    raw: &RawConfig,
+    invalid: &impl Fn(&str, String) -> ConfigError,
+) -> Result<CoreKeys, ConfigError> {
+    let workers = raw.workers.unwrap_or(10);
+    if workers == 0 || workers > 1024 {
+        return Err(invalid(
+            "workers",
+            format!("must be 1..=1024, got {workers}"),
+        ));
+    }
+    let max_calls_per_note = raw.max_calls_per_note.unwrap_or(10);
+    if max_calls_per_note == 0 {
+        return Err(invalid("max_calls_per_note", "must be at least 1".into()));
+    }
+    let max_note_bytes = raw.max_note_bytes.unwrap_or(1024 * 1024);
+    if max_note_bytes == 0 {
+        return Err(invalid("max_note_bytes", "must be at least 1".into()));
+    }
+    let shutdown_grace = raw.shutdown_grace.unwrap_or(Duration::from_secs(10));
+    let poll_interval = raw.poll_interval.unwrap_or(Duration::from_secs(2));
+    let watch = match raw.watch {
+        None | Some(RawWatch::Events) => WatchMode::Events,
+        Some(RawWatch::Poll) => WatchMode::Poll(poll_interval),
+    };
+    let rescan_interval = raw.rescan_interval.unwrap_or(Duration::from_secs(300));
+
+    let settle = raw.settle.unwrap_or(Duration::from_secs(2));
+    let moved_in_grace = raw.moved_in_grace.unwrap_or(Duration::from_millis(100));
+    let settle_max = raw.settle_max.unwrap_or(Duration::from_secs(60));
+    let stale_copy_grace = raw.stale_copy_grace.unwrap_or(Duration::from_secs(600));
+    let stale_copy_window = raw
+        .stale_copy_window
+        .unwrap_or(Duration::from_secs(7 * 86_400));
+    let runner_window = raw.runner_window.unwrap_or(Duration::from_secs(86_400));
+    Ok(CoreKeys {
+        workers,
+        max_calls_per_note,
+        max_note_bytes,
+        shutdown_grace,
+        watch,
+        rescan_interval,
+        settle,
+        moved_in_grace,
+        settle_max,
+        stale_copy_grace,
+        stale_copy_window,
+        runner_window,
+    })
+}
+
+/// [`from_raw`]'s gateway-permissions stage: `[gateway.permissions]` becomes the rules of
+/// the `approve_tool_use` tool.
+fn gateway_permissions(
+    raw: &mut RawConfig,
+    invalid: &impl Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    // `approve_tool_use` is a built-in tool, but its rules are the gateway's: written in
+    // `[gateway.permissions]` only.
+    let t = &raw.tools.approve_tool_use;
+    if t.enabled.is_some() || !t.allow.is_empty() || !t.deny.is_empty() || !t.ask.is_empty() {
+        return Err(invalid(
+            "tools.approve_tool_use",
+            "the rules of approve_tool_use are written in [gateway.permissions]".to_string(),
+        ));
+    }
+    if let Some(p) = raw.gateway.permissions.take() {
+        raw.tools.approve_tool_use = p;
+    }
+    Ok(())
+}
+
+/// [`from_raw`]'s folders stage: `[folders]` with defaults, each a plain relative name that
+/// overlaps no other. Returns the folders, `tool_results` and `sessions`.
+fn folders(
+    f: RawFolders,
+    invalid: &impl Fn(&str, String) -> ConfigError,
+) -> Result<(Folders, String, String), ConfigError> {
+    let d = Folders::default();
+    let folders = Folders {
+        needs_action: f.needs_action.unwrap_or(d.needs_action),
+        in_progress: f.in_progress.unwrap_or(d.in_progress),
+        pending_approval: f.pending_approval.unwrap_or(d.pending_approval),
+        approved: f.approved.unwrap_or(d.approved),
+        rejected: f.rejected.unwrap_or(d.rejected),
+        done: f.done.unwrap_or(d.done),
+        failed: f.failed.unwrap_or(d.failed),
+        dry_run: f.dry_run.unwrap_or(d.dry_run),
+    };
+    let tool_results = f
+        .tool_results
+        .unwrap_or_else(|| crate::results::DEFAULT_FOLDER.to_string());
+    let sessions = f.sessions.unwrap_or_else(|| DEFAULT_SESSIONS.to_string());
+    let all = [
+        ("folders.tool_results", &tool_results),
+        ("folders.sessions", &sessions),
+        ("folders.needs_action", &folders.needs_action),
+        ("folders.in_progress", &folders.in_progress),
+        ("folders.pending_approval", &folders.pending_approval),
+        ("folders.approved", &folders.approved),
+        ("folders.rejected", &folders.rejected),
+        ("folders.done", &folders.done),
+        ("folders.failed", &folders.failed),
+        ("folders.dry_run", &folders.dry_run),
+    ];
+    for (i, (key, name)) in all.iter().enumerate() {
+        let p = Path::new(name.as_str());
+        let plain = !name.is_empty()
+            && p.components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+            && !name.starts_with('.');
+        if !plain {
+            return Err(invalid(
+                key,
+                format!("`{name}` must be a relative folder name inside the vault"),
+            ));
+        }
+        for (other_key, other) in &all[..i] {
+            let (a, b) = (Path::new(name.as_str()), Path::new(other.as_str()));
+            if a.starts_with(b) || b.starts_with(a) {
+                return Err(invalid(
+                    key,
+                    format!("`{name}` overlaps `{other_key}` = `{other}`"),
+                ));
+            }
+        }
+    }
+    Ok((folders, tool_results, sessions))
 }
 
 /// The top-level `approval_via`, or its old spelling under `[tools.send_notification]` (with
