@@ -279,222 +279,283 @@ pub fn from_raw(
         config: cx.path,
         folders: cx.folders,
     };
-    let resolve_path = |p: &str| cx.path(p);
     let mut out = Vec::new();
     for (name, table) in raw {
-        let table_span = table.span();
-        let server = table.into_inner();
-        let key = |k: &str| format!("mcp.{name}.{k}");
-        // `span`: the value at fault, or the table where no single key is.
-        let invalid = |k: &str, span: std::ops::Range<usize>, message: String| {
-            cx.invalid_at(
-                &if k.is_empty() {
-                    format!("mcp.{name}")
-                } else {
-                    key(k)
-                },
-                span,
-                message,
-            )
-        };
-        let secret = |k: String, reference: &str| cx.secret(&k, reference);
-        if !valid_server_name(&name) {
-            return Err(invalid(
-                "",
-                table_span,
-                "a server name is 1-32 characters of [A-Za-z0-9_-] without `__` (it becomes part of the tool names mcp__SERVER__TOOL)".into(),
-            ));
+        if let Some(server) = server_from_raw(name, table, cx, &protected)? {
+            out.push(server);
         }
-        if server.enabled == Some(false) {
-            continue;
-        }
-        let transport = match (server.command, server.url) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "",
-                    table_span,
-                    "give either `command` (stdio) or `url` (streamable HTTP), not both".into(),
-                ));
-            }
-            (None, None) => {
-                return Err(invalid(
-                    "",
-                    table_span,
-                    "needs `command = [\"program\", \"arg\", …]` (stdio) or `url = \"https://…/mcp\"`".into(),
-                ));
-            }
-            (Some(command), None) => {
-                if let Some(oauth) = &server.oauth {
-                    return Err(invalid(
-                        "oauth",
-                        oauth.span(),
-                        "only a `url` server logs in with OAuth".into(),
-                    ));
-                }
-                if let Some(headers) = server.headers.as_ref().filter(|h| !h.get_ref().is_empty()) {
-                    return Err(invalid(
-                        "headers",
-                        headers.span(),
-                        "only a `url` server takes headers".into(),
-                    ));
-                }
-                let command_span = command.span();
-                let mut parts = command.into_inner().into_iter();
-                let Some(program) = parts.next().filter(|p| !p.is_empty()) else {
-                    return Err(invalid("command", command_span, "names no program".into()));
-                };
-                let mut env = Vec::new();
-                for (var, value) in server.env.iter().flat_map(Spanned::get_ref) {
-                    let v = EnvValue::load(var, value, cx.skip_secrets).map_err(|source| {
-                        ConfigError::Secret {
-                            path: cx.path.to_path_buf(),
-                            key: key(&format!("env.{var}")),
-                            source,
-                        }
-                    })?;
-                    env.push((var.clone(), v));
-                }
-                // `./server` or `bin/server`: relative to the config file, like every path
-                // in it; a bare name is looked up in PATH.
-                let program = if program.contains('/') && Path::new(&program).is_relative() {
-                    resolve_path(&program).display().to_string()
-                } else {
-                    program
-                };
-                let sandbox_span = server
-                    .sandbox
-                    .as_ref()
-                    .map_or(table_span.clone(), Spanned::span);
-                let sandbox =
-                    sandbox_from_raw(server.sandbox.map(Spanned::into_inner), &protected, cx.base)
-                        .map_err(|(k, m)| invalid(&k, sandbox_span, m))?;
-                Transport::Stdio {
-                    program,
-                    args: parts.collect(),
-                    env,
-                    cwd: server.cwd.as_ref().map(|c| resolve_path(c.get_ref())),
-                    sandbox,
-                }
-            }
-            (None, Some(url)) => {
-                if let Some(env) = server.env.as_ref().filter(|e| !e.get_ref().is_empty()) {
-                    return Err(invalid(
-                        "env",
-                        env.span(),
-                        "only a `command` server takes env".into(),
-                    ));
-                }
-                if let Some(cwd) = &server.cwd {
-                    return Err(invalid(
-                        "cwd",
-                        cwd.span(),
-                        "only a `command` server takes cwd".into(),
-                    ));
-                }
-                if let Some(sandbox) = &server.sandbox {
-                    return Err(invalid(
-                        "sandbox",
-                        sandbox.span(),
-                        "only a `command` server runs here, in a sandbox; a `url` server runs elsewhere".into(),
-                    ));
-                }
-                let url_span = url.span();
-                let url = url.into_inner();
-                check_url(&url).map_err(|m| invalid("url", url_span, m))?;
-                let mut headers = Vec::new();
-                for (header, reference) in server.headers.iter().flat_map(Spanned::get_ref) {
-                    headers.push((
-                        header.clone(),
-                        secret(key(&format!("headers.{header}")), reference)?,
-                    ));
-                }
-                let (oauth_span, raw) = server
-                    .oauth
-                    .map_or((table_span.clone(), Default::default()), |o| {
-                        (o.span(), o.into_inner())
-                    });
-                if raw.client_secret.is_some() && raw.client_id.is_none() {
-                    return Err(invalid(
-                        "oauth.client_secret",
-                        oauth_span,
-                        "a client_secret goes with the client_id it was issued for".into(),
-                    ));
-                }
-                if let Some(doc) = &raw.client_metadata_url
-                    && !doc.starts_with("https://")
-                {
-                    return Err(invalid(
-                        "oauth.client_metadata_url",
-                        oauth_span,
-                        format!("`{doc}` must be an https:// URL (a client ID metadata document)"),
-                    ));
-                }
-                let client = super::oauth::OAuthClient {
-                    client_secret: match &raw.client_secret {
-                        Some(r) => Some(secret(key("oauth.client_secret"), r)?),
-                        None => None,
-                    },
-                    client_id: raw.client_id,
-                    scopes: raw.scopes,
-                    client_metadata_url: raw.client_metadata_url,
-                };
-                let tokens = super::oauth::TokenFile::new(cx.state_dir, &name, &url);
-                Transport::Http {
-                    url,
-                    headers,
-                    oauth: Box::new((tokens, client)),
-                }
-            }
-        };
-        let allow = if server.allow.iter().any(|a| a == "*") {
-            Allow::All
-        } else {
-            Allow::Only(server.allow)
-        };
-        let timeout = server.timeout.unwrap_or(DEFAULT_TIMEOUT);
-        if timeout.is_zero() {
-            return Err(invalid(
-                "timeout",
-                table_span,
-                "must be more than 0s".into(),
-            ));
-        }
-        let start_timeout = server.start_timeout.unwrap_or(DEFAULT_START_TIMEOUT);
-        let mut tools = BTreeMap::new();
-        for (tool, p) in server.tools {
-            if !allow.allows(&tool) {
-                return Err(invalid(
-                    &format!("tools.{tool}"),
-                    p.span(),
-                    format!("`{tool}` is not in `allow`; add it there to use this policy"),
-                ));
-            }
-            let p = p.into_inner();
-            let effect = p.effect.unwrap_or(Effect::ExternalSideEffect);
-            let rate_limit = p.rate_limit.map_or(RateLimit::default(), |r| RateLimit {
-                per_hour: r.per_hour,
-                per_day: r.per_day,
-            });
-            tools.insert(
-                tool,
-                ToolPolicy {
-                    effect,
-                    approval: p.approval.unwrap_or(ApprovalRule::default_for(effect)),
-                    rate_limit,
-                    timeout: p.timeout.unwrap_or(timeout),
-                },
-            );
-        }
-        out.push(McpServerConfig {
-            name,
-            transport,
-            allow,
-            timeout,
-            start_timeout,
-            tools,
-        });
     }
     Ok(out)
+}
+
+/// The server whose `[mcp.NAME]` table is being read: names its keys in errors and secrets.
+struct ServerTable<'a> {
+    name: &'a str,
+    cx: &'a TableContext<'a>,
+}
+
+impl ServerTable<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("mcp.{}.{k}", self.name)
+    }
+
+    // `span`: the value at fault, or the table where no single key is.
+    fn invalid(&self, k: &str, span: std::ops::Range<usize>, message: String) -> ConfigError {
+        self.cx.invalid_at(
+            &if k.is_empty() {
+                format!("mcp.{}", self.name)
+            } else {
+                self.key(k)
+            },
+            span,
+            message,
+        )
+    }
+
+    fn secret(&self, k: String, reference: &str) -> Result<Secret, ConfigError> {
+        self.cx.secret(&k, reference)
+    }
+}
+
+/// [`from_raw`]'s stage for one server: its name, transport, allow list, timeouts and tool
+/// policies; `None` when it is switched off.
+fn server_from_raw(
+    name: String,
+    table: Spanned<RawServer>,
+    cx: &TableContext<'_>,
+    protected: &Protected<'_>,
+) -> Result<Option<McpServerConfig>, ConfigError> {
+    let table_span = table.span();
+    let mut server = table.into_inner();
+    let at = ServerTable { name: &name, cx };
+    if !valid_server_name(&name) {
+        return Err(at.invalid(
+            "",
+            table_span,
+            "a server name is 1-32 characters of [A-Za-z0-9_-] without `__` (it becomes part of the tool names mcp__SERVER__TOOL)".into(),
+        ));
+    }
+    if server.enabled == Some(false) {
+        return Ok(None);
+    }
+    let transport = match (server.command.take(), server.url.take()) {
+        (Some(_), Some(_)) => {
+            return Err(at.invalid(
+                "",
+                table_span,
+                "give either `command` (stdio) or `url` (streamable HTTP), not both".into(),
+            ));
+        }
+        (None, None) => {
+            return Err(at.invalid(
+                "",
+                table_span,
+                "needs `command = [\"program\", \"arg\", …]` (stdio) or `url = \"https://…/mcp\"`"
+                    .into(),
+            ));
+        }
+        (Some(command), None) => {
+            stdio_transport(command, &mut server, table_span.clone(), &at, protected)?
+        }
+        (None, Some(url)) => http_transport(url, &mut server, table_span.clone(), &at)?,
+    };
+    let allow = if server.allow.iter().any(|a| a == "*") {
+        Allow::All
+    } else {
+        Allow::Only(server.allow)
+    };
+    let timeout = server.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    if timeout.is_zero() {
+        return Err(at.invalid("timeout", table_span, "must be more than 0s".into()));
+    }
+    let start_timeout = server.start_timeout.unwrap_or(DEFAULT_START_TIMEOUT);
+    let tools = tool_policies(server.tools, &allow, timeout, &at)?;
+    Ok(Some(McpServerConfig {
+        name,
+        transport,
+        allow,
+        timeout,
+        start_timeout,
+        tools,
+    }))
+}
+
+/// A `command` server's transport stage: its program, env, working directory and sandbox.
+fn stdio_transport(
+    command: Spanned<Vec<String>>,
+    server: &mut RawServer,
+    table_span: std::ops::Range<usize>,
+    at: &ServerTable<'_>,
+    protected: &Protected<'_>,
+) -> Result<Transport, ConfigError> {
+    let cx = at.cx;
+    let resolve_path = |p: &str| cx.path(p);
+    if let Some(oauth) = &server.oauth {
+        return Err(at.invalid(
+            "oauth",
+            oauth.span(),
+            "only a `url` server logs in with OAuth".into(),
+        ));
+    }
+    if let Some(headers) = server.headers.as_ref().filter(|h| !h.get_ref().is_empty()) {
+        return Err(at.invalid(
+            "headers",
+            headers.span(),
+            "only a `url` server takes headers".into(),
+        ));
+    }
+    let command_span = command.span();
+    let mut parts = command.into_inner().into_iter();
+    let Some(program) = parts.next().filter(|p| !p.is_empty()) else {
+        return Err(at.invalid("command", command_span, "names no program".into()));
+    };
+    let mut env = Vec::new();
+    for (var, value) in server.env.iter().flat_map(Spanned::get_ref) {
+        let v =
+            EnvValue::load(var, value, cx.skip_secrets).map_err(|source| ConfigError::Secret {
+                path: cx.path.to_path_buf(),
+                key: at.key(&format!("env.{var}")),
+                source,
+            })?;
+        env.push((var.clone(), v));
+    }
+    // `./server` or `bin/server`: relative to the config file, like every path
+    // in it; a bare name is looked up in PATH.
+    let program = if program.contains('/') && Path::new(&program).is_relative() {
+        resolve_path(&program).display().to_string()
+    } else {
+        program
+    };
+    let sandbox_span = server
+        .sandbox
+        .as_ref()
+        .map_or(table_span.clone(), Spanned::span);
+    let sandbox = sandbox_from_raw(
+        server.sandbox.take().map(Spanned::into_inner),
+        protected,
+        cx.base,
+    )
+    .map_err(|(k, m)| at.invalid(&k, sandbox_span, m))?;
+    Ok(Transport::Stdio {
+        program,
+        args: parts.collect(),
+        env,
+        cwd: server.cwd.as_ref().map(|c| resolve_path(c.get_ref())),
+        sandbox,
+    })
+}
+
+/// A `url` server's transport stage: its URL, headers (secrets) and OAuth client.
+fn http_transport(
+    url: Spanned<String>,
+    server: &mut RawServer,
+    table_span: std::ops::Range<usize>,
+    at: &ServerTable<'_>,
+) -> Result<Transport, ConfigError> {
+    if let Some(env) = server.env.as_ref().filter(|e| !e.get_ref().is_empty()) {
+        return Err(at.invalid(
+            "env",
+            env.span(),
+            "only a `command` server takes env".into(),
+        ));
+    }
+    if let Some(cwd) = &server.cwd {
+        return Err(at.invalid(
+            "cwd",
+            cwd.span(),
+            "only a `command` server takes cwd".into(),
+        ));
+    }
+    if let Some(sandbox) = &server.sandbox {
+        return Err(at.invalid(
+            "sandbox",
+            sandbox.span(),
+            "only a `command` server runs here, in a sandbox; a `url` server runs elsewhere".into(),
+        ));
+    }
+    let url_span = url.span();
+    let url = url.into_inner();
+    check_url(&url).map_err(|m| at.invalid("url", url_span, m))?;
+    let mut headers = Vec::new();
+    for (header, reference) in server.headers.iter().flat_map(Spanned::get_ref) {
+        headers.push((
+            header.clone(),
+            at.secret(at.key(&format!("headers.{header}")), reference)?,
+        ));
+    }
+    let (oauth_span, raw) = server
+        .oauth
+        .take()
+        .map_or((table_span.clone(), Default::default()), |o| {
+            (o.span(), o.into_inner())
+        });
+    if raw.client_secret.is_some() && raw.client_id.is_none() {
+        return Err(at.invalid(
+            "oauth.client_secret",
+            oauth_span,
+            "a client_secret goes with the client_id it was issued for".into(),
+        ));
+    }
+    if let Some(doc) = &raw.client_metadata_url
+        && !doc.starts_with("https://")
+    {
+        return Err(at.invalid(
+            "oauth.client_metadata_url",
+            oauth_span,
+            format!("`{doc}` must be an https:// URL (a client ID metadata document)"),
+        ));
+    }
+    let client = super::oauth::OAuthClient {
+        client_secret: match &raw.client_secret {
+            Some(r) => Some(at.secret(at.key("oauth.client_secret"), r)?),
+            None => None,
+        },
+        client_id: raw.client_id,
+        scopes: raw.scopes,
+        client_metadata_url: raw.client_metadata_url,
+    };
+    let tokens = super::oauth::TokenFile::new(at.cx.state_dir, at.name, &url);
+    Ok(Transport::Http {
+        url,
+        headers,
+        oauth: Box::new((tokens, client)),
+    })
+}
+
+/// The tool-policies stage: each `[mcp.NAME.tools.TOOL]` of a tool in `allow`, with the
+/// defaults filled in.
+fn tool_policies(
+    raw: BTreeMap<String, Spanned<RawToolPolicy>>,
+    allow: &Allow,
+    timeout: Duration,
+    at: &ServerTable<'_>,
+) -> Result<BTreeMap<String, ToolPolicy>, ConfigError> {
+    let mut tools = BTreeMap::new();
+    for (tool, p) in raw {
+        if !allow.allows(&tool) {
+            return Err(at.invalid(
+                &format!("tools.{tool}"),
+                p.span(),
+                format!("`{tool}` is not in `allow`; add it there to use this policy"),
+            ));
+        }
+        let p = p.into_inner();
+        let effect = p.effect.unwrap_or(Effect::ExternalSideEffect);
+        let rate_limit = p.rate_limit.map_or(RateLimit::default(), |r| RateLimit {
+            per_hour: r.per_hour,
+            per_day: r.per_day,
+        });
+        tools.insert(
+            tool,
+            ToolPolicy {
+                effect,
+                approval: p.approval.unwrap_or(ApprovalRule::default_for(effect)),
+                rate_limit,
+                timeout: p.timeout.unwrap_or(timeout),
+            },
+        );
+    }
+    Ok(tools)
 }
 
 /// `sandbox` as written -> the server's sandbox; the error names the key at fault.
