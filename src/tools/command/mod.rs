@@ -11,6 +11,7 @@ use crate::tools::sandbox::cgroup::{CallCgroup, CallLimits, Cgroups};
 use crate::tools::sandbox::{seccomp, supervise};
 use crate::tools::{Policy, Registry, RegistryError, Source, Tool, ToolCall, ToolFuture, ToolSpec};
 use config::{CommandToolConfig, CommandTools, Cwd, Output, Piece};
+use landlock::RulesetCreated;
 use sandbox::{Limits, Support};
 use serde_json::{Map, Value, json};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -132,44 +133,8 @@ impl CommandTool {
         }
         let c = &self.config;
         let args = render_args(&c.args, call.parameters, &c.schema);
-        let scratch = ScratchDir::create(&self.scratch_root, call.call_id).map_err(|e| {
-            CallError::new(
-                ErrorCode::ExecutionError,
-                format!("cannot make the scratch dir: {e}"),
-            )
-            .retryable(true)
-        })?;
-        // A private TMPDIR: /tmp is not granted, and a program's temporary files go with
-        // its scratch dir.
-        let tmp = scratch.path.join("tmp");
-        std::fs::create_dir(&tmp).map_err(|e| {
-            CallError::new(
-                ErrorCode::ExecutionError,
-                format!("cannot make the scratch dir: {e}"),
-            )
-            .retryable(true)
-        })?;
-        let ruleset = match sandbox::ruleset(c, &self.vault, &scratch.path) {
-            Ok(r) => Some(r),
-            Err(sandbox::RulesetBuildError::Path(why)) => {
-                return Err(CallError::new(
-                    ErrorCode::PolicyDenied,
-                    format!("{} was not started: {why}", c.argv0),
-                ));
-            }
-            Err(sandbox::RulesetBuildError::Landlock(e))
-                if c.sandbox == config::SandboxMode::BestEffort =>
-            {
-                tracing::warn!(tool = %c.name, "running without Landlock: {e}");
-                None
-            }
-            Err(sandbox::RulesetBuildError::Landlock(e)) => {
-                return Err(CallError::new(
-                    ErrorCode::ExecutionError,
-                    format!("the sandbox could not be built: {e}"),
-                ));
-            }
-        };
+        let (scratch, tmp) = make_scratch(&self.scratch_root, call.call_id)?;
+        let ruleset = self.build_ruleset(&scratch.path)?;
         let limits = Limits::for_tool(c, &self.cgroups);
         let cgroup = self.cgroups.for_call(CallLimits {
             memory: c.max_memory,
@@ -190,44 +155,59 @@ impl CommandTool {
             cgroup,
             scratch: Some(scratch),
         };
-        // The program's argv and environment, made now: the supervisor starts it after
-        // the fork, where nothing may be allocated (`supervise::Program`).
-        let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = [
-            (
-                "PATH".into(),
-                std::env::var_os("PATH").unwrap_or_else(|| config::DEFAULT_PATH.into()),
-            ),
-            (
-                "LANG".into(),
-                std::env::var_os("LANG").unwrap_or_else(|| "C.UTF-8".into()),
-            ),
-            ("HOME".into(), scratch_path.clone().into()),
-            ("TMPDIR".into(), tmp.clone().into()),
-            ("VAULTD_NOTE_ID".into(), note_id(&call).into()),
-            ("VAULTD_CALL_ID".into(), call.call_id.into()),
-        ]
-        .into_iter()
-        .chain(c.env.iter().map(|(k, v)| (k.into(), v.value().into())))
-        .collect();
-        let program = supervise::Program::new(
-            c.program.as_os_str(),
-            std::ffi::OsStr::new(&c.argv0),
-            &args,
-            env,
-        )
-        .map_err(|e| {
-            CallError::new(
-                ErrorCode::ExecutionError,
-                format!("{} could not be started: {e}", c.argv0),
-            )
-        })?;
+        let program = prepare_program(c, &args, &scratch_path, &tmp, &call)?;
+        let child =
+            self.start_supervised(program, ruleset, limits, control_read, &end, &scratch_path)?;
+        wait_and_finish(c, end, child, call.deadline).await
+    }
+
+    /// run_call's Landlock stage: the call's ruleset, or none where `best_effort` lets the
+    /// program run without one.
+    fn build_ruleset(&self, scratch: &Path) -> Result<Option<RulesetCreated>, CallError> {
+        let c = &self.config;
+        let ruleset = match sandbox::ruleset(c, &self.vault, scratch) {
+            Ok(r) => Some(r),
+            Err(sandbox::RulesetBuildError::Path(why)) => {
+                return Err(CallError::new(
+                    ErrorCode::PolicyDenied,
+                    format!("{} was not started: {why}", c.argv0),
+                ));
+            }
+            Err(sandbox::RulesetBuildError::Landlock(e))
+                if c.sandbox == config::SandboxMode::BestEffort =>
+            {
+                tracing::warn!(tool = %c.name, "running without Landlock: {e}");
+                None
+            }
+            Err(sandbox::RulesetBuildError::Landlock(e)) => {
+                return Err(CallError::new(
+                    ErrorCode::ExecutionError,
+                    format!("the sandbox could not be built: {e}"),
+                ));
+            }
+        };
+        Ok(ruleset)
+    }
+
+    /// run_call's start stage: the supervisor forked (working directory, stdio), which
+    /// starts `program` in its sandbox.
+    fn start_supervised(
+        &self,
+        program: supervise::Program,
+        ruleset: Option<RulesetCreated>,
+        limits: Limits,
+        control_read: OwnedFd,
+        end: &CallEnd,
+        scratch_path: &Path,
+    ) -> Result<tokio::process::Child, CallError> {
+        let c = &self.config;
         // std's Command forks the supervisor (stdio, working directory); the program is
         // started by the supervisor from `program`, so argv and environment are set there.
         let mut cmd = std::process::Command::new(&c.program);
         cmd.env_clear()
             .current_dir(match c.cwd {
-                Cwd::Vault => &self.vault,
-                Cwd::Scratch => &scratch_path,
+                Cwd::Vault => self.vault.as_path(),
+                Cwd::Scratch => scratch_path,
             })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -257,7 +237,7 @@ impl CommandTool {
         drop(control_read);
         // With it go vaultd's copies of argv, environment and the program's stack.
         drop(cmd);
-        let mut child = spawned.map_err(|e| {
+        spawned.map_err(|e| {
             let message = if e.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error()) {
                 format!(
                     "{} was not started: the sandbox could not be applied ({e}); sandbox = \"required\" never runs a program unsandboxed",
@@ -267,52 +247,126 @@ impl CommandTool {
                 format!("{} could not be started: {e}", c.argv0)
             };
             CallError::new(ErrorCode::ExecutionError, message)
-        })?;
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let max = c.max_output_bytes;
-        let deadline = tokio::time::Instant::from_std(call.deadline);
-        // The supervisor exits once the program and everything it left are gone, so the
-        // pipes close then too: a grandchild holding stdout does not hold the call.
-        let run = async {
-            tokio::join!(
-                child.wait(),
-                read_capped(stdout, max),
-                read_capped(stderr, max)
-            )
-        };
-        let (status, out, err) = match tokio::time::timeout_at(deadline, run).await {
-            Ok(done) => done,
-            Err(_) => {
-                drop(end);
-                return Err(CallError::new(
-                    ErrorCode::Timeout,
-                    format!(
-                        "{} did not finish within its timeout of {}; it and every process it started were killed",
-                        c.name,
-                        humantime::format_duration(c.timeout)
-                    ),
-                ));
-            }
-        };
-        drop(end);
-        let status = status.map_err(|e| {
-            CallError::new(
-                ErrorCode::ExecutionError,
-                format!("waiting for {}: {e}", c.argv0),
-            )
-        })?;
-        let (stdout, stdout_truncated) = out.map_err(read_error)?;
-        let (stderr, stderr_truncated) = err.map_err(read_error)?;
-        finish(
-            c,
-            status,
-            stdout,
-            stdout_truncated,
-            stderr,
-            stderr_truncated,
-        )
+        })
     }
+}
+
+/// run_call's scratch stage: the call's scratch dir (the program's HOME) and its private
+/// TMPDIR inside it.
+fn make_scratch(root: &Path, call_id: &str) -> Result<(ScratchDir, PathBuf), CallError> {
+    let scratch = ScratchDir::create(root, call_id).map_err(|e| {
+        CallError::new(
+            ErrorCode::ExecutionError,
+            format!("cannot make the scratch dir: {e}"),
+        )
+        .retryable(true)
+    })?;
+    // A private TMPDIR: /tmp is not granted, and a program's temporary files go with
+    // its scratch dir.
+    let tmp = scratch.path.join("tmp");
+    std::fs::create_dir(&tmp).map_err(|e| {
+        CallError::new(
+            ErrorCode::ExecutionError,
+            format!("cannot make the scratch dir: {e}"),
+        )
+        .retryable(true)
+    })?;
+    Ok((scratch, tmp))
+}
+
+/// run_call's program stage: the argv and environment the supervisor starts.
+fn prepare_program(
+    c: &CommandToolConfig,
+    args: &[String],
+    scratch_path: &Path,
+    tmp: &Path,
+    call: &ToolCall<'_>,
+) -> Result<supervise::Program, CallError> {
+    // The program's argv and environment, made now: the supervisor starts it after
+    // the fork, where nothing may be allocated (`supervise::Program`).
+    let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = [
+        (
+            "PATH".into(),
+            std::env::var_os("PATH").unwrap_or_else(|| config::DEFAULT_PATH.into()),
+        ),
+        (
+            "LANG".into(),
+            std::env::var_os("LANG").unwrap_or_else(|| "C.UTF-8".into()),
+        ),
+        ("HOME".into(), scratch_path.into()),
+        ("TMPDIR".into(), tmp.into()),
+        ("VAULTD_NOTE_ID".into(), note_id(call).into()),
+        ("VAULTD_CALL_ID".into(), call.call_id.into()),
+    ]
+    .into_iter()
+    .chain(c.env.iter().map(|(k, v)| (k.into(), v.value().into())))
+    .collect();
+    supervise::Program::new(
+        c.program.as_os_str(),
+        std::ffi::OsStr::new(&c.argv0),
+        args,
+        env,
+    )
+    .map_err(|e| {
+        CallError::new(
+            ErrorCode::ExecutionError,
+            format!("{} could not be started: {e}", c.argv0),
+        )
+    })
+}
+
+/// run_call's wait stage: the program's output, read up to the cap until it exits or the
+/// deadline passes; then every process of the call is ended and the result mapped.
+async fn wait_and_finish(
+    c: &CommandToolConfig,
+    end: CallEnd,
+    mut child: tokio::process::Child,
+    deadline: std::time::Instant,
+) -> Result<ToolOutput, CallError> {
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let max = c.max_output_bytes;
+    let deadline = tokio::time::Instant::from_std(deadline);
+    // The supervisor exits once the program and everything it left are gone, so the
+    // pipes close then too: a grandchild holding stdout does not hold the call.
+    let run = async {
+        tokio::join!(
+            child.wait(),
+            read_capped(stdout, max),
+            read_capped(stderr, max)
+        )
+    };
+    let (status, out, err) = match tokio::time::timeout_at(deadline, run).await {
+        Ok(done) => done,
+        Err(_) => {
+            drop(end);
+            return Err(CallError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "{} did not finish within its timeout of {}; it and every process it started were killed",
+                    c.name,
+                    humantime::format_duration(c.timeout)
+                ),
+            ));
+        }
+    };
+    drop(end);
+    let status = status.map_err(|e| {
+        CallError::new(
+            ErrorCode::ExecutionError,
+            format!("waiting for {}: {e}", c.argv0),
+        )
+    })?;
+    let (stdout, stdout_truncated) = out.map_err(read_error)?;
+    let (stderr, stderr_truncated) = err.map_err(read_error)?;
+    finish(
+        c,
+        status,
+        stdout,
+        stdout_truncated,
+        stderr,
+        stderr_truncated,
+    )
 }
 
 fn read_error(e: std::io::Error) -> CallError {
