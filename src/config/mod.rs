@@ -465,7 +465,7 @@ pub fn from_raw(
     };
     let core = core_keys(&raw, &invalid)?;
     gateway_permissions(&mut raw, &invalid)?;
-    let (folders, tool_results, sessions) = folders(raw.folders, &invalid)?;
+    let (folders, tool_results, sessions) = checked_folders(raw.folders, &invalid)?;
 
     let cx = TableContext {
         path: &path,
@@ -679,7 +679,7 @@ fn gateway_permissions(
 
 /// [`from_raw`]'s folders stage: `[folders]` with defaults, each a plain relative name that
 /// overlaps no other. Returns the folders, `tool_results` and `sessions`.
-fn folders(
+fn checked_folders(
     f: RawFolders,
     invalid: &impl Fn(&str, String) -> ConfigError,
 ) -> Result<(Folders, String, String), ConfigError> {

@@ -214,6 +214,7 @@ fn flow(value: &str) -> Value {
         return Value::Array(inner.split(',').map(|s| scalar(s.trim())).collect());
     }
     if value.starts_with('{')
+        && value.ends_with('}')
         && let Ok(v) = serde_json::from_str::<Value>(value)
     {
         return v;

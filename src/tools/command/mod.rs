@@ -317,6 +317,8 @@ fn prepare_program(
 
 /// run_call's wait stage: the program's output, read up to the cap until it exits or the
 /// deadline passes; then every process of the call is ended and the result mapped.
+/// Dropped mid-wait (the runner's timeout), the parameters drop in reverse order: `child`
+/// before `end`, as before the split; keep `end` ahead of `child`.
 async fn wait_and_finish(
     c: &CommandToolConfig,
     end: CallEnd,

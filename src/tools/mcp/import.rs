@@ -81,7 +81,7 @@ pub fn read_servers(file: &Path, text: &str) -> Result<(Format, Vec<Found>), Imp
         .extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
-        || !text.trim_start().starts_with('{');
+        || !text.trim_start().starts_with(JSON_OBJECT);
     let mut names = Names::default();
     if yaml {
         let root: Value = serde_norway::from_str(text).map_err(|e| ImportError::Yaml {
@@ -129,6 +129,13 @@ pub fn read_servers(file: &Path, text: &str) -> Result<(Format, Vec<Found>), Imp
 
 /// Keys of an `mcpServers` entry that carry no meaning for vaultd, or one it cannot honour.
 const IGNORED_JSON_KEYS: &[&str] = &["description", "name"];
+
+/// How a JSON client file starts (a YAML one, goose's, need not).
+const JSON_OBJECT: char = '{';
+
+/// The braces of a `${VAR}` reference in the old clients' files.
+const VARIABLE_OPEN: &str = "${";
+const VARIABLE_CLOSE: char = '}';
 
 fn mcp_servers_entry(name: &str, entry: &Value, names: &mut Names) -> Result<Imported, String> {
     let obj = entry
@@ -357,7 +364,7 @@ fn http(
                 names.claim(&env_name(&format!("{server}_{header}")), value),
                 format!(
                     "the whole {header} header value, as written in the old client's file{}",
-                    if value.contains("${") {
+                    if value.contains(VARIABLE_OPEN) {
                         " (with its ${…} filled in)"
                     } else {
                         ""
@@ -421,8 +428,8 @@ fn is_reference(value: &str) -> bool {
 /// `${VAR}`, `${VAR:-default}` (Claude Code), `${env:VAR}` (Cursor), `$VAR`: the variable.
 fn whole_variable(value: &str) -> Option<String> {
     let inner = value
-        .strip_prefix("${")
-        .and_then(|v| v.strip_suffix('}'))
+        .strip_prefix(VARIABLE_OPEN)
+        .and_then(|v| v.strip_suffix(VARIABLE_CLOSE))
         .map(|v| v.strip_prefix("env:").unwrap_or(v))
         .map(|v| v.split(":-").next().unwrap_or(v))
         .or_else(|| value.strip_prefix('$'))?;
