@@ -272,111 +272,13 @@ fn validate_one(
     protected: &Protected<'_>,
 ) -> Result<CommandToolConfig, ConfigError> {
     let base = at.cx.base;
-    // parameters: JSON Schema written in TOML, compiled now.
-    let (schema, schema_span) = match raw.parameters {
-        Some(p) => {
-            let span = p.span();
-            let json = serde_json::to_value(p.into_inner())
-                .map_err(|e| at.err("parameters", span.clone(), e.to_string()))?;
-            (json, span)
-        }
-        None => (
-            serde_json::json!({ "type": "object", "properties": {} }),
-            raw.argv.span(),
-        ),
-    };
-    let schema =
-        normalise_schema(schema).map_err(|m| at.err("parameters", schema_span.clone(), m))?;
-    jsonschema::options().build(&schema).map_err(|e| {
-        at.err(
-            "parameters",
-            schema_span.clone(),
-            format!("the JSON Schema does not compile: {e}"),
-        )
-    })?;
-
-    // argv: a program and templates, each placeholder a scalar parameter.
-    let argv_span = raw.argv.span();
-    let argv = raw.argv.into_inner();
-    let Some((argv0, rest)) = argv.split_first() else {
-        return Err(at.err(
-            "argv",
-            argv_span,
-            "argv is empty: give the program and its arguments".into(),
-        ));
-    };
-    if !parse_template(argv0)
-        .map_err(|m| at.err("argv", argv_span.clone(), m))?
-        .iter()
-        .all(|p| matches!(p, Piece::Text(_)))
-    {
-        return Err(at.err(
-            "argv",
-            argv_span,
-            "the program (argv[0]) cannot be a parameter".into(),
-        ));
-    }
-    let program = find_program(argv0, base)
-        .ok_or_else(|| at.err("argv", argv_span.clone(), format!("program `{argv0}` not found (looked in $PATH, or as a path relative to the config file) or not executable")))?;
-    let mut args = Vec::new();
-    for arg in rest {
-        let pieces = parse_template(arg).map_err(|m| at.err("argv", argv_span.clone(), m))?;
-        for piece in &pieces {
-            if let Piece::Param(p) = piece {
-                check_scalar_param(&schema, p).map_err(|m| at.err("argv", argv_span.clone(), m))?;
-            }
-        }
-        args.push(pieces);
-    }
+    let schema = compile_schema(raw.parameters, &raw.argv, at)?;
+    let (program, argv0, args) = check_argv(raw.argv, &schema, base, at)?;
 
     let effect = raw.effect.unwrap_or(Effect::ExternalSideEffect);
-    let mut writable = Vec::new();
-    if let Some(w) = raw.writable {
-        let span = w.span();
-        for folder in w.into_inner() {
-            let rel = protected
-                .check_writable(&folder)
-                .map_err(|m| at.err("writable", span.clone(), m))?;
-            writable.push(rel);
-        }
-    }
-    let mut read = Vec::new();
-    if let Some(r) = raw.read {
-        let span = r.span();
-        for entry in r.into_inner() {
-            let abs = protected
-                .check_read(&entry, base)
-                .map_err(|m| at.err("read", span.clone(), m))?;
-            read.push(abs);
-        }
-    }
-    let mut env = BTreeMap::new();
-    if let Some(e) = raw.env {
-        let span = e.span();
-        for (key, value) in e.into_inner() {
-            if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return Err(at.err("env", span, format!("`{key}` is not a variable name")));
-            }
-            if matches!(
-                key.as_str(),
-                "PATH" | "HOME" | "LANG" | "TMPDIR" | "VAULTD_NOTE_ID" | "VAULTD_CALL_ID"
-            ) {
-                return Err(at.err(
-                    "env",
-                    span,
-                    format!("`{key}` is set by vaultd and cannot be overridden"),
-                ));
-            }
-            let v = EnvValue::load(&key, &value, at.cx.skip_secrets).map_err(|source| {
-                ConfigError::Secret {
-                    path: at.cx.path.to_path_buf(),
-                    key: format!("tools.command.{name}.env.{key}"),
-                    source,
-                }
-            })?;
-            env.insert(key, v);
-        }
-    }
+    let writable = checked_writable(raw.writable, at, protected)?;
+    let read = checked_read(raw.read, base, at, protected)?;
+    let env = checked_env(raw.env, &name, at)?;
     let max_memory = match raw.max_memory {
         Some(m) if *m.get_ref() < 16 * 1024 * 1024 => {
             return Err(at.err(
@@ -409,7 +311,7 @@ fn validate_one(
     Ok(CommandToolConfig {
         description: raw.description.into_inner(),
         program,
-        argv0: argv0.clone(),
+        argv0,
         args,
         schema,
         effect,
@@ -431,6 +333,157 @@ fn validate_one(
         sandbox: raw.sandbox.unwrap_or(SandboxMode::Required),
         name,
     })
+}
+
+/// validate_one's schema stage: `parameters` compiled (an empty object schema when absent,
+/// its errors then pointing at `argv`).
+fn compile_schema(
+    parameters: Option<Spanned<toml::Value>>,
+    argv: &Spanned<Vec<String>>,
+    at: &At<'_>,
+) -> Result<Value, ConfigError> {
+    // parameters: JSON Schema written in TOML, compiled now.
+    let (schema, schema_span) = match parameters {
+        Some(p) => {
+            let span = p.span();
+            let json = serde_json::to_value(p.into_inner())
+                .map_err(|e| at.err("parameters", span.clone(), e.to_string()))?;
+            (json, span)
+        }
+        None => (
+            serde_json::json!({ "type": "object", "properties": {} }),
+            argv.span(),
+        ),
+    };
+    let schema =
+        normalise_schema(schema).map_err(|m| at.err("parameters", schema_span.clone(), m))?;
+    jsonschema::options().build(&schema).map_err(|e| {
+        at.err(
+            "parameters",
+            schema_span.clone(),
+            format!("the JSON Schema does not compile: {e}"),
+        )
+    })?;
+    Ok(schema)
+}
+
+/// validate_one's argv stage: the program found, and the rest parsed as templates: the
+/// program's path, argv[0] as written and the templates.
+fn check_argv(
+    argv: Spanned<Vec<String>>,
+    schema: &Value,
+    base: &Path,
+    at: &At<'_>,
+) -> Result<(PathBuf, String, Vec<Vec<Piece>>), ConfigError> {
+    // argv: a program and templates, each placeholder a scalar parameter.
+    let argv_span = argv.span();
+    let argv = argv.into_inner();
+    let Some((argv0, rest)) = argv.split_first() else {
+        return Err(at.err(
+            "argv",
+            argv_span,
+            "argv is empty: give the program and its arguments".into(),
+        ));
+    };
+    if !parse_template(argv0)
+        .map_err(|m| at.err("argv", argv_span.clone(), m))?
+        .iter()
+        .all(|p| matches!(p, Piece::Text(_)))
+    {
+        return Err(at.err(
+            "argv",
+            argv_span,
+            "the program (argv[0]) cannot be a parameter".into(),
+        ));
+    }
+    let program = find_program(argv0, base)
+        .ok_or_else(|| at.err("argv", argv_span.clone(), format!("program `{argv0}` not found (looked in $PATH, or as a path relative to the config file) or not executable")))?;
+    let mut args = Vec::new();
+    for arg in rest {
+        let pieces = parse_template(arg).map_err(|m| at.err("argv", argv_span.clone(), m))?;
+        for piece in &pieces {
+            if let Piece::Param(p) = piece {
+                check_scalar_param(schema, p).map_err(|m| at.err("argv", argv_span.clone(), m))?;
+            }
+        }
+        args.push(pieces);
+    }
+    Ok((program, argv0.clone(), args))
+}
+
+/// validate_one's `writable` stage: each folder checked, relative to the vault.
+fn checked_writable(
+    writable: Option<Spanned<Vec<String>>>,
+    at: &At<'_>,
+    protected: &Protected<'_>,
+) -> Result<Vec<PathBuf>, ConfigError> {
+    let mut checked = Vec::new();
+    if let Some(w) = writable {
+        let span = w.span();
+        for folder in w.into_inner() {
+            let rel = protected
+                .check_writable(&folder)
+                .map_err(|m| at.err("writable", span.clone(), m))?;
+            checked.push(rel);
+        }
+    }
+    Ok(checked)
+}
+
+/// validate_one's `read` stage: each entry checked, made absolute.
+fn checked_read(
+    read: Option<Spanned<Vec<String>>>,
+    base: &Path,
+    at: &At<'_>,
+    protected: &Protected<'_>,
+) -> Result<Vec<PathBuf>, ConfigError> {
+    let mut checked = Vec::new();
+    if let Some(r) = read {
+        let span = r.span();
+        for entry in r.into_inner() {
+            let abs = protected
+                .check_read(&entry, base)
+                .map_err(|m| at.err("read", span.clone(), m))?;
+            checked.push(abs);
+        }
+    }
+    Ok(checked)
+}
+
+/// validate_one's `env` stage: each name checked, each value loaded (a secret resolved).
+fn checked_env(
+    env: Option<Spanned<BTreeMap<String, String>>>,
+    name: &str,
+    at: &At<'_>,
+) -> Result<BTreeMap<String, EnvValue>, ConfigError> {
+    let mut checked = BTreeMap::new();
+    if let Some(e) = env {
+        let span = e.span();
+        for (key, value) in e.into_inner() {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(at.err("env", span, format!("`{key}` is not a variable name")));
+            }
+            if matches!(
+                key.as_str(),
+                "PATH" | "HOME" | "LANG" | "TMPDIR" | "VAULTD_NOTE_ID" | "VAULTD_CALL_ID"
+            ) {
+                return Err(at.err(
+                    "env",
+                    span,
+                    format!("`{key}` is set by vaultd and cannot be overridden"),
+                ));
+            }
+            let v = EnvValue::load(&key, &value, at.cx.skip_secrets).map_err(|source| {
+                ConfigError::Secret {
+                    path: at.cx.path.to_path_buf(),
+                    key: format!("tools.command.{name}.env.{key}"),
+                    source,
+                }
+            })?;
+            checked.insert(key, v);
+        }
+    }
+    Ok(checked)
 }
 
 /// The schema must describe an object; misspelt parameters are errors, so
