@@ -401,7 +401,7 @@ impl McpServer {
 
     /// One connection attempt.
     async fn open(self: &Arc<Self>, start: Start) -> Result<Connection, HandshakeError> {
-        let mut handler = VaultdClient {
+        let handler = VaultdClient {
             server: Arc::downgrade(self),
             asks_in_rounds: true,
         };
@@ -413,7 +413,7 @@ impl McpServer {
                 cwd,
                 sandbox,
             } => {
-                let mut spawned = spawn_child(
+                let spawned = spawn_child(
                     self.name(),
                     program,
                     args,
@@ -423,72 +423,7 @@ impl McpServer {
                     sandbox,
                 )
                 .map_err(HandshakeError::Other)?;
-                let child = &mut spawned.child;
-                let stdout = child.stdout.take().expect("stdout is piped");
-                let mut stdin = child.stdin.take().expect("stdin is piped");
-                if let Some(stderr) = child.stderr.take() {
-                    let name = self.name().to_string();
-                    tokio::spawn(async move {
-                        let mut lines = tokio::io::BufReader::new(stderr).lines();
-                        while let Ok(Some(line)) = lines.next_line().await {
-                            tracing::info!(server = %name, "MCP server stderr: {line}");
-                        }
-                    });
-                }
-                // What the probe reads past stays in the buffer for rmcp.
-                let mut stdout = tokio::io::BufReader::new(stdout);
-                let mode = match start {
-                    Start::InitializeOnly => {
-                        handler.asks_in_rounds = false;
-                        ClientLifecycleMode::Initialize
-                    }
-                    Start::Discover => {
-                        let era = discover::probe(
-                            &mut stdout,
-                            &mut stdin,
-                            &handler.get_info(),
-                            ProtocolVersion::V_2026_07_28,
-                            discover::probe_wait(self.config.start_timeout),
-                        )
-                        .await;
-                        match era {
-                            Ok(Era::Discover) => ClientLifecycleMode::Discover {
-                                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-                            },
-                            Ok(Era::Initialize(code, message)) => {
-                                tracing::info!(
-                                    server = self.name(),
-                                    "MCP server answered server/discover with JSON-RPC error {code} ({message}): it predates 2026-07-28; initialize at 2025-11-25"
-                                );
-                                handler.asks_in_rounds = false;
-                                ClientLifecycleMode::Initialize
-                            }
-                            Ok(Era::Fresh(why)) => {
-                                stop_child(self.name(), spawned).await;
-                                return Err(HandshakeError::Again(why));
-                            }
-                            Err(e) => {
-                                stop_child(self.name(), spawned).await;
-                                return Err(HandshakeError::Other(format!(
-                                    "the MCP handshake failed: {e}"
-                                )));
-                            }
-                        }
-                    }
-                };
-                let transport = rmcp::transport::IntoTransport::<RoleClient, _, _>::into_transport(
-                    (stdout, stdin),
-                );
-                let service = match handler
-                    .serve_with_lifecycle(FreshIds::new(transport), mode)
-                    .await
-                {
-                    Ok(s) => s,
-                    Err(e) => {
-                        stop_child(self.name(), spawned).await;
-                        return Err(e.into());
-                    }
-                };
+                let (service, spawned) = self.open_stdio(start, handler, spawned).await?;
                 (service, Some(spawned))
             }
             Transport::Http {
@@ -496,62 +431,7 @@ impl McpServer {
                 headers,
                 oauth,
             } => {
-                use rmcp::transport::StreamableHttpClientTransport;
-                use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-                let mut map = HashMap::new();
-                for (name, secret) in headers {
-                    let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                        .map_err(|e| HandshakeError::Other(format!("header name `{name}`: {e}")))?;
-                    let mut value = reqwest::header::HeaderValue::from_str(secret.expose())
-                        .map_err(|_| {
-                            HandshakeError::Other(format!(
-                                "header `{name}`: the secret is not a valid header value"
-                            ))
-                        })?;
-                    value.set_sensitive(true);
-                    map.insert(name, value);
-                }
-                let config =
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map);
-                let mode = match start {
-                    Start::Discover => lifecycle(),
-                    Start::InitializeOnly => {
-                        handler.asks_in_rounds = false;
-                        ClientLifecycleMode::Initialize
-                    }
-                };
-                let login = || format!("run `vaultd mcp login {}`", self.name());
-                let (tokens, client) = oauth.as_ref();
-                *self.login_seen.lock().expect("login_seen lock") = tokens.stamp();
-                let service = if tokens.logged_in() {
-                    // The tokens of `vaultd mcp login`: sent, and refreshed as they expire.
-                    let manager = super::oauth::authorized(url, tokens.clone(), client, &self.http)
-                        .await
-                        .map_err(|e| {
-                            HandshakeError::Other(format!(
-                                "its OAuth tokens cannot be used ({e}): {}",
-                                login()
-                            ))
-                        })?;
-                    let transport = StreamableHttpClientTransport::with_client(
-                        rmcp::transport::auth::AuthClient::new(self.http.clone(), manager),
-                        config,
-                    );
-                    handler
-                        .serve_with_lifecycle(FreshIds::new(transport), mode)
-                        .await
-                } else {
-                    let transport =
-                        StreamableHttpClientTransport::with_client(self.http.clone(), config);
-                    handler
-                        .serve_with_lifecycle(FreshIds::new(transport), mode)
-                        .await
-                };
-                let service =
-                    service.map_err(|e| match super::oauth::refusal(self.name(), &e) {
-                        Some(why) => HandshakeError::Other(why),
-                        None => e.into(),
-                    })?;
+                let service = self.open_http(start, handler, url, headers, oauth).await?;
                 (service, None)
             }
         };
@@ -561,6 +441,147 @@ impl McpServer {
             return Err(HandshakeError::Other(e));
         }
         Ok(conn)
+    }
+
+    /// open's stdio stage: the session over the started server's stdin and stdout (its
+    /// stderr sent to the log); on a failed handshake the server is stopped.
+    async fn open_stdio(
+        self: &Arc<Self>,
+        start: Start,
+        mut handler: VaultdClient,
+        mut spawned: Spawned,
+    ) -> Result<(RunningService<RoleClient, VaultdClient>, Spawned), HandshakeError> {
+        let child = &mut spawned.child;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        if let Some(stderr) = child.stderr.take() {
+            let name = self.name().to_string();
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::info!(server = %name, "MCP server stderr: {line}");
+                }
+            });
+        }
+        // What the probe reads past stays in the buffer for rmcp.
+        let mut stdout = tokio::io::BufReader::new(stdout);
+        let mode = match start {
+            Start::InitializeOnly => {
+                handler.asks_in_rounds = false;
+                ClientLifecycleMode::Initialize
+            }
+            Start::Discover => {
+                let era = discover::probe(
+                    &mut stdout,
+                    &mut stdin,
+                    &handler.get_info(),
+                    ProtocolVersion::V_2026_07_28,
+                    discover::probe_wait(self.config.start_timeout),
+                )
+                .await;
+                match era {
+                    Ok(Era::Discover) => ClientLifecycleMode::Discover {
+                        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                    },
+                    Ok(Era::Initialize(code, message)) => {
+                        tracing::info!(
+                            server = self.name(),
+                            "MCP server answered server/discover with JSON-RPC error {code} ({message}): it predates 2026-07-28; initialize at 2025-11-25"
+                        );
+                        handler.asks_in_rounds = false;
+                        ClientLifecycleMode::Initialize
+                    }
+                    Ok(Era::Fresh(why)) => {
+                        stop_child(self.name(), spawned).await;
+                        return Err(HandshakeError::Again(why));
+                    }
+                    Err(e) => {
+                        stop_child(self.name(), spawned).await;
+                        return Err(HandshakeError::Other(format!(
+                            "the MCP handshake failed: {e}"
+                        )));
+                    }
+                }
+            }
+        };
+        let transport =
+            rmcp::transport::IntoTransport::<RoleClient, _, _>::into_transport((stdout, stdin));
+        let service = match handler
+            .serve_with_lifecycle(FreshIds::new(transport), mode)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                stop_child(self.name(), spawned).await;
+                return Err(e.into());
+            }
+        };
+        Ok((service, spawned))
+    }
+
+    /// open's HTTP stage: the session over streamable HTTP, with the configured headers and
+    /// the tokens of `vaultd mcp login` when there are any.
+    async fn open_http(
+        self: &Arc<Self>,
+        start: Start,
+        mut handler: VaultdClient,
+        url: &str,
+        headers: &[(String, crate::secret::Secret)],
+        oauth: &(super::oauth::TokenFile, super::oauth::OAuthClient),
+    ) -> Result<RunningService<RoleClient, VaultdClient>, HandshakeError> {
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let mut map = HashMap::new();
+        for (name, secret) in headers {
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| HandshakeError::Other(format!("header name `{name}`: {e}")))?;
+            let mut value =
+                reqwest::header::HeaderValue::from_str(secret.expose()).map_err(|_| {
+                    HandshakeError::Other(format!(
+                        "header `{name}`: the secret is not a valid header value"
+                    ))
+                })?;
+            value.set_sensitive(true);
+            map.insert(name, value);
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(map);
+        let mode = match start {
+            Start::Discover => lifecycle(),
+            Start::InitializeOnly => {
+                handler.asks_in_rounds = false;
+                ClientLifecycleMode::Initialize
+            }
+        };
+        let login = || format!("run `vaultd mcp login {}`", self.name());
+        let (tokens, client) = oauth;
+        *self.login_seen.lock().expect("login_seen lock") = tokens.stamp();
+        let service = if tokens.logged_in() {
+            // The tokens of `vaultd mcp login`: sent, and refreshed as they expire.
+            let manager = super::oauth::authorized(url, tokens.clone(), client, &self.http)
+                .await
+                .map_err(|e| {
+                    HandshakeError::Other(format!(
+                        "its OAuth tokens cannot be used ({e}): {}",
+                        login()
+                    ))
+                })?;
+            let transport = StreamableHttpClientTransport::with_client(
+                rmcp::transport::auth::AuthClient::new(self.http.clone(), manager),
+                config,
+            );
+            handler
+                .serve_with_lifecycle(FreshIds::new(transport), mode)
+                .await
+        } else {
+            let transport = StreamableHttpClientTransport::with_client(self.http.clone(), config);
+            handler
+                .serve_with_lifecycle(FreshIds::new(transport), mode)
+                .await
+        };
+        service.map_err(|e| match super::oauth::refusal(self.name(), &e) {
+            Some(why) => HandshakeError::Other(why),
+            None => e.into(),
+        })
     }
 
     /// Lists every tool (all pages), records the allowed ones in the catalog and their pins.
