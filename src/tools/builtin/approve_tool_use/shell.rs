@@ -207,64 +207,8 @@ impl Parser {
                         self.i += 1;
                     }
                 },
-                '\'' => {
-                    cur.in_word = true;
-                    self.i += 1;
-                    loop {
-                        match self.at(self.i) {
-                            None => {
-                                self.confident = false;
-                                break;
-                            }
-                            Some('\'') => {
-                                self.i += 1;
-                                break;
-                            }
-                            Some(c) => {
-                                cur.push(c);
-                                self.i += 1;
-                            }
-                        }
-                    }
-                }
-                '"' => {
-                    cur.in_word = true;
-                    self.i += 1;
-                    loop {
-                        let Some(c) = self.at(self.i) else {
-                            self.confident = false;
-                            break;
-                        };
-                        let next = self.at(self.i + 1);
-                        match c {
-                            '"' => {
-                                self.i += 1;
-                                break;
-                            }
-                            '\\' if matches!(next, Some('$' | '`' | '"' | '\\' | '\n')) => {
-                                if next != Some('\n') {
-                                    cur.push(next.unwrap_or_default());
-                                }
-                                self.i += 2;
-                            }
-                            '$' if next == Some('(') => {
-                                cur.risky = true;
-                                cur.push('$');
-                                self.i += 2;
-                                self.list(true);
-                            }
-                            '`' => {
-                                cur.risky = true;
-                                cur.push('$');
-                                self.backticks();
-                            }
-                            c => {
-                                cur.push(c);
-                                self.i += 1;
-                            }
-                        }
-                    }
-                }
+                '\'' => self.single_quoted(&mut cur),
+                '"' => self.double_quoted(&mut cur),
                 c => {
                     cur.push(c);
                     self.i += 1;
@@ -275,6 +219,69 @@ impl Parser {
             self.confident = false;
         }
         self.finish(&mut cur);
+    }
+
+    /// At `'`: the quoted text, as written, up to the closing `'`.
+    fn single_quoted(&mut self, cur: &mut Current) {
+        cur.in_word = true;
+        self.i += 1;
+        loop {
+            match self.at(self.i) {
+                None => {
+                    self.confident = false;
+                    break;
+                }
+                Some('\'') => {
+                    self.i += 1;
+                    break;
+                }
+                Some(c) => {
+                    cur.push(c);
+                    self.i += 1;
+                }
+            }
+        }
+    }
+
+    /// At `"`: the quoted text up to the closing `"`, its escapes read and its
+    /// substitutions split on their own.
+    fn double_quoted(&mut self, cur: &mut Current) {
+        cur.in_word = true;
+        self.i += 1;
+        loop {
+            let Some(c) = self.at(self.i) else {
+                self.confident = false;
+                break;
+            };
+            let next = self.at(self.i + 1);
+            match c {
+                '"' => {
+                    self.i += 1;
+                    break;
+                }
+                '\\' if matches!(next, Some('$' | '`' | '"' | '\\' | '\n')) => {
+                    if next != Some('\n') {
+                        cur.push(next.unwrap_or_default());
+                    }
+                    self.i += 2;
+                }
+                '$' if next == Some('(') => {
+                    cur.risky = true;
+                    cur.push('$');
+                    self.i += 2;
+                    self.list(true);
+                }
+                '`' => {
+                    cur.risky = true;
+                    cur.push('$');
+                    self.backticks();
+                }
+                c => {
+                    cur.push(c);
+                    self.i += 1;
+                }
+            }
+        }
     }
 
     /// At `>` or `<`: a redirection, a here-document or a process substitution.
