@@ -217,7 +217,6 @@ impl Gateway {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let inner = &self.inner;
         let tool = request.name.to_string();
         // Written into a note as a heading and inside the call: a name with anything but
         // these characters could end the heading or the block and add calls of its own.
@@ -252,88 +251,10 @@ impl Gateway {
             .cloned();
         let (name, body) = match waiting {
             Some(name) => (name, None),
-            None => {
-                if crate::daemon::running_daemon(inner.vault.root()).is_none() {
-                    return failure(
-                        "NO_DAEMON",
-                        &format!(
-                            "no vaultd runs on the vault {}: start `vaultd run --vault {}` (or its systemd unit), or restart `vaultd mcp serve`, which runs one when none does",
-                            inner.vault.root().display(),
-                            inner.vault.root().display()
-                        ),
-                    );
-                }
-                let n = client.calls.load(Ordering::Relaxed) + 1;
-                if n > inner.limits.session_budget {
-                    return failure(
-                        "QUOTA_EXCEEDED",
-                        &format!(
-                            "this session has made its {} calls (note_budget): start a new session",
-                            inner.limits.session_budget
-                        ),
-                    );
-                }
-                let body = format!(
-                    "# {tool}\n\nA call made through `vaultd mcp serve`, session [[{}]].\n\n```json\n{call_json}\n```\n",
-                    session.stem
-                );
-                if body.len() as u64 > inner.limits.max_note_bytes {
-                    return failure(
-                        "INVALID_PARAMS",
-                        &format!(
-                            "the call is {} bytes as a note, more than max_note_bytes ({}): send less, or raise max_note_bytes",
-                            body.len(),
-                            inner.limits.max_note_bytes
-                        ),
-                    );
-                }
-                // A name some note already has (a copy synced in, a session of another
-                // gateway that drew the same stem) gets a suffix: a call never shares a note.
-                let mut sent = None;
-                for k in 0..100 {
-                    let name = match k {
-                        0 => format!("{} call {n}.md", session.stem),
-                        k => format!("{} call {n}-{k}.md", session.stem),
-                    };
-                    match courier::send(&inner.vault, &name, &body) {
-                        Ok(_) => {
-                            sent = Some(Ok(name));
-                            break;
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                        Err(e) => {
-                            sent = Some(Err(e));
-                            break;
-                        }
-                    }
-                }
-                let name = match sent {
-                    Some(Ok(name)) => {
-                        // Counted once it is sent (a refused call is no call); recorded as in
-                        // flight until answered with its outcome.
-                        client.calls.fetch_add(1, Ordering::Relaxed);
-                        client
-                            .held
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(key.clone(), name.clone());
-                        name
-                    }
-                    Some(Err(e)) => {
-                        return failure(
-                            "EXECUTION_ERROR",
-                            &format!("cannot write the call note into Needs_Action/: {e}"),
-                        );
-                    }
-                    None => {
-                        return failure(
-                            "EXECUTION_ERROR",
-                            "cannot find a free name for the call note in 100 tries",
-                        );
-                    }
-                };
-                (name, Some(body))
-            }
+            None => match self.send_call_note(&client, &tool, &key, &call_json) {
+                Ok((name, body)) => (name, Some(body)),
+                Err(refused) => return refused,
+            },
         };
         drop(sending);
         let (result, outcome_line, added) = tokio::select! {
@@ -354,6 +275,81 @@ impl Gateway {
             tracing::warn!(note = %session.path().display(), "cannot append to the session note: {e}");
         }
         result
+    }
+
+    /// call's sending stage: a new call checked (a daemon runs, the session's budget, the
+    /// note's size) and written into Needs_Action/ as a call note of its own: the note's name
+    /// and text, or the failure that answers the call.
+    fn send_call_note(
+        &self,
+        client: &Client,
+        tool: &str,
+        key: &str,
+        call_json: &str,
+    ) -> Result<(String, String), CallToolResult> {
+        let inner = &self.inner;
+        let session = &client.note;
+        if crate::daemon::running_daemon(inner.vault.root()).is_none() {
+            return Err(failure(
+                "NO_DAEMON",
+                &format!(
+                    "no vaultd runs on the vault {}: start `vaultd run --vault {}` (or its systemd unit), or restart `vaultd mcp serve`, which runs one when none does",
+                    inner.vault.root().display(),
+                    inner.vault.root().display()
+                ),
+            ));
+        }
+        let n = client.calls.load(Ordering::Relaxed) + 1;
+        if n > inner.limits.session_budget {
+            return Err(failure(
+                "QUOTA_EXCEEDED",
+                &format!(
+                    "this session has made its {} calls (note_budget): start a new session",
+                    inner.limits.session_budget
+                ),
+            ));
+        }
+        let body = format!(
+            "# {tool}\n\nA call made through `vaultd mcp serve`, session [[{}]].\n\n```json\n{call_json}\n```\n",
+            session.stem
+        );
+        if body.len() as u64 > inner.limits.max_note_bytes {
+            return Err(failure(
+                "INVALID_PARAMS",
+                &format!(
+                    "the call is {} bytes as a note, more than max_note_bytes ({}): send less, or raise max_note_bytes",
+                    body.len(),
+                    inner.limits.max_note_bytes
+                ),
+            ));
+        }
+        let sent = send_under_free_name(&inner.vault, &session.stem, n, &body);
+        let name = match sent {
+            Some(Ok(name)) => {
+                // Counted once it is sent (a refused call is no call); recorded as in
+                // flight until answered with its outcome.
+                client.calls.fetch_add(1, Ordering::Relaxed);
+                client
+                    .held
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.to_string(), name.clone());
+                name
+            }
+            Some(Err(e)) => {
+                return Err(failure(
+                    "EXECUTION_ERROR",
+                    &format!("cannot write the call note into Needs_Action/: {e}"),
+                ));
+            }
+            None => {
+                return Err(failure(
+                    "EXECUTION_ERROR",
+                    "cannot find a free name for the call note in 100 tries",
+                ));
+            }
+        };
+        Ok((name, body))
     }
 
     /// Waits for the call note `name` and answers with its outcome; a held note is waited for
@@ -484,6 +480,37 @@ impl Gateway {
             }
         }
     }
+}
+
+/// call's naming stage: the call note written as `<stem> call <n>.md`, with a suffix when
+/// a note already has that name; None when 100 names are taken.
+fn send_under_free_name(
+    vault: &Vault,
+    stem: &str,
+    n: u64,
+    body: &str,
+) -> Option<std::io::Result<String>> {
+    // A name some note already has (a copy synced in, a session of another
+    // gateway that drew the same stem) gets a suffix: a call never shares a note.
+    let mut sent = None;
+    for k in 0..100 {
+        let name = match k {
+            0 => format!("{} call {n}.md", stem),
+            k => format!("{} call {n}-{k}.md", stem),
+        };
+        match courier::send(vault, &name, body) {
+            Ok(_) => {
+                sent = Some(Ok(name));
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                sent = Some(Err(e));
+                break;
+            }
+        }
+    }
+    sent
 }
 
 /// What the daemon appended below the call block of a processed call note.
