@@ -364,50 +364,10 @@ impl Gateway {
         let inner = &self.inner;
         let mut place = inner.arrivals.wait(&inner.vault, name, None).await;
         if let Whereabouts::Held(held) = place.clone() {
-            let shown = held
-                .strip_prefix(inner.vault.root())
-                .unwrap_or(&held)
-                .display()
-                .to_string();
-            let until = tokio::time::Instant::now() + inner.config.approval_wait;
-            let token = context.meta.get_progress_token();
-            let wait = inner.arrivals.wait(&inner.vault, name, Some(until));
-            tokio::pin!(wait);
-            let mut tick = tokio::time::interval(PROGRESS_EVERY);
-            let mut step = 0.0;
-            place = loop {
-                tokio::select! {
-                    p = &mut wait => break p,
-                    _ = tick.tick() => {
-                        if let Some(token) = &token {
-                            step += 1.0;
-                            let note = ProgressNotificationParam::new(token.clone(), step)
-                                .with_message(format!("held: waiting for a person to approve {shown}"));
-                            let _ = context.peer.notify_progress(note).await;
-                        }
-                    }
-                }
+            place = match self.wait_while_held(client, name, key, context, held).await {
+                Ok(place) => place,
+                Err(held_answer) => return held_answer,
             };
-            if let Whereabouts::Held(_) = place {
-                client
-                    .held
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key.to_string(), name.to_string());
-                let message = format!(
-                    "the call is held for a person's approval in {shown} (waited {}). Approve it (move it to {}/, or `vaultd approve \"{name}\"`) or reject it, then call again with the same arguments: the gateway then answers from that note, and the call is not sent twice",
-                    humantime::format_duration(inner.config.approval_wait),
-                    inner.vault.folder_name(crate::vault::State::Approved),
-                );
-                let added = std::fs::read_to_string(&held)
-                    .map(|t| added_after_call(&t))
-                    .unwrap_or_default();
-                return (
-                    failure("HELD", &message),
-                    format!("held for approval in {shown}"),
-                    added,
-                );
-            }
         }
         // Answered with its outcome (or gone): the same call again is a new call. A note that
         // waits for a daemon stays recorded: asking again waits for it, it runs once.
@@ -479,6 +439,65 @@ impl Gateway {
                 )
             }
         }
+    }
+
+    /// follow's held stage: a held call note waited for up to `approval_wait`, with a
+    /// progress notification every few seconds; where it went, or the answer that it is
+    /// still held.
+    async fn wait_while_held(
+        &self,
+        client: &Client,
+        name: &str,
+        key: &str,
+        context: &RequestContext<RoleServer>,
+        held: std::path::PathBuf,
+    ) -> Result<Whereabouts, (CallToolResult, String, String)> {
+        let inner = &self.inner;
+        let shown = held
+            .strip_prefix(inner.vault.root())
+            .unwrap_or(&held)
+            .display()
+            .to_string();
+        let until = tokio::time::Instant::now() + inner.config.approval_wait;
+        let token = context.meta.get_progress_token();
+        let wait = inner.arrivals.wait(&inner.vault, name, Some(until));
+        tokio::pin!(wait);
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        let mut step = 0.0;
+        let place = loop {
+            tokio::select! {
+                p = &mut wait => break p,
+                _ = tick.tick() => {
+                    if let Some(token) = &token {
+                        step += 1.0;
+                        let note = ProgressNotificationParam::new(token.clone(), step)
+                            .with_message(format!("held: waiting for a person to approve {shown}"));
+                        let _ = context.peer.notify_progress(note).await;
+                    }
+                }
+            }
+        };
+        if let Whereabouts::Held(_) = place {
+            client
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.to_string(), name.to_string());
+            let message = format!(
+                "the call is held for a person's approval in {shown} (waited {}). Approve it (move it to {}/, or `vaultd approve \"{name}\"`) or reject it, then call again with the same arguments: the gateway then answers from that note, and the call is not sent twice",
+                humantime::format_duration(inner.config.approval_wait),
+                inner.vault.folder_name(crate::vault::State::Approved),
+            );
+            let added = std::fs::read_to_string(&held)
+                .map(|t| added_after_call(&t))
+                .unwrap_or_default();
+            return Err((
+                failure("HELD", &message),
+                format!("held for approval in {shown}"),
+                added,
+            ));
+        }
+        Ok(place)
     }
 }
 
