@@ -70,13 +70,46 @@ impl Daemon {
         at_start: bool,
     ) -> Result<(), DaemonError> {
         let rel = self.vault.relative(path);
+        let Some(text) = self
+            .read_or_restore(path, &rel, open.as_ref(), at_start)
+            .await?
+        else {
+            return Ok(());
+        };
+        let carried = note::frontmatter_property(&text, "tool_note")
+            .filter(|id| valid_note_id(id))
+            .map(str::to_string);
+        let note_id = carried
+            .clone()
+            .or_else(|| open.as_ref().and_then(|r| r.note_id.clone()))
+            .unwrap_or_else(new_note_id);
+        if !self.activate(&note_id) {
+            // Its own task runs it right now.
+            return Ok(());
+        }
+        let outcome = self
+            .recover_run(path, &rel, &note_id, carried.as_deref(), open)
+            .await;
+        self.deactivate(&note_id);
+        outcome
+    }
+
+    /// recover_note's reading stage: the note's text; at start, a note a crash damaged is put
+    /// back as it was claimed, from the journal. None when it cannot be put back yet.
+    async fn read_or_restore(
+        self: &Arc<Self>,
+        path: &Path,
+        rel: &str,
+        open: Option<&crate::journal::OpenRun>,
+        at_start: bool,
+    ) -> Result<Option<String>, DaemonError> {
         let read = crate::vault::read_regular_text(path);
         let is_damaged = match &read {
             Ok(text) => damaged(text),
             Err(e) => e.kind() == std::io::ErrorKind::InvalidData, // not UTF-8
         };
         let mut text = read.unwrap_or_default();
-        let claimed = match open.as_ref().and_then(|r| r.claimed_text.clone()) {
+        let claimed = match open.and_then(|r| r.claimed_text.clone()) {
             Some(text) => Some(text),
             // The run may have ended before the crash undid its note's last rename and move
             // (they were the flusher's): its text is found by the note's name.
@@ -109,82 +142,80 @@ impl Daemon {
                 }
                 Err(e) => {
                     tracing::error!(note = %rel, "the note was damaged by a crash and cannot be put back yet: {e}");
-                    return Ok(());
+                    return Ok(None);
                 }
             }
         }
-        let carried = note::frontmatter_property(&text, "tool_note")
-            .filter(|id| valid_note_id(id))
-            .map(str::to_string);
-        let note_id = carried
-            .clone()
-            .or_else(|| open.as_ref().and_then(|r| r.note_id.clone()))
-            .unwrap_or_else(new_note_id);
-        if !self.activate(&note_id) {
-            // Its own task runs it right now.
+        Ok(Some(text))
+    }
+
+    /// recover_note's run stage: the open run continued (or a new one begun), the note's
+    /// prior calls found, its identity written when it carries none, and the run executed.
+    async fn recover_run(
+        self: &Arc<Self>,
+        path: &Path,
+        rel: &str,
+        note_id: &str,
+        carried: Option<&str>,
+        open: Option<crate::journal::OpenRun>,
+    ) -> Result<(), DaemonError> {
+        let (prior, stale) = self.prior_for(note_id).await?;
+        let (run, known, this_run) = match open {
+            Some(r) => {
+                if r.note_id.is_none() {
+                    // A run from a version 1 journal: keyed by note id from now on.
+                    let id = note_id.to_string();
+                    self.blocking(move |j| j.adopt_run(r.run_id, &id)).await?;
+                }
+                tracing::info!(note = %rel, "recovering an interrupted run");
+                let this_run = r.calls.iter().map(|c| c.call_id.clone()).collect();
+                (r.run_id, true, this_run)
+            }
+            None => {
+                let known = !prior.is_empty();
+                if !known {
+                    tracing::warn!(note = %rel, "note in In_Progress unknown to the journal: treating it as interrupted");
+                }
+                let (note, id) = (rel.to_string(), note_id.to_string());
+                let run = self
+                    .blocking(move |j| j.begin_note_run(&note, Some(&id), None, None))
+                    .await?;
+                (run, known, HashSet::new())
+            }
+        };
+        // Runs recorded by a version 1 journal have their calls under the run only.
+        let mut prior = prior;
+        if prior.is_empty() {
+            let note = rel.to_string();
+            if let Some(r) = self.blocking(move |j| j.run_for_note(&note)).await? {
+                prior = by_call_id(r.calls);
+            }
+        }
+        if carried.is_none()
+            && matches!(
+                self.write_identity(run, path, note_id, Stamp::Durable)
+                    .await?,
+                IdentityWrite::Gone
+            )
+        {
             return Ok(());
         }
-        let outcome = async {
-            let (prior, stale) = self.prior_for(&note_id).await?;
-            let (run, known, this_run) = match open {
-                Some(r) => {
-                    if r.note_id.is_none() {
-                        // A run from a version 1 journal: keyed by note id from now on.
-                        let id = note_id.clone();
-                        self.blocking(move |j| j.adopt_run(r.run_id, &id)).await?;
-                    }
-                    tracing::info!(note = %rel, "recovering an interrupted run");
-                    let this_run = r.calls.iter().map(|c| c.call_id.clone()).collect();
-                    (r.run_id, true, this_run)
-                }
-                None => {
-                    let known = !prior.is_empty();
-                    if !known {
-                        tracing::warn!(note = %rel, "note in In_Progress unknown to the journal: treating it as interrupted");
-                    }
-                    let (note, id) = (rel.clone(), note_id.clone());
-                    let run = self
-                        .blocking(move |j| j.begin_note_run(&note, Some(&id), None, None))
-                        .await?;
-                    (run, known, HashSet::new())
-                }
-            };
-            // Runs recorded by a version 1 journal have their calls under the run only.
-            let mut prior = prior;
-            if prior.is_empty() {
-                let note = rel.clone();
-                if let Some(r) = self.blocking(move |j| j.run_for_note(&note)).await? {
-                    prior = by_call_id(r.calls);
-                }
-            }
-            if carried.is_none()
-                && matches!(
-                    self.write_identity(run, path, &note_id, Stamp::Durable).await?,
-                    IdentityWrite::Gone
-                )
-            {
-                return Ok(());
-            }
-            let ident = Identity {
-                note_id: note_id.clone(),
-                prior,
-                this_run,
-                stale,
-                wait_for: None,
-            };
-            let run = NoteRun {
-                run,
-                path: path.to_path_buf(),
-                pass: Pass::Recover { known },
-                ident,
-                live: self.live(),
-                text_kept: false,
-            };
-            self.execute(run, None).await
-        }
-        .await;
-        self.deactivate(&note_id);
-        outcome
+        let ident = Identity {
+            note_id: note_id.to_string(),
+            prior,
+            this_run,
+            stale,
+            wait_for: None,
+        };
+        let run = NoteRun {
+            run,
+            path: path.to_path_buf(),
+            pass: Pass::Recover { known },
+            ident,
+            live: self.live(),
+            text_kept: false,
+        };
+        self.execute(run, None).await
     }
 
     /// `path`'s vault-relative name in each state folder: where the journal may know it.
