@@ -328,22 +328,7 @@ fn import_file(g: &GlobalArgs, args: ImportArgs) -> Result<i32> {
     let source = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let (format, found) = import::read_servers(&args.file, &source)?;
-    for wanted in &args.only {
-        if !found.iter().any(|f| {
-            &f.original_name == wanted || f.outcome.as_ref().is_ok_and(|i| &i.server.name == wanted)
-        }) {
-            let names: Vec<&str> = found.iter().map(|f| f.original_name.as_str()).collect();
-            bail!(
-                "--only {wanted}: {} has no server of that name (it has: {}); nothing written",
-                args.file.display(),
-                if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                }
-            );
-        }
-    }
+    check_only(&args, &found)?;
     let target = target(g)?;
     let configured = edit::configured_servers(&target.text)
         .with_context(|| format!("{}", target.path.display()))?;
@@ -426,6 +411,36 @@ fn import_file(g: &GlobalArgs, args: ImportArgs) -> Result<i32> {
             target.path.display()
         )?;
     }
+    print_credentials(&mut out, to_set)?;
+    let names: Vec<&str> = added.iter().map(|s| s.name.as_str()).collect();
+    next_steps(&mut out, &names, &[])?;
+    Ok(0)
+}
+
+/// import_file's `--only` stage: each name given is a server of the file.
+fn check_only(args: &ImportArgs, found: &[import::Found]) -> Result<()> {
+    for wanted in &args.only {
+        if !found.iter().any(|f| {
+            &f.original_name == wanted || f.outcome.as_ref().is_ok_and(|i| &i.server.name == wanted)
+        }) {
+            let names: Vec<&str> = found.iter().map(|f| f.original_name.as_str()).collect();
+            bail!(
+                "--only {wanted}: {} has no server of that name (it has: {}); nothing written",
+                args.file.display(),
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// import_file's credentials stage: the variables vaultd's environment must hold, sorted,
+/// each once.
+fn print_credentials(out: &mut impl Write, mut to_set: Vec<ToSet>) -> Result<()> {
     if !to_set.is_empty() {
         to_set.sort_by(|a, b| a.variable.cmp(&b.variable));
         to_set.dedup_by(|a, b| a.variable == b.variable);
@@ -443,9 +458,7 @@ fn import_file(g: &GlobalArgs, args: ImportArgs) -> Result<i32> {
             )?;
         }
     }
-    let names: Vec<&str> = added.iter().map(|s| s.name.as_str()).collect();
-    next_steps(&mut out, &names, &[])?;
-    Ok(0)
+    Ok(())
 }
 
 /// Every configured MCP tool that `vaultd tools` leaves out, and why (`vaultd tools --all`):
