@@ -95,6 +95,16 @@ impl From<ClientInitializeError> for HandshakeError {
     }
 }
 
+/// How a session of [`McpServer::serve_session`] ended.
+enum SessionEnd {
+    /// A new OAuth login: connect again at once.
+    Renewed,
+    /// vaultd is stopping.
+    Stopped,
+    /// The server exited: restart it after the backoff.
+    Exited,
+}
+
 /// The connection as calls see it.
 #[derive(Clone, Default)]
 struct Link {
@@ -255,87 +265,23 @@ impl McpServer {
                     ))
                 });
             match connected {
-                Ok(conn) => {
-                    let Connection { service, child } = conn;
-                    let up = service.peer().clone();
-                    self.link.send_modify(|l| {
-                        l.peer = Some(up);
-                        l.generation += 1;
-                        l.attempts += 1;
-                        l.error = None;
-                    });
-                    // One short line (rmcp's own INFO line dumps the whole ServerPeerInfo;
-                    // the default log filter keeps rmcp at warn).
-                    let about = service
-                        .peer()
-                        .peer_info()
-                        .map(|i| {
-                            let who = i.server_info.as_ref().map_or_else(
-                                || "unnamed server".to_string(),
-                                |s| format!("{} {}", s.name, s.version),
-                            );
-                            format!(": {who}, MCP protocol {}", i.protocol_version)
-                        })
-                        .unwrap_or_default();
-                    tracing::info!(server = self.name(), "MCP server is up{about}");
-                    self.record_live(LiveEvent::Up {
-                        about: about.trim_start_matches(": ").to_string(),
-                    });
-                    let ct = service.cancellation_token();
-                    let session = service.waiting();
-                    tokio::pin!(session);
-                    let (stopped, renewed) = tokio::select! {
-                        _ = stop.wait_for(|s| *s) => (true, false),
-                        _ = &mut session => (false, false),
-                        () = self.renew.notified() => (false, true),
-                    };
-                    if renewed {
-                        tracing::info!(
+                Ok(conn) => match self.serve_session(conn, &mut stop).await {
+                    SessionEnd::Renewed => continue,
+                    SessionEnd::Stopped => break,
+                    SessionEnd::Exited => {
+                        tracing::warn!(
                             server = self.name(),
-                            "a new OAuth login since the session began: connecting again with its tokens"
+                            "MCP server exited; restarting in {}",
+                            humantime::format_duration(backoff)
                         );
-                        self.link.send_modify(|l| {
-                            l.peer = None;
-                            l.error = Some("connecting again with a new login".into());
+                        self.record_live(LiveEvent::Down {
+                            error: "the server exited".into(),
                         });
-                        ct.cancel();
-                        let _ = tokio::time::timeout(EXIT_ON_EOF, &mut session).await;
-                        if let Some(child) = child {
-                            stop_child(self.name(), child).await;
+                        if started.elapsed() >= HEALTHY_AFTER {
+                            backoff = BACKOFF_MIN;
                         }
-                        continue;
                     }
-                    self.link.send_modify(|l| {
-                        l.peer = None;
-                        l.error = Some(if stopped {
-                            "vaultd is stopping".into()
-                        } else {
-                            "the server exited; restarting".into()
-                        });
-                    });
-                    if stopped {
-                        // Closing the session closes the server's stdin.
-                        ct.cancel();
-                        let _ = tokio::time::timeout(EXIT_ON_EOF, &mut session).await;
-                    }
-                    if let Some(child) = child {
-                        stop_child(self.name(), child).await;
-                    }
-                    if stopped {
-                        break;
-                    }
-                    tracing::warn!(
-                        server = self.name(),
-                        "MCP server exited; restarting in {}",
-                        humantime::format_duration(backoff)
-                    );
-                    self.record_live(LiveEvent::Down {
-                        error: "the server exited".into(),
-                    });
-                    if started.elapsed() >= HEALTHY_AFTER {
-                        backoff = BACKOFF_MIN;
-                    }
-                }
+                },
                 Err(e) => {
                     tracing::error!(
                         server = self.name(),
@@ -358,6 +304,85 @@ impl McpServer {
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
         self.record_live(LiveEvent::Stopped);
+    }
+
+    /// supervise's session stage: the server marked up, its session served until it ends,
+    /// vaultd stops or a new login asks for a new session; then the server stopped.
+    async fn serve_session(
+        &self,
+        conn: Connection,
+        stop: &mut watch::Receiver<bool>,
+    ) -> SessionEnd {
+        let Connection { service, child } = conn;
+        let up = service.peer().clone();
+        self.link.send_modify(|l| {
+            l.peer = Some(up);
+            l.generation += 1;
+            l.attempts += 1;
+            l.error = None;
+        });
+        // One short line (rmcp's own INFO line dumps the whole ServerPeerInfo;
+        // the default log filter keeps rmcp at warn).
+        let about = service
+            .peer()
+            .peer_info()
+            .map(|i| {
+                let who = i.server_info.as_ref().map_or_else(
+                    || "unnamed server".to_string(),
+                    |s| format!("{} {}", s.name, s.version),
+                );
+                format!(": {who}, MCP protocol {}", i.protocol_version)
+            })
+            .unwrap_or_default();
+        tracing::info!(server = self.name(), "MCP server is up{about}");
+        self.record_live(LiveEvent::Up {
+            about: about.trim_start_matches(": ").to_string(),
+        });
+        let ct = service.cancellation_token();
+        let session = service.waiting();
+        tokio::pin!(session);
+        let (stopped, renewed) = tokio::select! {
+            _ = stop.wait_for(|s| *s) => (true, false),
+            _ = &mut session => (false, false),
+            () = self.renew.notified() => (false, true),
+        };
+        if renewed {
+            tracing::info!(
+                server = self.name(),
+                "a new OAuth login since the session began: connecting again with its tokens"
+            );
+            self.link.send_modify(|l| {
+                l.peer = None;
+                l.error = Some("connecting again with a new login".into());
+            });
+            ct.cancel();
+            let _ = tokio::time::timeout(EXIT_ON_EOF, &mut session).await;
+            if let Some(child) = child {
+                stop_child(self.name(), child).await;
+            }
+            return SessionEnd::Renewed;
+        }
+        self.link.send_modify(|l| {
+            l.peer = None;
+            l.error = Some(if stopped {
+                "vaultd is stopping".into()
+            } else {
+                "the server exited; restarting".into()
+            });
+        });
+        if stopped {
+            // Closing the session closes the server's stdin.
+            ct.cancel();
+            let _ = tokio::time::timeout(EXIT_ON_EOF, &mut session).await;
+        }
+        if let Some(child) = child {
+            stop_child(self.name(), child).await;
+        }
+        if stopped {
+            SessionEnd::Stopped
+        } else {
+            SessionEnd::Exited
+        }
     }
 
     /// Tells the journal, for `vaultd status`; a journal that cannot take it is logged by
