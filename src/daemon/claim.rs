@@ -466,81 +466,107 @@ impl Daemon {
         if let Some(id) =
             note::frontmatter_property(text, "tool_note").filter(|id| valid_note_id(id))
         {
-            let id = id.to_string();
-            // What the journal holds for the id first, then where its note is: the note's
-            // "written and moved" record may commit between the two reads (a copy waiting
-            // for the note it copies re-reads just as that note's run ends). Read in the
-            // other order, a copy could see the calls written but the note still at its
-            // In_Progress path, gone from there: it would take itself for that note, whose
-            // written results it lacks, which means "run again" (§2): a send sent twice.
-            // In this order a record seen by the first read is seen by the second.
-            let (mut prior, mut stale) = self.prior_for(&id).await?;
-            let q = id.clone();
-            let mut last = self.read_journal(|j| j.note_path(&q))?;
-            let holds_id = |p: &String| {
-                let t = crate::vault::read_regular_text(&self.vault.root().join(p)).ok()?;
-                (note::frontmatter_property(&t, "tool_note") == Some(&id)).then_some(t)
-            };
-            // Where the journal last saw the note, it is gone: its last records (a run's
-            // "written and moved" is not waited for) may not have committed yet. Once every
-            // write made so far is in, both are read again; a note a person moved stays
-            // unknown to the journal all the same.
-            if last
-                .as_ref()
-                .is_some_and(|p| *p != rel && holds_id(p).is_none())
-            {
-                self.blocking(|j| j.flush()).await?;
-                (prior, stale) = self.prior_for(&id).await?;
-                let q = id.clone();
-                last = self.read_journal(|j| j.note_path(&q))?;
-            }
-            let original = last
-                .filter(|p| *p != rel)
-                .and_then(|p| holds_id(&p).map(|t| (p, t)));
-            let Some((original, original_text)) = original else {
-                return Ok(Identity {
-                    note_id: id,
-                    prior,
-                    stale,
-                    ..Identity::default()
-                });
-            };
-            tracing::info!(note = %rel, copy_of = %id, "a copy of another note: it gets its own tool_note");
-            let mut ident = Identity {
-                note_id: new_note_id(),
-                ..Identity::default()
-            };
-            // §9.10: the calls the carried id started get their recorded outcome (or
-            // UNKNOWN_OUTCOME), as that note would: the copy is that note for them.
-            let still_running = self.is_active(&id);
-            if !still_running && shares_unstarted_pending(parsed, &original_text, &prior) {
-                // §9.10: those calls belong to that note; it has not run them yet (it waits
-                // to be claimed, recovered or approved). Run here now, they would run twice.
-                return Ok(Identity {
-                    note_id: id.clone(),
-                    wait_for: Some(id),
-                    ..Identity::default()
-                });
-            }
-            if shares_started_call(parsed, &prior) || still_running {
-                tracing::warn!(
-                    note = %rel,
-                    copy_of = %original,
-                    "a copy of {original} (same tool_note): its calls that already ran there are not run again"
-                );
-                ident.prior = prior;
-                ident.stale = Some(StaleCopy {
-                    of: Claim {
-                        note_id: id,
-                        claimed_at: SystemTime::now(),
-                        note: original,
-                        text_sha256: None,
-                    },
-                    within_grace: true,
-                });
-            }
-            return Ok(ident);
+            return self
+                .identify_by_tool_note(&rel, id.to_string(), parsed)
+                .await;
         }
+        self.identify_without_tool_note(path, rel, text, parsed)
+            .await
+    }
+
+    /// identify's stage for a note that carries a `tool_note`: that id, unless another note
+    /// in the vault carries it too (a copy gets a new id, and may wait for that note).
+    async fn identify_by_tool_note(
+        &self,
+        rel: &str,
+        id: String,
+        parsed: &ParsedNote,
+    ) -> Result<Identity, DaemonError> {
+        // What the journal holds for the id first, then where its note is: the note's
+        // "written and moved" record may commit between the two reads (a copy waiting
+        // for the note it copies re-reads just as that note's run ends). Read in the
+        // other order, a copy could see the calls written but the note still at its
+        // In_Progress path, gone from there: it would take itself for that note, whose
+        // written results it lacks, which means "run again" (§2): a send sent twice.
+        // In this order a record seen by the first read is seen by the second.
+        let (mut prior, mut stale) = self.prior_for(&id).await?;
+        let q = id.clone();
+        let mut last = self.read_journal(|j| j.note_path(&q))?;
+        let holds_id = |p: &String| {
+            let t = crate::vault::read_regular_text(&self.vault.root().join(p)).ok()?;
+            (note::frontmatter_property(&t, "tool_note") == Some(&id)).then_some(t)
+        };
+        // Where the journal last saw the note, it is gone: its last records (a run's
+        // "written and moved" is not waited for) may not have committed yet. Once every
+        // write made so far is in, both are read again; a note a person moved stays
+        // unknown to the journal all the same.
+        if last
+            .as_ref()
+            .is_some_and(|p| *p != rel && holds_id(p).is_none())
+        {
+            self.blocking(|j| j.flush()).await?;
+            (prior, stale) = self.prior_for(&id).await?;
+            let q = id.clone();
+            last = self.read_journal(|j| j.note_path(&q))?;
+        }
+        let original = last
+            .filter(|p| *p != rel)
+            .and_then(|p| holds_id(&p).map(|t| (p, t)));
+        let Some((original, original_text)) = original else {
+            return Ok(Identity {
+                note_id: id,
+                prior,
+                stale,
+                ..Identity::default()
+            });
+        };
+        tracing::info!(note = %rel, copy_of = %id, "a copy of another note: it gets its own tool_note");
+        let mut ident = Identity {
+            note_id: new_note_id(),
+            ..Identity::default()
+        };
+        // §9.10: the calls the carried id started get their recorded outcome (or
+        // UNKNOWN_OUTCOME), as that note would: the copy is that note for them.
+        let still_running = self.is_active(&id);
+        if !still_running && shares_unstarted_pending(parsed, &original_text, &prior) {
+            // §9.10: those calls belong to that note; it has not run them yet (it waits
+            // to be claimed, recovered or approved). Run here now, they would run twice.
+            return Ok(Identity {
+                note_id: id.clone(),
+                wait_for: Some(id),
+                ..Identity::default()
+            });
+        }
+        if shares_started_call(parsed, &prior) || still_running {
+            tracing::warn!(
+                note = %rel,
+                copy_of = %original,
+                "a copy of {original} (same tool_note): its calls that already ran there are not run again"
+            );
+            ident.prior = prior;
+            ident.stale = Some(StaleCopy {
+                of: Claim {
+                    note_id: id,
+                    claimed_at: SystemTime::now(),
+                    note: original,
+                    text_sha256: None,
+                },
+                within_grace: true,
+            });
+        }
+        Ok(ident)
+    }
+
+    /// identify's stage for a note without a `tool_note`: a new id, and whether it is a
+    /// stale copy of a note claimed from its path or from the path a sync client's
+    /// duplicate name leads back to.
+    async fn identify_without_tool_note(
+        &self,
+        path: &Path,
+        rel: String,
+        text: &str,
+        parsed: &ParsedNote,
+    ) -> Result<Identity, DaemonError> {
         let mut ident = Identity {
             note_id: new_note_id(),
             ..Identity::default()
