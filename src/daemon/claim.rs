@@ -475,7 +475,8 @@ impl Daemon {
     }
 
     /// identify's stage for a note that carries a `tool_note`: that id, unless another note
-    /// in the vault carries it too (a copy gets a new id, and may wait for that note).
+    /// in the vault carries it too. A copy gets a new id, or, while that note has not yet run
+    /// calls they share, keeps the id and waits for it (`wait_for`).
     async fn identify_by_tool_note(
         &self,
         rel: &str,

@@ -149,8 +149,8 @@ impl Daemon {
         Ok(Some(text))
     }
 
-    /// recover_note's run stage: the open run continued (or a new one begun), the note's
-    /// prior calls found, its identity written when it carries none, and the run executed.
+    /// recover_note's run stage: the note's prior calls found, the open run continued (or a
+    /// new one begun), its identity written when it carries none, and the run executed.
     async fn recover_run(
         self: &Arc<Self>,
         path: &Path,
