@@ -166,27 +166,12 @@ fn update(
         let guessed = guess.is_some();
         let current = match guess.take() {
             Some(text) => text.to_owned(),
-            None => {
-                let Some(bytes) = read_unless_busy(path)? else {
-                    continue;
-                };
-                String::from_utf8(bytes).map_err(|_| WriteError::NotUtf8 {
-                    path: path.to_path_buf(),
-                })?
-            }
+            None => match read_current(path)? {
+                Some(text) => text,
+                None => continue,
+            },
         };
-        // Built on their text while the note is still what we wrote over it.
-        let base = match carried.take() {
-            Some((ours, theirs)) if ours == current => theirs,
-            Some(_) => {
-                tracing::warn!(
-                    note = %path.display(),
-                    "a write that landed in the replaced copy of the note could not be carried over: the note changed again meanwhile"
-                );
-                current.clone()
-            }
-            None => current.clone(),
-        };
+        let base = carried_over(carried.take(), &current, path);
         let new = build(&base);
         if new == current {
             if guessed {
@@ -196,21 +181,7 @@ fn update(
             return Ok(new);
         }
         let temp = temp_path(path);
-        let written = open_folder(root, path).and_then(|folder| {
-            match write_temp(
-                &folder,
-                &temp,
-                path,
-                new.as_bytes(),
-                durable != Durable::Soon,
-            ) {
-                Ok(()) => Ok(folder),
-                Err(e) => {
-                    let _ = folder.remove(file_name(&temp));
-                    Err(e)
-                }
-            }
-        });
+        let written = write_temp_beside(root, path, &temp, &new, durable != Durable::Soon);
         let folder = match written {
             Ok(folder) => folder,
             Err(source) if guessed && source.kind() == io::ErrorKind::NotFound => {
@@ -270,17 +241,7 @@ fn update(
             continue;
         }
         drop(guard);
-        // The rename is done: a failed folder fsync only weakens durability after a crash,
-        // and reporting it as a failed write would make the caller append twice.
-        match durable {
-            Durable::Now => sync_parent(path),
-            Durable::ByTheMove => {}
-            Durable::Soon => {
-                if let Some(parent) = path.parent() {
-                    crate::files::fsync_dir_soon(parent);
-                }
-            }
-        }
+        make_rename_durable(path, durable);
         return Ok(new);
     }
     Err(io_error(
@@ -289,6 +250,69 @@ fn update(
             "note keeps changing ({MAX_ATTEMPTS} attempts); try again later"
         )),
     ))
+}
+
+/// [`update`]'s read of the note when the caller's text is not taken as it: `None` while a
+/// writer has it open (tried again after a back-off).
+fn read_current(path: &Path) -> Result<Option<String>, WriteError> {
+    let Some(bytes) = read_unless_busy(path)? else {
+        return Ok(None);
+    };
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| WriteError::NotUtf8 {
+            path: path.to_path_buf(),
+        })
+}
+
+/// [`update`]'s base text: after a writer was caught in the rename (`carried`: what we wrote,
+/// and their text), their text, built on while the note is still what we wrote over it.
+fn carried_over(carried: Option<(String, String)>, current: &str, path: &Path) -> String {
+    match carried {
+        Some((ours, theirs)) if ours == current => theirs,
+        Some(_) => {
+            tracing::warn!(
+                note = %path.display(),
+                "a write that landed in the replaced copy of the note could not be carried over: the note changed again meanwhile"
+            );
+            current.to_owned()
+        }
+        None => current.to_owned(),
+    }
+}
+
+/// [`update`]'s temp file: `new` written to `temp` in the note's folder (opened beneath
+/// `root` when given), fsynced when `sync`; removed again if that fails.
+fn write_temp_beside(
+    root: Option<&Path>,
+    path: &Path,
+    temp: &Path,
+    new: &str,
+    sync: bool,
+) -> io::Result<crate::beneath::Folder> {
+    let folder = open_folder(root, path)?;
+    match write_temp(&folder, temp, path, new.as_bytes(), sync) {
+        Ok(()) => Ok(folder),
+        Err(e) => {
+            let _ = folder.remove(file_name(temp));
+            Err(e)
+        }
+    }
+}
+
+/// [`update`]'s last step, after the rename: its folder made durable as `durable` says. The
+/// rename is done: a failed folder fsync only weakens durability after a crash, and
+/// reporting it as a failed write would make the caller append twice.
+fn make_rename_durable(path: &Path, durable: Durable) {
+    match durable {
+        Durable::Now => sync_parent(path),
+        Durable::ByTheMove => {}
+        Durable::Soon => {
+            if let Some(parent) = path.parent() {
+                crate::files::fsync_dir_soon(parent);
+            }
+        }
+    }
 }
 
 /// Keeps other writers out of a note while it is replaced.
