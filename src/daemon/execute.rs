@@ -128,10 +128,7 @@ impl Daemon {
                 IdentityWrite::NotYet => {}
                 IdentityWrite::NotKept(e) => {
                     tracing::warn!(note = %self.vault.relative(&note.path), "{e}");
-                    let none = HashSet::new();
-                    return self
-                        .wait_for_storage(note.run, &note.path, &note.ident.note_id, &none, vec![])
-                        .await;
+                    return self.wait_for_storage(&note, &HashSet::new(), vec![]).await;
                 }
                 IdentityWrite::Written(stamped) => {
                     // Planned again on the note as written: the same calls and facts, but
@@ -177,15 +174,7 @@ impl Daemon {
             // The journal's storage failed, not the note (docs/design.md §9.12). The outcomes
             // of the calls that ran are waited for before their results are written.
             self.settle_outcomes(outcome.committed).await;
-            return self
-                .wait_for_storage(
-                    note.run,
-                    &note.path,
-                    &note.ident.note_id,
-                    &ran,
-                    outcome.results,
-                )
-                .await;
+            return self.wait_for_storage(&note, &ran, outcome.results).await;
         }
         self.write_and_move(&note, &text, &parsed, outcome, &in_note)
             .await

@@ -7,10 +7,9 @@
 //! The journal notices the failure itself (any write that fails so, see `journal::StorageHealth`);
 //! this module acts on it: [`StorageWatch`] is polled by the daemon's main loop.
 
-use super::Daemon;
+use super::{Daemon, NoteRun, Pass};
 use crate::call::CallResult;
 use crate::daemon::DaemonError;
-use crate::journal::RunId;
 use crate::state::StoragePauseBoard;
 use crate::vault::State;
 use std::collections::HashSet;
@@ -138,21 +137,26 @@ impl Daemon {
     }
 
     /// A run some of whose calls could not start because the journal could not record their
-    /// start: they are not failures of the note (docs/design.md §9.12). The results of the calls that
-    /// did run are written into the note, then the note goes back to `Needs_Action/` with the
-    /// rest pending, to be claimed again once the journal takes writes. Not left waiting in
+    /// start, or whose claimed text it could not keep before the stamp (nothing ran then):
+    /// they are not failures of the note (docs/design.md §9.12). The results of the calls that
+    /// did run are written into the note, then the note goes back to the folder it was
+    /// claimed from (`Approved/` keeps its approval; `Needs_Action/` otherwise) with the rest
+    /// pending, to be claimed again once the journal takes writes. Not left waiting in
     /// In_Progress: the failed commit may have taken the claim's record with it, and a note
     /// there unknown to the journal would be recovered with its unstarted sends turned into
     /// UNKNOWN_OUTCOME (§8.15).
     pub(crate) async fn wait_for_storage(
         &self,
-        run: RunId,
-        path: &Path,
-        note_id: &str,
+        note: &NoteRun,
         ran: &HashSet<String>,
         results: Vec<CallResult>,
     ) -> Result<(), DaemonError> {
         use crate::pipeline::next_state::WriteBack;
+        let (run, path, note_id) = (note.run, note.path.as_path(), note.ident.note_id.as_str());
+        let back_to = match note.pass {
+            Pass::Approved => State::Approved,
+            Pass::Fresh | Pass::Recover { .. } => State::NeedsAction,
+        };
         let rel = self.vault.relative(path);
         let started: Vec<CallResult> = results
             .into_iter()
@@ -170,45 +174,42 @@ impl Daemon {
                 WriteBack::Failed => return Ok(()),
             }
         }
-        // A link claim still within `moved_in_grace` left the note's first name in
-        // Needs_Action: the unstamped text as it arrived. The note going back is the claimed
+        // A link claim still within `moved_in_grace` left the note's first name where it
+        // was claimed from: the unstamped text as it arrived. The note going back is the claimed
         // one (its identity, the results of what ran), so the first name goes first and the
         // note takes its name back, instead of coming back as `a (2).md` beside it.
         if let Some(first) = self
             .vault
             .locate(path)
-            .map(|(_, rel)| self.vault.folder(State::NeedsAction).join(rel))
+            .map(|(_, rel)| self.vault.folder(back_to).join(rel))
             .and_then(|first| self.arrivals.held(&first))
         {
             self.arrivals.drop_one(&self.vault, &first);
             self.arrivals.leave_first_name(&first);
         }
         let (vault, p) = (self.vault.clone(), path.to_path_buf());
-        let back = tokio::task::spawn_blocking(move || vault.move_to(&p, State::NeedsAction))
+        let back = tokio::task::spawn_blocking(move || vault.move_to(&p, back_to))
             .await
             .expect("move task does not panic");
         match back {
             Ok(to) => {
                 tracing::warn!(
                     note = %rel,
-                    "the journal cannot record the start of its calls: {}; the note went back to {} and runs once the journal can be written",
+                    "the journal cannot record this note's calls: {}; the note went back to {} and runs once the journal can be written",
                     if some_ran { "the results of those that ran are written" } else { "nothing ran" },
                     self.vault.relative(&to)
                 );
                 // Recorded if the journal takes it; an open run whose note is not in
                 // In_Progress is never resumed, and the note's next claim opens its own.
-                let _ = self
-                    .blocking(move |j| {
-                        j.abandon_run(
-                            run,
-                            "the journal could not record the start of its calls; the note went back to Needs_Action",
-                        )
-                    })
-                    .await;
+                let reason = format!(
+                    "the journal could not record the note's calls; the note went back to {}",
+                    self.vault.folder_name(back_to)
+                );
+                let _ = self.blocking(move |j| j.abandon_run(run, &reason)).await;
             }
             Err(e) => tracing::error!(
                 note = %rel,
-                "the journal cannot record the start of its calls and the note cannot go back ({e}); it waits in In_Progress"
+                "the journal cannot record this note's calls and the note cannot go back ({e}); it waits in In_Progress"
             ),
         }
         Ok(())
@@ -336,6 +337,120 @@ mod tests {
             .collect()
     }
 
+    /// A daemon run in process on a temp vault, with one tool, `look` (`read_only`, never
+    /// run: it fails with "not run"), held for approval when `approval`.
+    struct InProcess {
+        _dir: tempfile::TempDir,
+        vault: Vault,
+        journal: std::sync::Arc<crate::journal::Journal>,
+        stop: tokio::sync::oneshot::Sender<()>,
+        daemon: tokio::task::JoinHandle<Result<(), crate::daemon::DaemonError>>,
+    }
+
+    impl InProcess {
+        fn start(approval: Option<crate::call::ApprovalRule>) -> InProcess {
+            use crate::daemon::{Mode, Services, run};
+            use crate::journal::Journal;
+            use crate::tools::{Effect, idle};
+            use std::sync::Arc;
+            let dir = tempfile::tempdir().unwrap();
+            let (root, state) = (dir.path().join("vault"), dir.path().join("state"));
+            std::fs::create_dir(&root).unwrap();
+            let toml = dir.path().join("vaultd.toml");
+            let quoted = |p: &std::path::Path| format!("{:?}", p.display().to_string());
+            let config = format!(
+                "vault = {}\nstate_dir = {}\n",
+                quoted(&root),
+                quoted(&state)
+            );
+            std::fs::write(&toml, config).unwrap();
+            let config = crate::config::load(&crate::config::Overrides {
+                config: Some(toml),
+                ..Default::default()
+            })
+            .unwrap();
+            let vault = Vault::new(config.vault.clone(), config.folders.clone());
+            vault.prepare().unwrap();
+            let journal = Arc::new(Journal::open(&config.state_dir).unwrap());
+            let services = Services {
+                mode: Mode::Run,
+                vault: vault.clone(),
+                journal: journal.clone(),
+                registry: idle::registry(&[("look", Effect::ReadOnly, approval, true)]),
+                redactor: Arc::new(crate::secret::Redactor::new([], &[])),
+                config,
+            };
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let daemon = tokio::spawn(run(services, async {
+                let _ = stopped.await;
+            }));
+            InProcess {
+                _dir: dir,
+                vault,
+                journal,
+                stop,
+                daemon,
+            }
+        }
+
+        fn drop_note(&self, state: State, name: &str, parameters: &str) {
+            let call = format!(
+                "```json\n{{\"tool_call\": {{\"name\": \"look\", \"parameters\": {parameters}}}}}\n```\n"
+            );
+            let to = self.vault.folder(state).join(name);
+            std::fs::write(to, format!("# {name}\n{call}")).unwrap();
+        }
+
+        fn wait_for(&self, what: &str, done: &dyn Fn() -> bool) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while !done() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "waited in vain for {what}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+
+        fn events_of(&self, name: &str, event: &str) -> usize {
+            let log = self.journal.log(&Default::default()).unwrap();
+            log.into_iter()
+                .filter(|e| e.note.ends_with(name) && e.event == event)
+                .count()
+        }
+
+        fn in_state(&self, state: State, name: &str) -> bool {
+            self.vault.folder(state).join(name).exists()
+        }
+
+        /// `arrive` puts a note where the daemon claims it; the `nth` write the daemon sends
+        /// after that (the note's claim record) goes in a group whose COMMIT fails (the
+        /// storage fine: nothing is paused). After a first note has been through: the daemon
+        /// is up, idle and sends nothing else meanwhile.
+        fn lose_the_claim_of(&self, nth: u64, arrive: &dyn Fn()) {
+            self.drop_note(State::NeedsAction, "warm.md", r#"{"z": 1}"#);
+            self.wait_for("warm.md moved and recorded", &|| {
+                self.journal.flush().unwrap();
+                self.events_of("warm.md", "move") == 1
+            });
+            self.journal
+                .fail_commit_of_write(self.journal.writes_sent() + nth);
+            arrive();
+        }
+
+        /// Whether a run was lost: its id is missing from the journal's runs.
+        fn a_run_was_lost(&self) -> bool {
+            let ids = self.journal.run_ids();
+            ids.last()
+                .is_some_and(|last| usize::try_from(*last).unwrap() > ids.len())
+        }
+
+        async fn stop(self) {
+            self.stop.send(()).unwrap();
+            self.daemon.await.unwrap().unwrap();
+        }
+    }
+
     /// A note whose claim record a failed commit lost, the storage fine (nothing paused): the
     /// journal refuses to keep its claimed text before its identity stamp (the note's invalid
     /// call makes it stamp), and nothing of it has run. It goes back to Needs_Action and is
@@ -343,94 +458,61 @@ mod tests {
     /// journal, for the next start ("The claim" in `journal/mod.rs`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_note_whose_run_a_failed_commit_lost_is_not_left_in_in_progress() {
-        use crate::daemon::{Mode, Services, run};
-        use crate::journal::{Journal, LogFilter};
-        use crate::tools::{Effect, idle};
-        use std::sync::Arc;
-        use std::time::Instant;
-        let dir = tempfile::tempdir().unwrap();
-        let (root, state) = (dir.path().join("vault"), dir.path().join("state"));
-        std::fs::create_dir(&root).unwrap();
-        let toml = dir.path().join("vaultd.toml");
-        let quoted = |p: &std::path::Path| format!("{:?}", p.display().to_string());
-        let config = format!(
-            "vault = {}\nstate_dir = {}\n",
-            quoted(&root),
-            quoted(&state)
-        );
-        std::fs::write(&toml, config).unwrap();
-        let config = crate::config::load(&crate::config::Overrides {
-            config: Some(toml),
-            ..Default::default()
-        })
-        .unwrap();
-        let vault = Vault::new(config.vault.clone(), config.folders.clone());
-        vault.prepare().unwrap();
-        let journal = Arc::new(Journal::open(&config.state_dir).unwrap());
-        let services = Services {
-            mode: Mode::Run,
-            vault: vault.clone(),
-            journal: journal.clone(),
-            registry: idle::registry(&[("look", Effect::ReadOnly, None, true)]),
-            redactor: Arc::new(crate::secret::Redactor::new([], &[])),
-            config,
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let daemon = tokio::spawn(run(services, async {
-            let _ = stopped.await;
-        }));
-        // A call that breaks the tool's schema: it never starts, and its note is stamped.
-        let invalid =
-            "```json\n{\"tool_call\": {\"name\": \"look\", \"parameters\": {\"z\": 1}}}\n```\n";
-        let drop_note = |name: &str| {
-            let to = vault.folder(State::NeedsAction).join(name);
-            std::fs::write(to, format!("# {name}\n{invalid}")).unwrap();
-        };
-        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !done() {
-                assert!(Instant::now() < deadline, "waited in vain for {what}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        };
-        let failed = |name: &str| vault.folder(State::Failed).join(name);
-        let events_of = |name: &str, event: &str| {
-            let log = journal.log(&LogFilter::default()).unwrap();
-            log.into_iter()
-                .filter(|e| e.note.ends_with(name) && e.event == event)
-                .count()
-        };
+        let d = InProcess::start(None);
         tokio::task::block_in_place(|| {
-            // A first note through: the daemon is up, and that note's writes are all sent.
-            drop_note("warm.md");
-            wait_for("warm.md in Failed", &|| failed("warm.md").exists());
-            std::thread::sleep(Duration::from_millis(300));
-            journal.flush().unwrap();
-            assert_eq!(events_of("warm.md", "claim"), 1);
-
-            // The next group: the claim record of a.md, then a write whose commit fails.
-            let (release, holder) = journal.hold_writer();
-            let before = journal.writes_sent();
-            drop_note("a.md");
-            wait_for("the claim of a.md queued", &|| {
-                journal.writes_sent() > before
+            // A call that breaks the tool's schema: it never starts, and its note is stamped.
+            // Its claim record is the first write the daemon makes for it.
+            d.lose_the_claim_of(1, &|| {
+                d.drop_note(State::NeedsAction, "a.md", r#"{"z": 1}"#)
             });
-            journal.queue_a_failing_commit();
-            release.send(()).unwrap();
-            holder.join().unwrap();
-
-            wait_for("a.md out of In_Progress", &|| failed("a.md").exists());
-            let text = std::fs::read_to_string(failed("a.md")).unwrap();
+            d.wait_for("a.md in Failed", &|| d.in_state(State::Failed, "a.md"));
+            let text = std::fs::read_to_string(d.vault.folder(State::Failed).join("a.md")).unwrap();
             assert_eq!(text.matches("tool_result").count(), 1, "{text}");
             assert!(text.contains("INVALID_PARAMS"), "{text}");
             // The failed commit took the first claim with it: the journal knows the second.
-            journal.flush().unwrap();
-            assert_eq!(events_of("a.md", "claim"), 1);
-            assert_eq!(events_of("a.md", "move"), 1);
-            assert!(journal.open_runs().unwrap().is_empty());
+            d.journal.flush().unwrap();
+            assert!(d.a_run_was_lost(), "{:?}", d.journal.run_ids());
+            assert_eq!(d.events_of("a.md", "claim"), 1);
+            assert_eq!(d.events_of("a.md", "move"), 1);
+            assert!(d.journal.open_runs().unwrap().is_empty());
         });
-        stop.send(()).unwrap();
-        daemon.await.unwrap().unwrap();
+        d.stop().await;
+    }
+
+    /// The same for a note claimed from Approved (its call was held for approval, and an
+    /// approved run stamps): it goes back to Approved, keeping the approval its move there
+    /// gave, and runs from there, instead of being held again from Needs_Action.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_approved_note_whose_run_a_failed_commit_lost_goes_back_to_approved() {
+        let d = InProcess::start(Some(crate::call::ApprovalRule::Always));
+        tokio::task::block_in_place(|| {
+            d.drop_note(State::NeedsAction, "b.md", r#"{"q": "x"}"#);
+            d.wait_for("b.md held", &|| d.in_state(State::PendingApproval, "b.md"));
+            let (held, approved) = (
+                d.vault.folder(State::PendingApproval).join("b.md"),
+                d.vault.folder(State::Approved).join("b.md"),
+            );
+            // A person approves it: the move into Approved/. The daemon's first write for it
+            // is a flush (the note is not where the journal last saw it), its second the
+            // claim record.
+            d.lose_the_claim_of(2, &|| std::fs::rename(&held, &approved).unwrap());
+            d.wait_for("b.md in Failed or Pending_Approval", &|| {
+                d.in_state(State::Failed, "b.md") || d.in_state(State::PendingApproval, "b.md")
+            });
+            assert!(
+                d.in_state(State::Failed, "b.md"),
+                "held again instead of run: {:?}",
+                d.journal.log(&Default::default()).unwrap()
+            );
+            // It ran (the test tool fails every call it runs), once.
+            let text = std::fs::read_to_string(d.vault.folder(State::Failed).join("b.md")).unwrap();
+            assert!(text.contains("not run"), "{text}");
+            d.journal.flush().unwrap();
+            assert!(d.a_run_was_lost(), "{:?}", d.journal.run_ids());
+            // The hold's claim, and the approved one the journal kept.
+            assert_eq!(d.events_of("b.md", "claim"), 2);
+        });
+        d.stop().await;
     }
 
     #[test]

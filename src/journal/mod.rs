@@ -67,11 +67,12 @@
 //! and refuses every later write under it, even once another process's run has taken it as
 //! the next rowid (`writer::GroupRuns`). So nothing of the note is recorded under another
 //! run: each write under it fails ([`JournalError::RunLost`]). A start the daemon waits for,
-//! or the claimed text kept before the identity stamp ("The stamp"), sends the note back to
-//! be claimed again (docs/design.md §9.12; nothing of it ran); the writes nobody waits for (a
-//! `read_only` start with room in its window, the outcome, the move) are logged as not
-//! recorded, and the note's result blocks stand. The outcomes of calls that never start
-//! (`calls_finished`) come after the stamp, so under a lost run they are never reached.
+//! or the claimed text kept before the identity stamp ("The stamp": nothing of the note ran
+//! yet), sends the note back to the folder it was claimed from, to be claimed again
+//! (docs/design.md §9.12), with the results of what ran written into it; the writes nobody
+//! waits for (a `read_only` start with room in its window, the outcome, the move) are logged
+//! as not recorded, and the note's result blocks stand. The outcomes of calls that never
+//! start (`calls_finished`) come after the stamp, so under a lost run they are never reached.
 //!
 //! # The stamp
 //! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)
@@ -591,24 +592,31 @@ impl Journal {
         (release, holder)
     }
 
-    /// Queues a write whose group's COMMIT fails: a foreign key checked only at the commit,
-    /// after every job of the group ran, as a full disk or an I/O error would fail it (but
-    /// not a failure of the storage: nothing is paused).
+    /// Queues a write whose group's COMMIT fails ([`writer::violate_a_deferred_key`]).
     pub(crate) fn queue_a_failing_commit(&self) {
-        self.write_queued("a write whose commit fails", |tx| {
-            tx.execute_batch("PRAGMA defer_foreign_keys = ON")?;
-            tx.execute(
-                "INSERT INTO calls (run_id, call_id, tool) VALUES (999, 'c-x', 't')",
-                [],
-            )?;
-            Ok(())
-        })
-        .unwrap();
+        self.write_queued("a write whose commit fails", writer::violate_a_deferred_key)
+            .unwrap();
     }
 
     /// How many writes were handed to the writer so far.
     pub(crate) fn writes_sent(&self) -> u64 {
         self.writer.sent()
+    }
+
+    /// Makes the commit of the group holding the `seq`th write sent fail, as
+    /// [`queue_a_failing_commit`](Self::queue_a_failing_commit) would in that group.
+    pub(crate) fn fail_commit_of_write(&self, seq: u64) {
+        self.writer.fail_commit_of(seq);
+    }
+
+    /// The ids of every run recorded, in order: a gap is a run a failed commit lost.
+    pub(crate) fn run_ids(&self) -> Vec<RunId> {
+        self.read(|tx| {
+            let mut stmt = tx.prepare("SELECT id FROM runs ORDER BY id")?;
+            let ids = stmt.query_map([], |r| r.get(0))?;
+            Ok(ids.collect::<Result<Vec<RunId>, _>>()?)
+        })
+        .unwrap()
     }
 }
 

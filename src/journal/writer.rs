@@ -112,6 +112,9 @@ struct Job {
     /// appended in order: its fsync covers every commit before).
     durable: bool,
     run: RunJob,
+    /// Its number among the writes sent to this writer, from 1 (see `fail_commit_of`).
+    #[cfg(test)]
+    seq: u64,
 }
 
 /// A job's work, given the group's transaction (or the reason there is none).
@@ -138,6 +141,9 @@ struct Counts {
     /// Jobs handed to the thread's queue.
     #[cfg(test)]
     sent: AtomicU64,
+    /// The number of the job whose group's commit is made to fail (0: none).
+    #[cfg(test)]
+    fail_group_of: AtomicU64,
 }
 
 impl Default for Counts {
@@ -150,6 +156,8 @@ impl Default for Counts {
             ),
             #[cfg(test)]
             sent: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_group_of: AtomicU64::new(0),
         }
     }
 }
@@ -206,6 +214,19 @@ impl Writer {
         self.counts.sent.load(Ordering::SeqCst)
     }
 
+    /// Makes the commit of the group that holds the `seq`th job sent fail, as a full disk
+    /// would fail it (by a write of its own added to that group: [`violate_a_deferred_key`]).
+    #[cfg(test)]
+    pub(super) fn fail_commit_of(&self, seq: u64) {
+        self.counts.fail_group_of.store(seq, Ordering::SeqCst);
+    }
+
+    /// Numbers `job` as the next one sent.
+    #[cfg(test)]
+    fn number(&self, job: &mut Job) {
+        job.seq = self.counts.sent.fetch_add(1, Ordering::SeqCst) + 1;
+    }
+
     /// The idle linger before the writer's own fsync, from the next wait on.
     #[cfg(test)]
     pub(super) fn set_linger(&self, linger: std::time::Duration) {
@@ -260,10 +281,10 @@ impl Writer {
     }
 
     /// Queues `job` without blocking an async worker (backpressure waits in the blocking pool).
-    async fn send_async(&self, job: Job) -> Result<(), Failure> {
+    async fn send_async(&self, #[allow(unused_mut)] mut job: Job) -> Result<(), Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
         #[cfg(test)]
-        self.counts.sent.fetch_add(1, Ordering::SeqCst);
+        self.number(&mut job);
         match jobs.try_send(job) {
             Ok(()) => Ok(()),
             Err(TrySendError::Disconnected(_)) => Err(stopped()),
@@ -296,21 +317,21 @@ impl Writer {
         f: impl FnOnce(&Tx<'_>) -> Result<(), Failure> + Send + 'static,
     ) -> Result<bool, Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
-        match jobs.try_send(queued(what, f)) {
-            Ok(()) => {
-                #[cfg(test)]
-                self.counts.sent.fetch_add(1, Ordering::SeqCst);
-                Ok(true)
-            }
+        #[allow(unused_mut)]
+        let mut job = queued(what, f);
+        #[cfg(test)]
+        self.number(&mut job);
+        match jobs.try_send(job) {
+            Ok(()) => Ok(true),
             Err(TrySendError::Full(_)) => Ok(false),
             Err(TrySendError::Disconnected(_)) => Err(stopped()),
         }
     }
 
-    fn send(&self, job: Job) -> Result<(), Failure> {
+    fn send(&self, #[allow(unused_mut)] mut job: Job) -> Result<(), Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
         #[cfg(test)]
-        self.counts.sent.fetch_add(1, Ordering::SeqCst);
+        self.number(&mut job);
         jobs.send(job).map_err(|_| stopped())
     }
 }
@@ -322,6 +343,8 @@ fn queued(
 ) -> Job {
     Job {
         durable: false,
+        #[cfg(test)]
+        seq: 0,
         run: Box::new(move |tx| match tx.and_then(f) {
             Ok(()) => Ran::Done(None),
             Err(e) => {
@@ -358,6 +381,8 @@ fn answering<T: Send + 'static>(
 ) -> Job {
     Job {
         durable: wait == Wait::Durable,
+        #[cfg(test)]
+        seq: 0,
         run: Box::new(move |tx| match tx.and_then(f) {
             Err(e) => {
                 reply(Err(e));
@@ -426,6 +451,13 @@ fn write_groups(
             match queue.try_recv() {
                 Ok(job) => group.push(job),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        #[cfg(test)]
+        {
+            let doomed = counts.fail_group_of.load(Ordering::SeqCst);
+            if doomed != 0 && group.iter().any(|job| job.seq == doomed) {
+                group.push(queued("a write whose commit fails", violate_a_deferred_key));
             }
         }
         // Without an fsync only a group that came to an idle writer, or one of a note worked on
@@ -612,6 +644,19 @@ fn commit_group(
 /// profile).
 pub(super) fn fixed(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
+/// A write whose group's COMMIT fails: a foreign key checked only at the commit, after every
+/// job of the group ran, as a full disk or an I/O error would fail it (but not a failure of
+/// the storage: nothing is paused).
+#[cfg(test)]
+pub(super) fn violate_a_deferred_key(tx: &Tx<'_>) -> Result<(), Failure> {
+    tx.execute_batch("PRAGMA defer_foreign_keys = ON")?;
+    tx.execute(
+        "INSERT INTO calls (run_id, call_id, tool) VALUES (999, 'c-x', 't')",
+        [],
+    )?;
+    Ok(())
 }
 
 /// A copy of `e` for each caller it must reach (`rusqlite::Error` is not `Clone`).
