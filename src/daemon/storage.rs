@@ -1,7 +1,7 @@
 //! vaultd's own storage failing is not the note's failure (docs/design.md §9.12): while the journal
 //! cannot be written (disk full, read-only, I/O error, a file size limit) nothing new is
-//! claimed, a note whose calls could not start goes back to `Needs_Action/` (with the results
-//! of those that did run), the log, `vaultd status` and systemd's `STATUS=` say why, and
+//! claimed, a note whose calls could not start goes back (with the results of those that did
+//! run) to `Needs_Action/`, or to `Approved/` when a move there approved it, the log, `vaultd status` and systemd's `STATUS=` say why, and
 //! claiming resumes by itself once a probe write succeeds.
 //!
 //! The journal notices the failure itself (any write that fails so, see `journal::StorageHealth`);
@@ -139,9 +139,8 @@ impl Daemon {
     /// A run some of whose calls could not start because the journal could not record their
     /// start, or whose claimed text it could not keep before the stamp (nothing ran then):
     /// they are not failures of the note (docs/design.md §9.12). The results of the calls that
-    /// did run are written into the note, then the note goes back to the folder it was
-    /// claimed from (`Approved/` keeps its approval; `Needs_Action/` otherwise) with the rest
-    /// pending, to be claimed again once the journal takes writes. Not left waiting in
+    /// did run are written into the note, then the note goes back (to `Approved/` when a move
+    /// there approved it, else to `Needs_Action/`) with the rest pending, to be claimed again once the journal takes writes. Not left waiting in
     /// In_Progress: the failed commit may have taken the claim's record with it, and a note
     /// there unknown to the journal would be recovered with its unstarted sends turned into
     /// UNKNOWN_OUTCOME (§8.15).
@@ -153,9 +152,18 @@ impl Daemon {
     ) -> Result<(), DaemonError> {
         use crate::pipeline::next_state::WriteBack;
         let (run, path, note_id) = (note.run, note.path.as_path(), note.ident.note_id.as_str());
-        let back_to = match note.pass {
+        // Where a link claim left the note's first name, and where the note goes back to:
+        // Approved/ keeps the approval a move there gave (`approval_via = "folder"`); with
+        // `"cli"` the folder approves nothing, and only Needs_Action/ is looked at for calls
+        // not yet decided.
+        let claimed_from = match note.pass {
             Pass::Approved => State::Approved,
             Pass::Fresh | Pass::Recover { .. } => State::NeedsAction,
+        };
+        let back_to = if self.approval_via_cli() {
+            State::NeedsAction
+        } else {
+            claimed_from
         };
         let rel = self.vault.relative(path);
         let started: Vec<CallResult> = results
@@ -174,14 +182,14 @@ impl Daemon {
                 WriteBack::Failed => return Ok(()),
             }
         }
-        // A link claim still within `moved_in_grace` left the note's first name where it
-        // was claimed from: the unstamped text as it arrived. The note going back is the claimed
+        // A link claim still within `moved_in_grace` left the note's first name in the
+        // folder it was claimed from: the unstamped text as it arrived. The note going back is the claimed
         // one (its identity, the results of what ran), so the first name goes first and the
         // note takes its name back, instead of coming back as `a (2).md` beside it.
         if let Some(first) = self
             .vault
             .locate(path)
-            .map(|(_, rel)| self.vault.folder(back_to).join(rel))
+            .map(|(_, rel)| self.vault.folder(claimed_from).join(rel))
             .and_then(|first| self.arrivals.held(&first))
         {
             self.arrivals.drop_one(&self.vault, &first);

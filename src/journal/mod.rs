@@ -68,7 +68,7 @@
 //! the next rowid (`writer::GroupRuns`). So nothing of the note is recorded under another
 //! run: each write under it fails ([`JournalError::RunLost`]). A start the daemon waits for,
 //! or the claimed text kept before the identity stamp ("The stamp": nothing of the note ran
-//! yet), sends the note back to the folder it was claimed from, to be claimed again
+//! yet), sends the note back (to Approved/ when a move there approved it), to be claimed again
 //! (docs/design.md §9.12), with the results of what ran written into it; the writes nobody
 //! waits for (a `read_only` start with room in its window, the outcome, the move) are logged
 //! as not recorded, and the note's result blocks stand. The outcomes of calls that never

@@ -138,7 +138,7 @@ struct Counts {
     /// fsyncs of the WAL: by a durable group's commit, or by the writer itself.
     wal_syncs: AtomicU64,
     linger_ms: AtomicU64,
-    /// Jobs handed to the thread's queue.
+    /// Jobs numbered for the thread's queue (one `try_enqueue` then drops on a full queue too).
     #[cfg(test)]
     sent: AtomicU64,
     /// The number of the job whose group's commit is made to fail (0: none).
