@@ -203,9 +203,11 @@ impl Daemon {
             Ok(to) => {
                 tracing::warn!(
                     note = %rel,
-                    "the journal cannot record this note's calls: {}; the note went back to {} and runs once the journal can be written",
+                    "the journal cannot record this note's calls: {}; the note went back to {} and runs {}",
                     if some_ran { "the results of those that ran are written" } else { "nothing ran" },
-                    self.vault.relative(&to)
+                    self.vault.relative(&to),
+                    // A run lost with a failed commit, the storage fine: claimed again now.
+                    if self.storage_paused() { "once the journal can be written" } else { "under a run of its own" }
                 );
                 // Recorded if the journal takes it; an open run whose note is not in
                 // In_Progress is never resumed, and the note's next claim opens its own.
