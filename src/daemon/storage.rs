@@ -140,10 +140,10 @@ impl Daemon {
     /// start, or whose claimed text it could not keep before the stamp (nothing ran then):
     /// they are not failures of the note (docs/design.md §9.12). The results of the calls that
     /// did run are written into the note, then the note goes back (to `Approved/` when a move
-    /// there approved it, else to `Needs_Action/`) with the rest pending, to be claimed again once the journal takes writes. Not left waiting in
-    /// In_Progress: the failed commit may have taken the claim's record with it, and a note
-    /// there unknown to the journal would be recovered with its unstarted sends turned into
-    /// UNKNOWN_OUTCOME (§8.15).
+    /// there approved it, else to `Needs_Action/`) with the rest pending, to be claimed again
+    /// once the journal takes writes. Not left waiting in In_Progress: the failed commit may
+    /// have taken the claim's record with it, and a note there unknown to the journal would
+    /// be recovered with its unstarted sends turned into UNKNOWN_OUTCOME (§8.15).
     pub(crate) async fn wait_for_storage(
         &self,
         note: &NoteRun,
