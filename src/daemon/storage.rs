@@ -352,6 +352,7 @@ mod tests {
     struct InProcess {
         _dir: tempfile::TempDir,
         vault: Vault,
+        config: crate::config::Config,
         journal: std::sync::Arc<crate::journal::Journal>,
         stop: tokio::sync::oneshot::Sender<()>,
         daemon: tokio::task::JoinHandle<Result<(), crate::daemon::DaemonError>>,
@@ -359,9 +360,24 @@ mod tests {
 
     impl InProcess {
         fn start(approval: Option<crate::call::ApprovalRule>) -> InProcess {
+            use crate::tools::Effect;
+            InProcess::start_with("", &[("look", Effect::ReadOnly, approval, true)])
+        }
+
+        /// [`start`](Self::start) with `top` (top-level config keys) and these idle tools
+        /// (`tools::idle::registry`).
+        fn start_with(
+            top: &str,
+            tools: &[(
+                &str,
+                crate::tools::Effect,
+                Option<crate::call::ApprovalRule>,
+                bool,
+            )],
+        ) -> InProcess {
             use crate::daemon::{Mode, Services, run};
             use crate::journal::Journal;
-            use crate::tools::{Effect, idle};
+            use crate::tools::idle;
             use std::sync::Arc;
             let dir = tempfile::tempdir().unwrap();
             let (root, state) = (dir.path().join("vault"), dir.path().join("state"));
@@ -369,7 +385,7 @@ mod tests {
             let toml = dir.path().join("vaultd.toml");
             let quoted = |p: &std::path::Path| format!("{:?}", p.display().to_string());
             let config = format!(
-                "vault = {}\nstate_dir = {}\n",
+                "{top}vault = {}\nstate_dir = {}\n",
                 quoted(&root),
                 quoted(&state)
             );
@@ -386,9 +402,9 @@ mod tests {
                 mode: Mode::Run,
                 vault: vault.clone(),
                 journal: journal.clone(),
-                registry: idle::registry(&[("look", Effect::ReadOnly, approval, true)]),
+                registry: idle::registry(tools),
                 redactor: Arc::new(crate::secret::Redactor::new([], &[])),
-                config,
+                config: config.clone(),
             };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let daemon = tokio::spawn(run(services, async {
@@ -397,6 +413,7 @@ mod tests {
             InProcess {
                 _dir: dir,
                 vault,
+                config,
                 journal,
                 stop,
                 daemon,
@@ -404,11 +421,8 @@ mod tests {
         }
 
         fn drop_note(&self, state: State, name: &str, parameters: &str) {
-            let call = format!(
-                "```json\n{{\"tool_call\": {{\"name\": \"look\", \"parameters\": {parameters}}}}}\n```\n"
-            );
             let to = self.vault.folder(state).join(name);
-            std::fs::write(to, format!("# {name}\n{call}")).unwrap();
+            std::fs::write(to, format!("# {name}\n{}", call_of("look", parameters))).unwrap();
         }
 
         fn wait_for(&self, what: &str, done: &dyn Fn() -> bool) {
@@ -434,10 +448,10 @@ mod tests {
         }
 
         /// `arrive` puts a note where the daemon claims it; the `nth` write the daemon sends
-        /// after that (the note's claim record) goes in a group whose COMMIT fails (the
+        /// after that (e.g. the note's claim record) goes in a group whose COMMIT fails (the
         /// storage fine: nothing is paused). After a first note has been through: the daemon
         /// is up, idle and sends nothing else meanwhile.
-        fn lose_the_claim_of(&self, nth: u64, arrive: &dyn Fn()) {
+        fn fail_nth_write_after(&self, nth: u64, arrive: &dyn Fn()) {
             self.drop_note(State::NeedsAction, "warm.md", r#"{"z": 1}"#);
             self.wait_for("warm.md moved and recorded", &|| {
                 self.journal.flush().unwrap();
@@ -461,6 +475,13 @@ mod tests {
         }
     }
 
+    /// A ```json block calling `tool`.
+    fn call_of(tool: &str, parameters: &str) -> String {
+        format!(
+            "```json\n{{\"tool_call\": {{\"name\": \"{tool}\", \"parameters\": {parameters}}}}}\n```\n"
+        )
+    }
+
     /// A note whose claim record a failed commit lost, the storage fine (nothing paused): the
     /// journal refuses to keep its claimed text before its identity stamp (the note's invalid
     /// call makes it stamp), and nothing of it has run. It goes back to Needs_Action and is
@@ -472,7 +493,7 @@ mod tests {
         tokio::task::block_in_place(|| {
             // A call that breaks the tool's schema: it never starts, and its note is stamped.
             // Its claim record is the first write the daemon makes for it.
-            d.lose_the_claim_of(1, &|| {
+            d.fail_nth_write_after(1, &|| {
                 d.drop_note(State::NeedsAction, "a.md", r#"{"z": 1}"#)
             });
             d.wait_for("a.md in Failed", &|| d.in_state(State::Failed, "a.md"));
@@ -505,7 +526,7 @@ mod tests {
             // A person approves it: the move into Approved/. The daemon's first write for it
             // is a flush (the note is not where the journal last saw it), its second the
             // claim record.
-            d.lose_the_claim_of(2, &|| std::fs::rename(&held, &approved).unwrap());
+            d.fail_nth_write_after(2, &|| std::fs::rename(&held, &approved).unwrap());
             d.wait_for("b.md in Failed or Pending_Approval", &|| {
                 d.in_state(State::Failed, "b.md") || d.in_state(State::PendingApproval, "b.md")
             });
@@ -521,6 +542,53 @@ mod tests {
             assert!(d.a_run_was_lost(), "{:?}", d.journal.run_ids());
             // The hold's claim, and the approved one the journal kept.
             assert_eq!(d.events_of("b.md", "claim"), 2);
+        });
+        d.stop().await;
+    }
+
+    /// With `approval_via = "cli"`, a note `vaultd approve` sent to Approved/ whose approved
+    /// call ran, but whose next call could not start (its start's commit failed), goes back
+    /// to Needs_Action, not to Approved/: there, its one approval spent, nothing would claim
+    /// it again (with `"cli"` a note in Approved/ runs only on an unspent `vaultd approve`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_cli_approval_a_note_whose_next_call_could_not_start_goes_back_to_needs_action() {
+        use crate::call::ApprovalRule;
+        use crate::tools::Effect;
+        let d = InProcess::start_with(
+            "approval_via = \"cli\"\n",
+            &[
+                ("look", Effect::ReadOnly, None, true),
+                ("act", Effect::StateChange, Some(ApprovalRule::Always), true),
+                ("more", Effect::StateChange, None, true),
+            ],
+        );
+        tokio::task::block_in_place(|| {
+            let held = d.vault.folder(State::PendingApproval).join("c.md");
+            let first = format!("# c\n{}", call_of("act", r#"{"q": "a"}"#));
+            std::fs::write(d.vault.folder(State::NeedsAction).join("c.md"), first).unwrap();
+            d.wait_for("c.md held", &|| held.exists());
+            // The agent adds a call to the held note, one that needs no approval.
+            let mut text = std::fs::read_to_string(&held).unwrap();
+            text.push_str(&call_of("more", r#"{"q": "b"}"#));
+            std::fs::write(&held, text).unwrap();
+            // `vaultd approve` moves it to Approved/. The daemon's writes for it: a flush
+            // (the note is not where the journal last saw it), the claim record, `act`'s start
+            // (which spends the approval) and outcome, then `more`'s start, which fails.
+            d.fail_nth_write_after(5, &|| {
+                crate::approval::approve(&d.config, &held).unwrap();
+            });
+            d.wait_for("c.md in Failed", &|| d.in_state(State::Failed, "c.md"));
+            let text = std::fs::read_to_string(d.vault.folder(State::Failed).join("c.md")).unwrap();
+            // Each call ran once (the test tools fail every call they run).
+            assert_eq!(text.matches("not run").count(), 2, "{text}");
+            d.journal.flush().unwrap();
+            // The approved claim, whose run was abandoned, and the claim from Needs_Action.
+            assert_eq!(
+                d.events_of("c.md", "claim"),
+                3,
+                "{:?}",
+                d.journal.log(&Default::default()).unwrap()
+            );
         });
         d.stop().await;
     }
