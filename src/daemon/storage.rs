@@ -347,8 +347,10 @@ mod tests {
             .collect()
     }
 
-    /// A daemon run in process on a temp vault, with one tool, `look` (`read_only`, never
-    /// run: it fails with "not run"), held for approval when `approval`.
+    /// A daemon run in process on a temp vault, with idle tools (never run: each call fails
+    /// with "not run"): by [`start`](Self::start) one, `look` (`read_only`), held for
+    /// approval when `approval`. `drop_note` and the warm-up note of `fail_nth_write_after`
+    /// call `look`, so every tool list has it.
     struct InProcess {
         _dir: tempfile::TempDir,
         vault: Vault,
@@ -364,8 +366,8 @@ mod tests {
             InProcess::start_with("", &[("look", Effect::ReadOnly, approval, true)])
         }
 
-        /// [`start`](Self::start) with `top` (top-level config keys) and these idle tools
-        /// (`tools::idle::registry`).
+        /// [`start`](Self::start) with `top` (top-level config lines, each ending in a
+        /// newline) and these idle tools (`tools::idle::registry`).
         fn start_with(
             top: &str,
             tools: &[(
@@ -571,9 +573,13 @@ mod tests {
             let mut text = std::fs::read_to_string(&held).unwrap();
             text.push_str(&call_of("more", r#"{"q": "b"}"#));
             std::fs::write(&held, text).unwrap();
-            // `vaultd approve` moves it to Approved/. The daemon's writes for it: a flush
-            // (the note is not where the journal last saw it), the claim record, `act`'s start
-            // (which spends the approval) and outcome, then `more`'s start, which fails.
+            // `vaultd approve` (its own connection: no write of the daemon's) moves it to
+            // Approved/. The daemon's writes for it: a flush (the note is not where the
+            // journal last saw it), the claim record, `act`'s start (which spends the
+            // approval) and outcome, then `more`'s start, which fails. `act`'s outcome is
+            // queued, not waited for, so it may share that group and be lost with it; either
+            // way the note goes back with `act`'s result. Had another write failed instead,
+            // the note would not go back: two claims, not three (below).
             d.fail_nth_write_after(5, &|| {
                 crate::approval::approve(&d.config, &held).unwrap();
             });
@@ -582,7 +588,8 @@ mod tests {
             // Each call ran once (the test tools fail every call they run).
             assert_eq!(text.matches("not run").count(), 2, "{text}");
             d.journal.flush().unwrap();
-            // The approved claim, whose run was abandoned, and the claim from Needs_Action.
+            // The hold's claim, the approved one (whose run was abandoned), and the claim
+            // from Needs_Action.
             assert_eq!(
                 d.events_of("c.md", "claim"),
                 3,
