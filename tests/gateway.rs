@@ -253,6 +253,44 @@ fn a_rejected_call_answers_rejected() {
     assert!(vault.root.join("Projects/kept.md").exists());
 }
 
+/// The same with `approval_via = "folder"` (the default): a person moves the held call note
+/// into `Rejected/`. The daemon records the rejection under the note's identity, as `vaultd
+/// reject` does, so the waiting client gets the recorded outcome (not the fallback for a
+/// note that ended with none, after two seconds of looking for it), and `vaultd log` shows it.
+#[test]
+fn a_call_rejected_by_a_move_to_rejected_answers_the_recorded_rejection() {
+    let vault = TestVault::new("http://127.0.0.1:9", WRITE);
+    std::fs::create_dir_all(vault.root.join("Projects")).unwrap();
+    std::fs::write(vault.root.join("Projects/kept.md"), "kept\n").unwrap();
+    let child = client(
+        &vault,
+        json!([["call", "vault_delete", {"path": "Projects/kept.md"}]]),
+    );
+    let held = held_note(&vault); // `Pending_Approval/NAME.md`
+    let name = held.trim_start_matches("Pending_Approval/");
+    std::fs::rename(
+        vault.root.join(&held),
+        vault.root.join("Rejected").join(name),
+    )
+    .unwrap();
+    let answers = answers(&vault, child);
+    assert_eq!(answers[0]["isError"], true, "{}", answers[0]);
+    assert_eq!(
+        text_of(&answers[0]),
+        "REJECTED: a person rejected this call; it was not run",
+        "{}",
+        answers[0]
+    );
+    assert!(vault.root.join("Projects/kept.md").exists());
+    let log = vault
+        .cmd()
+        .args(["log", "--tool", "vault_delete"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(log.contains("REJECTED"), "{log}");
+}
+
 /// A person takes a held call note away instead of deciding (deletes it, or moves it into
 /// `Dry_Run/` or a project folder): the waiting client is answered at once that it will not
 /// run. It waited, with "held" progress messages, until its own timeout.

@@ -432,6 +432,9 @@ impl Daemon {
     }
 
     /// A note moved into Rejected: its held calls get REJECTED results; it stays there.
+    /// The rejections are recorded first, under the note's identity, as `vaultd reject`
+    /// records them (`approval::reject`): a call's newest record is its rejection, which
+    /// `vaultd log`, a copy of the note and `vaultd mcp serve` waiting for it read.
     pub(crate) async fn reject_held(self: &Arc<Self>, path: &Path) -> Result<(), DaemonError> {
         let Some(text) = self.read_note(path) else {
             return Ok(());
@@ -442,7 +445,17 @@ impl Daemon {
             return Ok(());
         }
         let note = self.vault.relative(path);
-        let run = self.blocking(move |j| j.begin_run(&note)).await?;
+        let note_id = crate::note::frontmatter_property(&text, "tool_note").map(str::to_string);
+        let outcomes = rejected.clone();
+        let run = self
+            .blocking(move |j| {
+                let run = j.begin_note_run(&note, note_id.as_deref(), None, None)?;
+                for r in &outcomes {
+                    j.call_finished(run, r)?;
+                }
+                Ok(run)
+            })
+            .await?;
         if let WriteBack::Written(ids) = self
             .write_back(path, "", rejected, Vec::new(), State::Rejected)
             .await?
