@@ -195,8 +195,13 @@ impl Arrivals {
 /// The outcome of the note's (only) call, from the journal. The daemon has the outcome
 /// committed before the result block replaces the note (`note::update_note_settling`), so it
 /// is there once the note has moved; looked for again for up to 2 s all the same (another
-/// process's reader may see the commit a moment later).
-pub(crate) async fn outcome(journal: &Journal, note: &Path) -> Option<CallResult> {
+/// process's reader may see the commit a moment later). A note a person moved into
+/// Rejected/ (`rejected`) is there before its rejection is recorded: the daemon records it
+/// and then writes the REJECTED results, which are waited for first.
+pub(crate) async fn outcome(journal: &Journal, note: &Path, rejected: bool) -> Option<CallResult> {
+    if rejected {
+        wait_for_rejections(note).await;
+    }
     let text = tokio::fs::read_to_string(note).await.ok()?;
     let note_id = crate::note::frontmatter_property(&text, "tool_note")?.to_string();
     for _ in 0..100 {
@@ -208,6 +213,25 @@ pub(crate) async fn outcome(journal: &Journal, note: &Path) -> Option<CallResult
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     None
+}
+
+/// How long a note moved into Rejected/ is waited for to show its REJECTED results.
+const REJECTIONS_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits, up to [`REJECTIONS_WAIT`], until no held call of `note` is without a result: the
+/// daemon has recorded the rejections and written them (`Daemon::reject_held`), or the note
+/// is gone.
+async fn wait_for_rejections(note: &Path) {
+    let deadline = tokio::time::Instant::now() + REJECTIONS_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        match tokio::fs::read_to_string(note).await {
+            Ok(text)
+                if !crate::pipeline::plan::rejections(&crate::note::parse_note(&text))
+                    .is_empty() => {}
+            _ => return,
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[cfg(test)]

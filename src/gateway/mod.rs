@@ -402,9 +402,13 @@ impl Gateway {
                 );
             }
         };
+        let rejected =
+            path.parent() == Some(inner.vault.folder(crate::vault::State::Rejected).as_path());
+        let found = courier::outcome(&inner.journal, &path, rejected).await;
+        // Read after the outcome: a rejected note's results are written while it is waited for.
         let processed = std::fs::read_to_string(&path).unwrap_or_default();
         let added = added_after_call(&processed);
-        match courier::outcome(&inner.journal, &path).await {
+        match found {
             Some(result) => {
                 let line = outcome_line(&result);
                 (answer(result), line, added)
@@ -415,9 +419,7 @@ impl Gateway {
                     .unwrap_or(&path)
                     .display()
                     .to_string();
-                if path.parent()
-                    == Some(inner.vault.folder(crate::vault::State::Rejected).as_path())
-                {
+                if rejected {
                     return (
                         failure(
                             "REJECTED",
