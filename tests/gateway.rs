@@ -260,26 +260,12 @@ fn a_rejected_call_answers_rejected() {
 #[test]
 fn a_call_rejected_by_a_move_to_rejected_answers_the_recorded_rejection() {
     let vault = TestVault::new("http://127.0.0.1:9", WRITE);
-    std::fs::create_dir_all(vault.root.join("Projects")).unwrap();
-    std::fs::write(vault.root.join("Projects/kept.md"), "kept\n").unwrap();
-    let child = client(
-        &vault,
-        json!([["call", "vault_delete", {"path": "Projects/kept.md"}]]),
-    );
-    let held = held_note(&vault); // `Pending_Approval/NAME.md`
-    let name = held.trim_start_matches("Pending_Approval/");
-    std::fs::rename(
-        vault.root.join(&held),
-        vault.root.join("Rejected").join(name),
-    )
-    .unwrap();
-    let answers = answers(&vault, child);
-    assert_eq!(answers[0]["isError"], true, "{}", answers[0]);
+    let answer = held_delete_moved_into(&vault, "Rejected");
+    assert_eq!(answer["isError"], true, "{answer}");
     assert_eq!(
-        text_of(&answers[0]),
+        text_of(&answer),
         "REJECTED: a person rejected this call; it was not run",
-        "{}",
-        answers[0]
+        "{answer}"
     );
     assert!(vault.root.join("Projects/kept.md").exists());
     let log = vault
@@ -291,31 +277,32 @@ fn a_call_rejected_by_a_move_to_rejected_answers_the_recorded_rejection() {
     assert!(log.contains("REJECTED"), "{log}");
 }
 
+/// A client's `vault_delete` of `Projects/kept.md`, held for approval; a person moves the held
+/// call note into `folder` of the vault. The client's answer.
+fn held_delete_moved_into(vault: &TestVault, folder: &str) -> Value {
+    std::fs::create_dir_all(vault.root.join("Projects")).unwrap();
+    std::fs::write(vault.root.join("Projects/kept.md"), "kept\n").unwrap();
+    let child = client(
+        vault,
+        json!([["call", "vault_delete", {"path": "Projects/kept.md"}]]),
+    );
+    let held = held_note(vault); // `Pending_Approval/NAME.md`
+    let name = held.trim_start_matches("Pending_Approval/");
+    std::fs::rename(vault.root.join(&held), vault.root.join(folder).join(name)).unwrap();
+    answers(vault, child).remove(0)
+}
+
 /// A person takes a held call note away instead of deciding (deletes it, or moves it into
 /// `Dry_Run/` or a project folder): the waiting client is answered at once that it will not
 /// run. It waited, with "held" progress messages, until its own timeout.
 #[test]
 fn a_held_call_whose_note_a_person_takes_away_answers_at_once() {
     let vault = TestVault::new("http://127.0.0.1:9", WRITE);
-    std::fs::create_dir_all(vault.root.join("Projects")).unwrap();
-    std::fs::write(vault.root.join("Projects/kept.md"), "kept\n").unwrap();
-    let child = client(
-        &vault,
-        json!([["call", "vault_delete", {"path": "Projects/kept.md"}]]),
-    );
-    let held = held_note(&vault); // `Pending_Approval/NAME.md`
-    let name = held.trim_start_matches("Pending_Approval/");
-    std::fs::rename(
-        vault.root.join(&held),
-        vault.root.join("Projects").join(name),
-    )
-    .unwrap();
-    let answers = answers(&vault, child);
-    assert_eq!(answers[0]["isError"], true, "{}", answers[0]);
+    let answer = held_delete_moved_into(&vault, "Projects");
+    assert_eq!(answer["isError"], true, "{answer}");
     assert!(
-        text_of(&answers[0]).starts_with("REJECTED") && text_of(&answers[0]).contains("moved out"),
-        "{}",
-        answers[0]
+        text_of(&answer).starts_with("REJECTED") && text_of(&answer).contains("moved out"),
+        "{answer}"
     );
     assert!(vault.root.join("Projects/kept.md").exists());
 }
