@@ -445,22 +445,23 @@ impl Daemon {
             return Ok(());
         }
         let note = self.vault.relative(path);
-        let note_id = crate::note::frontmatter_property(&text, "tool_note").unwrap_or_default();
-        let (id, outcomes) = (note_id.to_string(), rejected.clone());
+        let note_id = crate::note::frontmatter_property(&text, "tool_note");
+        let (id, outcomes) = (note_id.map(str::to_string), rejected.clone());
         let run = self
             .blocking(move |j| {
-                let run = j.begin_note_run(
-                    &note,
-                    Some(id.as_str()).filter(|id| !id.is_empty()),
-                    None,
-                    None,
-                )?;
+                let run = j.begin_note_run(&note, id.as_deref(), None, None)?;
                 j.calls_finished(run, &outcomes)?;
                 Ok(run)
             })
             .await?;
         if let WriteBack::Written(ids) = self
-            .write_back(path, note_id, rejected, Vec::new(), State::Rejected)
+            .write_back(
+                path,
+                note_id.unwrap_or_default(),
+                rejected,
+                Vec::new(),
+                State::Rejected,
+            )
             .await?
         {
             let reason = format!("{} held call(s) rejected", ids.len());
