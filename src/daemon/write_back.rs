@@ -345,9 +345,14 @@ impl Daemon {
                     });
                 }
                 let rel = self.vault.relative(path);
+                // The folder it is in: In_Progress for a run, Rejected for `reject_held`.
+                let folder = self
+                    .vault
+                    .locate(path)
+                    .map_or(State::InProgress, |(state, _)| state);
                 let message = format!(
                     "results not written yet ({e}); the note stays in {}/ and is retried at the next scan",
-                    self.vault.folder_name(State::InProgress)
+                    self.vault.folder_name(folder)
                 );
                 tracing::error!(note = %rel, "{message}");
                 let _ = self
