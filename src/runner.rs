@@ -14,6 +14,37 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// What a call that is not `read_only` waits for between its durable start record and its
+/// tool's run: done once, by the first such call of a run to get there, and then answered to
+/// every other from memory. The daemon's note identity stamp (`daemon::execute`, "The stamp"
+/// in `journal/mod.rs`): written after a start's commit, which makes the note's text as
+/// claimed durable with it, and before anything of the note can have an effect. `Err` says
+/// why the calls must not run (the note is gone).
+#[derive(Clone)]
+pub struct BeforeRun(Arc<BeforeRunOnce>);
+
+type BeforeRunFuture = std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+struct BeforeRunOnce {
+    done: tokio::sync::OnceCell<Result<(), String>>,
+    make: Box<dyn Fn() -> BeforeRunFuture + Send + Sync>,
+}
+
+impl BeforeRun {
+    pub fn new(make: impl Fn() -> BeforeRunFuture + Send + Sync + 'static) -> BeforeRun {
+        BeforeRun(Arc::new(BeforeRunOnce {
+            done: tokio::sync::OnceCell::new(),
+            make: Box::new(make),
+        }))
+    }
+
+    /// Runs the step if no call has yet (a caller cancelled midway leaves it to the next),
+    /// else waits for it; its answer.
+    pub async fn pass(&self) -> Result<(), String> {
+        self.0.done.get_or_init(|| (self.0.make)()).await.clone()
+    }
+}
+
 pub struct Runner {
     pub registry: Arc<Registry>,
     pub journal: Arc<Journal>,
@@ -98,6 +129,11 @@ impl Runner {
     /// replaces the note
     /// (`Journal::call_finished_later`). A call refused before it started is recorded before
     /// it is returned.
+    ///
+    /// `before_run`, when given, is passed by a call that is not `read_only` after its durable
+    /// start and before its tool runs ([`BeforeRun`]); a call it stops does not run, and its
+    /// outcome says why.
+    #[allow(clippy::too_many_arguments)]
     pub async fn run_call(
         &self,
         run: RunId,
@@ -106,10 +142,11 @@ impl Runner {
         call: &ValidCall,
         spend: Option<&str>,
         permit: OwnedSemaphorePermit,
+        before_run: Option<&BeforeRun>,
     ) -> Ran {
         let read_only = call.effect() == Effect::ReadOnly;
         let result = self
-            .run_unrecorded(run, note, note_id, call, spend, permit)
+            .run_unrecorded(run, note, note_id, call, spend, permit, before_run)
             .await;
         let (result, committed) = match result {
             Unrecorded::Recorded(result) => (result, None),
@@ -127,8 +164,10 @@ impl Runner {
         Ran { result, committed }
     }
 
-    /// [`run_call`](Self::run_call) up to its outcome's record: a call that ran is returned
-    /// unrecorded; one refused before it started is recorded already.
+    /// [`run_call`](Self::run_call) up to its outcome's record: a call that ran (or that
+    /// `before_run` stopped after its start) is returned unrecorded; one refused before it
+    /// started is recorded already.
+    #[allow(clippy::too_many_arguments)]
     async fn run_unrecorded(
         &self,
         run: RunId,
@@ -137,6 +176,7 @@ impl Runner {
         call: &ValidCall,
         spend: Option<&str>,
         permit: OwnedSemaphorePermit,
+        before_run: Option<&BeforeRun>,
     ) -> Unrecorded {
         let (tool, call_id, name, parameters) = (
             &call.tool,
@@ -175,6 +215,26 @@ impl Runner {
         }
         if let Err(refused) = started {
             return Unrecorded::Recorded(refused);
+        }
+        if call.effect() != Effect::ReadOnly
+            && let Some(before) = before_run
+            && let Err(why) = before.pass().await
+        {
+            if gate == Gate::Trial {
+                self.breakers.release_trial(&circuit);
+            }
+            drop(permit);
+            let now = SystemTime::now();
+            return Unrecorded::Ran(CallResult {
+                call_id: call_id.to_string(),
+                name: name.to_string(),
+                outcome: Err(CallError::new(
+                    ErrorCode::ExecutionError,
+                    format!("{name} did not run: {why}; nothing was done"),
+                )),
+                started_at: now,
+                ended_at: now,
+            });
         }
 
         let started_at = SystemTime::now();

@@ -266,7 +266,8 @@ impl Daemon {
             .ok()
             .map(|bytes| crate::tools::vault::sha256_hex(bytes));
         // A note whose stamp is likely (a call that is not a known read_only tool's) has its
-        // text kept with the claim record, durable in the same commit ("The stamp").
+        // text kept with the claim record, in the same commit ("The stamp"), durable with the
+        // next durable write (its first side effect's start, most often).
         let live = self.live();
         let text = read
             .as_ref()
@@ -298,9 +299,10 @@ impl Daemon {
             ));
             // Polled once, the record is on its way to the journal's writer; the run's facts
             // and plan are made meanwhile (nothing of them is recorded under the run), and the
-            // record is waited for before anything that is. Not for a record kept durable
-            // (`keep`): its commit makes every write queued before it readable, which the
-            // facts' count of the note's started calls (§12.2) then includes.
+            // record is waited for before anything that is. Not for a record that keeps the
+            // text (`keep`), waited for until it committed: its commit makes every write
+            // queued before it readable, which the facts' count of the note's started calls
+            // (§12.2) then includes.
             let sent = match keep {
                 None => std::future::poll_fn(|cx| Poll::Ready(began.as_mut().poll(cx))).await,
                 Some(_) => Poll::Ready(began.as_mut().await),
@@ -385,40 +387,48 @@ impl Daemon {
     }
 
     /// Stamps a claimed note with `tool_note` (docs/design.md §9.2), `tool_runner` and `tool_updated`
-    /// (§9.9), before any of its calls starts. False when the note is gone (the run is then
-    /// abandoned). Any other failure is logged: the results write adds them later. A note
-    /// whose calls are all fresh `read_only` runs is not stamped here: its results write adds
-    /// the three properties (see `stamp_at_claim` in `pipeline/execute.rs`).
+    /// (§9.9, `tool_updated` being `at`), before any of its side effects runs. `Gone` when the
+    /// note is gone (the caller abandons the run, or its calls do not run). Any other failure
+    /// is logged: the results write adds them later. A note whose calls are all fresh
+    /// `read_only` runs is not stamped here: its results write adds the three properties (see
+    /// `stamp_at_claim` in `pipeline/execute.rs`).
     ///
     /// With `stamp` other than [`Stamp::Durable`], the stamp is written without an fsync of
-    /// its own once the note's text as claimed is durable with the run (kept now, or already
-    /// with the claim record): recovery puts the text back if a crash leaves the note damaged
-    /// (`journal/mod.rs`, "The stamp").
+    /// its own once the note's text as claimed is durable with the run (kept now, made durable
+    /// now with the claim record, or already): recovery puts the text back if a crash leaves
+    /// the note damaged (`journal/mod.rs`, "The stamp").
     pub(crate) async fn write_identity(
         &self,
         run: RunId,
         path: &Path,
         note_id: &str,
         stamp: Stamp<'_>,
+        at: SystemTime,
     ) -> Result<IdentityWrite, DaemonError> {
         let (p, id) = (path.to_path_buf(), note_id.to_string());
         let runner = self.runners.me.to_string();
         let root = self.vault.root().to_path_buf();
         let journal = self.journal.clone();
-        // The claimed text: kept in the journal first or not, and the text the stamp is
-        // written on unless the note changed since (`note::update_note_unsynced`).
-        let (keep, last_seen) = match stamp {
-            Stamp::KeepThenUnsynced(text) => (Some(text.to_owned()), Some(text.to_owned())),
+        // What the journal does first (keep the claimed text, or make the claim record that
+        // kept it durable), and the text the stamp is written on unless the note changed
+        // since (`note::update_note_unsynced`).
+        let (first, last_seen) = match stamp {
+            Stamp::KeepThenUnsynced(text) => (Some(Some(text.to_owned())), Some(text.to_owned())),
+            Stamp::FlushThenUnsynced(text) => (Some(None), Some(text.to_owned())),
             Stamp::Unsynced(text) => (None, Some(text.to_owned())),
             Stamp::Durable => (None, None),
         };
+        #[cfg(test)]
+        before_stamp::call(path);
         // Noted before the write's rename, so that its event finds it noted (`on_hint`).
         self.runners.wrote(path);
         // The journal's write and the note's in one trip to the blocking pool.
         let written = tokio::task::spawn_blocking(move || {
-            let stamp = |current: &str| note::stamp_claim(current, &id, &runner, SystemTime::now());
-            if let Some(text) = keep {
-                journal.keep_claimed_text(run, &text)?;
+            let stamp = |current: &str| note::stamp_claim(current, &id, &runner, at);
+            match first {
+                Some(Some(text)) => journal.keep_claimed_text(run, &text)?,
+                Some(None) => journal.flush()?,
+                None => {}
             }
             Ok::<_, crate::journal::JournalError>(match last_seen {
                 Some(text) => note::update_note_unsynced(&root, &p, stamp, Some(&text)),
@@ -439,10 +449,7 @@ impl Daemon {
         };
         match written {
             Ok(text) => Ok(IdentityWrite::Written(text)),
-            Err(note::WriteError::Gone(_)) => {
-                self.abandon(run, path).await?;
-                Ok(IdentityWrite::Gone)
-            }
+            Err(note::WriteError::Gone(_)) => Ok(IdentityWrite::Gone),
             Err(e) => {
                 tracing::warn!(note = %self.vault.relative(path), "cannot add tool_note yet: {e}");
                 Ok(IdentityWrite::NotYet)
@@ -807,6 +814,40 @@ impl Daemon {
 /// ([`note::read_settled`]).
 pub(crate) type Claimed = Result<Vec<u8>, note::WriteError>;
 
+/// What tests do just before [`Daemon::write_identity`] writes a note's stamp: look at the
+/// journal and the note then, or take the note away.
+#[cfg(test)]
+pub(crate) mod before_stamp {
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    type Hook = Box<dyn FnOnce(&Path) + Send>;
+
+    /// File name of the note -> what to do then, once. Tests name their notes apart.
+    static HOOKS: Mutex<Vec<(String, Hook)>> = Mutex::new(Vec::new());
+
+    pub(crate) fn set(file_name: &str, hook: impl FnOnce(&Path) + Send + 'static) {
+        HOOKS
+            .lock()
+            .unwrap()
+            .push((file_name.to_string(), Box::new(hook)));
+    }
+
+    pub(super) fn call(path: &Path) {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let hook = {
+            let mut hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+            hooks
+                .iter()
+                .position(|(n, _)| n == name)
+                .map(|i| hooks.remove(i).1)
+        };
+        if let Some(hook) = hook {
+            hook(path);
+        }
+    }
+}
+
 /// How [`Daemon::write_identity`] makes the stamp durable.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stamp<'a> {
@@ -814,7 +855,10 @@ pub(crate) enum Stamp<'a> {
     Durable,
     /// Keep this text (the note as claimed) durable with the run, then write unsynced.
     KeepThenUnsynced(&'a str),
-    /// The claim record kept the text (the note as claimed) already: write unsynced.
+    /// The claim record kept the text (the note as claimed) and committed: make that commit
+    /// durable, then write unsynced.
+    FlushThenUnsynced(&'a str),
+    /// The text (the note as claimed) is durable with the run already: write unsynced.
     Unsynced(&'a str),
 }
 
@@ -822,7 +866,7 @@ pub(crate) enum Stamp<'a> {
 pub(crate) enum IdentityWrite {
     /// The note as written, stamped.
     Written(String),
-    /// The note is gone: its run was abandoned.
+    /// The note is gone (the caller abandons its run).
     Gone,
     /// Not written now (logged): the results write adds the properties.
     NotYet,

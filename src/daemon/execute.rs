@@ -13,15 +13,18 @@ use crate::guard::hold_alert::HeldSummary;
 use crate::note::{ParsedNote, parse_note};
 use crate::pipeline::next_state::{Ending, next_state, outcome_reason, place_as_written};
 use crate::pipeline::plan::{self, Facts, Step};
-use crate::runner::Ran;
+use crate::runner::{BeforeRun, Ran};
 use crate::tools::Effect;
 use crate::vault::State;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::SystemTime;
 use tokio::task::JoinHandle;
 
-use crate::pipeline::execute::{Gathered, asked_a_person, rules, stamp_at_claim};
+use crate::pipeline::execute::{
+    Gathered, asked_a_person, rules, stamp_after_start, stamp_at_claim,
+};
 
 /// What a run knows before anything of it is recorded under its run id: the note's text,
 /// parsed, what the journal knew of its calls, and the plan. A claim makes it while its claim
@@ -108,39 +111,56 @@ impl Daemon {
         } = prepared;
         let (live, pass) = (note.live.clone(), note.pass);
         let id_on_note = crate::note::frontmatter_property(&text, "tool_note");
+        let mut before_run = None;
         if stamp_at_claim(&plan, pass, &facts)
             || id_on_note.is_some_and(|id| id != note.ident.note_id)
         {
-            match self
-                .write_identity(
-                    note.run,
-                    &note.path,
-                    &note.ident.note_id,
-                    if note.text_kept {
-                        Stamp::Unsynced(&text)
-                    } else {
-                        Stamp::KeepThenUnsynced(&text)
-                    },
-                )
-                .await?
-            {
-                IdentityWrite::Gone => return Ok(()),
-                IdentityWrite::NotYet => {}
-                IdentityWrite::NotKept(e) => {
-                    tracing::warn!(note = %self.vault.relative(&note.path), "{e}");
-                    return self.wait_for_storage(&note, &HashSet::new(), vec![]).await;
+            let at = SystemTime::now();
+            let stamp = if !note.text_kept {
+                Some(Stamp::KeepThenUnsynced(&text))
+            } else if stamp_after_start(&plan) {
+                None
+            } else {
+                Some(Stamp::FlushThenUnsynced(&text))
+            };
+            let stamped = match stamp {
+                // Written by the first side effect's call after its start record, whose
+                // commit makes the claimed text durable with it ("The stamp" in
+                // `journal/mod.rs`); planned on the text it writes, unless the note changes
+                // before (then the results write reads it again).
+                None => {
+                    let stamped = crate::note::stamp_claim(
+                        &text,
+                        &note.ident.note_id,
+                        &self.runners.me.to_string(),
+                        at,
+                    );
+                    before_run = Some(self.stamp_before_run(&note, text.clone(), at));
+                    Some(stamped)
                 }
-                IdentityWrite::Written(stamped) => {
-                    // Planned again on the note as written: the same calls and facts, but
-                    // their places (and the line numbers of INVALID_JSON) now count the
-                    // frontmatter the stamp added. The parse is moved, not made again, when
-                    // the stamp changed only the frontmatter.
-                    let claimed = std::mem::replace(&mut text, stamped);
-                    parsed = parsed
-                        .restamped(&claimed, &text)
-                        .unwrap_or_else(|| parse_note(&text));
-                    plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
-                }
+                Some(stamp) => match self
+                    .write_identity(note.run, &note.path, &note.ident.note_id, stamp, at)
+                    .await?
+                {
+                    IdentityWrite::Gone => return self.abandon(note.run, &note.path).await,
+                    IdentityWrite::NotYet => None,
+                    IdentityWrite::NotKept(e) => {
+                        tracing::warn!(note = %self.vault.relative(&note.path), "{e}");
+                        return self.wait_for_storage(&note, &HashSet::new(), vec![]).await;
+                    }
+                    IdentityWrite::Written(stamped) => Some(stamped),
+                },
+            };
+            if let Some(stamped) = stamped {
+                // Planned again on the note as written: the same calls and facts, but
+                // their places (and the line numbers of INVALID_JSON) now count the
+                // frontmatter the stamp added. The parse is moved, not made again, when
+                // the stamp changed only the frontmatter.
+                let claimed = std::mem::replace(&mut text, stamped);
+                parsed = parsed
+                    .restamped(&claimed, &text)
+                    .unwrap_or_else(|| parse_note(&text));
+                plan = plan::plan(&parsed, &live.runner.registry, &rules, &facts);
             }
         }
         // A call that runs spends its decision with its start record, in one transaction
@@ -158,7 +178,9 @@ impl Daemon {
         self.spend_decisions(alone).await?;
         self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
-        let calls = self.start_calls(&note, &plan.steps, &with_start).await;
+        let calls = self
+            .start_calls(&note, &plan.steps, &with_start, before_run)
+            .await;
         let ran: HashSet<String> = plan
             .steps
             .iter()
@@ -178,6 +200,39 @@ impl Daemon {
         }
         self.write_and_move(&note, &text, &parsed, outcome, &in_note)
             .await
+    }
+
+    /// The identity stamp as the side effects of `note` wait for it ([`BeforeRun`]): written
+    /// on `claimed` (the note's text as claimed) with `at` as its `tool_updated`, the text the
+    /// run planned on. A note gone meanwhile runs none of them.
+    fn stamp_before_run(
+        self: &Arc<Self>,
+        note: &NoteRun,
+        claimed: String,
+        at: SystemTime,
+    ) -> BeforeRun {
+        let (daemon, run, path) = (self.clone(), note.run, note.path.clone());
+        let note_id = note.ident.note_id.clone();
+        BeforeRun::new(move || {
+            let (daemon, path) = (daemon.clone(), path.clone());
+            let (note_id, claimed) = (note_id.clone(), claimed.clone());
+            Box::pin(async move {
+                match daemon
+                    .write_identity(run, &path, &note_id, Stamp::Unsynced(&claimed), at)
+                    .await
+                {
+                    Ok(IdentityWrite::Gone) => Err(format!(
+                        "the note left {}/ (moved or deleted) before it could",
+                        daemon.vault.folder_name(State::InProgress)
+                    )),
+                    // Written, or not now (logged; the results write adds the properties).
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(format!(
+                        "the note's identity could not be written first ({e})"
+                    )),
+                }
+            })
+        })
     }
 
     /// The claimed note's text, read once its writer is done; None when there is nothing to
@@ -298,6 +353,7 @@ impl Daemon {
         run_of: &NoteRun,
         steps: &[(String, Step)],
         spend: &HashMap<String, String>,
+        before_run: Option<BeforeRun>,
     ) -> Vec<Option<JoinHandle<Ran>>> {
         let (live, run) = (&run_of.live, run_of.run);
         let mut handles = Vec::with_capacity(steps.len());
@@ -318,6 +374,7 @@ impl Daemon {
             let note = self.vault.relative(&run_of.path);
             let note_id = run_of.ident.note_id.clone();
             let spend = spend.get(&call.call_id).cloned();
+            let before_run = before_run.clone();
             handles.push(Some(tokio::spawn(async move {
                 if let Some(previous) = after {
                     // Resolves when the previous change finished (its sender dropped).
@@ -325,7 +382,15 @@ impl Daemon {
                 }
                 let result = live
                     .runner
-                    .run_call(run, &note, &note_id, &call, spend.as_deref(), permit)
+                    .run_call(
+                        run,
+                        &note,
+                        &note_id,
+                        &call,
+                        spend.as_deref(),
+                        permit,
+                        before_run.as_ref(),
+                    )
                     .await;
                 drop(finished);
                 result
@@ -520,5 +585,104 @@ impl Daemon {
     pub(crate) fn redact_result(&self, mut r: CallResult) -> CallResult {
         r.outcome = r.outcome.map_err(|e| self.live().runner.redact_error(e));
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::daemon::claim::before_stamp;
+    use crate::daemon::storage::tests::{InProcess, call_of};
+    use crate::tools::Effect;
+    use crate::vault::State;
+    use std::sync::{Arc, Mutex};
+
+    /// Idle tools: `act`, a side effect (the stamp waits for its start), and `look`.
+    fn daemon() -> InProcess {
+        InProcess::start_with(
+            "",
+            &[
+                ("act", Effect::ExternalSideEffect, None, true),
+                ("look", Effect::ReadOnly, None, true),
+            ],
+        )
+    }
+
+    /// A note with one call to `tool`.
+    fn drop_call(d: &InProcess, name: &str, tool: &str) -> String {
+        let text = format!("# {name}\n\n{}", call_of(tool, r#"{"q": "x"}"#));
+        std::fs::write(d.vault.folder(State::NeedsAction).join(name), &text).unwrap();
+        text
+    }
+
+    /// A send note's identity stamp is written after its side effect's start record committed
+    /// (that commit's fsync makes the claimed text durable, with no commit of its own) and
+    /// before the tool runs: when the stamp is written, the start is in the journal, the note
+    /// is still as claimed, and the call has no outcome yet.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_side_effects_note_is_stamped_after_its_start_record_and_before_its_run() {
+        let d = daemon();
+        let seen = Arc::new(Mutex::new(None));
+        let (journal, put) = (d.journal.clone(), seen.clone());
+        before_stamp::set("order.md", move |path| {
+            let log = journal.log(&Default::default()).unwrap();
+            let of = |event: &str| {
+                log.iter()
+                    .filter(|e| e.note.ends_with("order.md") && e.event == event)
+                    .count()
+            };
+            let text = std::fs::read_to_string(path).unwrap();
+            *put.lock().unwrap() = Some((of("call_start"), of("call_end"), text));
+        });
+        tokio::task::block_in_place(|| {
+            let dropped = drop_call(&d, "order.md", "act");
+            d.wait_for("order.md in Failed", &|| {
+                d.in_state(State::Failed, "order.md")
+            });
+            let (starts, ends, text) = seen.lock().unwrap().take().expect("the note was stamped");
+            assert_eq!(
+                (starts, ends),
+                (1, 0),
+                "start and outcome records at the stamp"
+            );
+            assert_eq!(text, dropped, "the note as claimed, not stamped yet");
+            // The tool ran after the stamp: its own (idle) failure is the result.
+            let done =
+                std::fs::read_to_string(d.vault.folder(State::Failed).join("order.md")).unwrap();
+            assert!(done.contains("tool_note: n-"), "{done}");
+            assert!(done.contains("not run"), "{done}");
+        });
+        d.stop().await;
+    }
+
+    /// A note taken out of In_Progress between its side effect's start record and the stamp
+    /// (a person moved it): the stamp finds it gone, and the call does not run. Its recorded
+    /// outcome says so (not "started, no outcome": a copy of the note gets that answer, not
+    /// `UNKNOWN_OUTCOME`), and the moved note is left as it was.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_note_moved_away_before_its_stamp_runs_none_of_its_side_effects() {
+        let d = daemon();
+        let done = d.vault.folder(State::Done).join("gone.md");
+        let to = done.clone();
+        before_stamp::set("gone.md", move |path| std::fs::rename(path, &to).unwrap());
+        tokio::task::block_in_place(|| {
+            let dropped = drop_call(&d, "gone.md", "act");
+            d.wait_for("gone.md's run abandoned", &|| {
+                d.journal.flush().unwrap();
+                d.journal.open_runs().unwrap().is_empty() && d.events_of("gone.md", "call_end") == 1
+            });
+            let log = d.journal.log(&Default::default()).unwrap();
+            let end = log
+                .iter()
+                .find(|e| e.note.ends_with("gone.md") && e.event == "call_end")
+                .unwrap();
+            assert_eq!(end.outcome.as_deref(), Some("EXECUTION_ERROR"), "{end:?}");
+            let detail = end.detail.as_deref().unwrap_or_default();
+            assert!(
+                detail.contains("act did not run: the note left In_Progress/"),
+                "{detail}"
+            );
+            assert_eq!(std::fs::read_to_string(&done).unwrap(), dropped);
+        });
+        d.stop().await;
     }
 }

@@ -128,8 +128,9 @@ pub(crate) struct NoteRun {
     pub(crate) ident: Identity,
     /// The config and tools this run keeps to its end, whatever a reload does meanwhile.
     pub(crate) live: Arc<reload::Live>,
-    /// The note's text as claimed is durable in the journal with the claim record (a note
-    /// likely to be stamped before its calls run, "The stamp" in `journal/mod.rs`).
+    /// The note's text as claimed is in the journal with the claim record, committed, and
+    /// durable once a durable write after it is (a note likely to be stamped before its side
+    /// effects run, "The stamp" in `journal/mod.rs`).
     pub(crate) text_kept: bool,
 }
 

@@ -193,12 +193,18 @@ impl Daemon {
         }
         if carried.is_none()
             && matches!(
-                self.write_identity(run, path, note_id, Stamp::Durable)
-                    .await?,
+                self.write_identity(
+                    run,
+                    path,
+                    note_id,
+                    Stamp::Durable,
+                    std::time::SystemTime::now()
+                )
+                .await?,
                 IdentityWrite::Gone
             )
         {
-            return Ok(());
+            return self.abandon(run, path).await;
         }
         let ident = Identity {
             note_id: note_id.to_string(),

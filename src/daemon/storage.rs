@@ -330,7 +330,7 @@ fn notes_stamped_here(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::Folders;
     use crate::synced::{RunnerId, stamped_notes};
@@ -351,11 +351,11 @@ mod tests {
     /// with "not run"): by [`start`](Self::start) one, `look` (`read_only`), held for
     /// approval when `approval`. `drop_note` and the warm-up note of `fail_nth_write_after`
     /// call `look`, so every tool list has it.
-    struct InProcess {
+    pub(crate) struct InProcess {
         _dir: tempfile::TempDir,
-        vault: Vault,
+        pub(crate) vault: Vault,
         config: crate::config::Config,
-        journal: std::sync::Arc<crate::journal::Journal>,
+        pub(crate) journal: std::sync::Arc<crate::journal::Journal>,
         stop: tokio::sync::oneshot::Sender<()>,
         daemon: tokio::task::JoinHandle<Result<(), crate::daemon::DaemonError>>,
     }
@@ -368,7 +368,7 @@ mod tests {
 
         /// [`start`](Self::start) with `top` (top-level config lines, each ending in a
         /// newline) and these idle tools (`tools::idle::registry`).
-        fn start_with(
+        pub(crate) fn start_with(
             top: &str,
             tools: &[(
                 &str,
@@ -427,7 +427,7 @@ mod tests {
             std::fs::write(to, format!("# {name}\n{}", call_of("look", parameters))).unwrap();
         }
 
-        fn wait_for(&self, what: &str, done: &dyn Fn() -> bool) {
+        pub(crate) fn wait_for(&self, what: &str, done: &dyn Fn() -> bool) {
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             while !done() {
                 assert!(
@@ -438,14 +438,14 @@ mod tests {
             }
         }
 
-        fn events_of(&self, name: &str, event: &str) -> usize {
+        pub(crate) fn events_of(&self, name: &str, event: &str) -> usize {
             let log = self.journal.log(&Default::default()).unwrap();
             log.into_iter()
                 .filter(|e| e.note.ends_with(name) && e.event == event)
                 .count()
         }
 
-        fn in_state(&self, state: State, name: &str) -> bool {
+        pub(crate) fn in_state(&self, state: State, name: &str) -> bool {
             self.vault.folder(state).join(name).exists()
         }
 
@@ -471,14 +471,14 @@ mod tests {
                 .is_some_and(|last| usize::try_from(*last).unwrap() > ids.len())
         }
 
-        async fn stop(self) {
+        pub(crate) async fn stop(self) {
             self.stop.send(()).unwrap();
             self.daemon.await.unwrap().unwrap();
         }
     }
 
     /// A ```json block calling `tool`.
-    fn call_of(tool: &str, parameters: &str) -> String {
+    pub(crate) fn call_of(tool: &str, parameters: &str) -> String {
         format!(
             "```json\n{{\"tool_call\": {{\"name\": \"{tool}\", \"parameters\": {parameters}}}}}\n```\n"
         )

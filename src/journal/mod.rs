@@ -78,14 +78,23 @@
 //! A note whose calls include a side effect gets its identity (`tool_note`, docs/design.md §9.2)
 //! before any of them runs, so that a note moved by hand mid-run carries it. That write
 //! replaces the claimed note and has no fsync of its own (`note::update_note_unsynced`): first
-//! the note's text as claimed is kept with its run (`keep_claimed_text`, durable, so
-//! its commit also carries the claim record; for a note whose calls are not all known
-//! `read_only` ones the claim record itself carries the text and is waited for, one commit
-//! for both), then the stamped text is renamed over the note.
+//! the note's text as claimed is made durable with its run, then the stamped text is renamed
+//! over the note. For a note whose calls are not all known `read_only` ones the claim record
+//! itself carries the text, and is waited for until it committed (not for its fsync). When a
+//! side effect of the note runs, the stamp is written by the first one's call after its
+//! start record and before its tool runs (`runner::BeforeRun`): that start's commit must be
+//! durable before the tool runs anyway, and the single writer commits in order, so its fsync
+//! makes the claim record and the text durable too. One commit's fsync less on a send
+//! note's way to Done: what it costs is that a kill between that commit and the stamp's
+//! rename (a write without an fsync: a fraction of a millisecond) leaves the first case
+//! below with a start recorded, so that call gets `UNKNOWN_OUTCOME` though its tool never ran,
+//! as a kill while the tool runs gives it; never a second run. Otherwise (no side effect
+//! runs) the text is made durable first ([`Journal::flush`], or `keep_claimed_text` when the
+//! claim record did not carry it).
 //! What a power loss can leave (a kill leaves the page cache, so only the first two):
-//! - the note as claimed (the rename was lost): recovery knows it by the run's path and gives
-//!   it the run's id (`daemon/recover.rs`); a claim rename lost too leaves it at the path it
-//!   was claimed from, where the stale-copy rule (§9.6) knows it;
+//! - the note as claimed (the rename was lost, or not made yet): recovery knows it by the
+//!   run's path and gives it the run's id (`daemon/recover.rs`); a claim rename lost too
+//!   leaves it at the path it was claimed from, where the stale-copy rule (§9.6) knows it;
 //! - the note as stamped;
 //! - on a file system that does not flush a file renamed over another (ext4 does, with its
 //!   default `auto_da_alloc`; others need not), an empty or zero-filled note: recovery puts the

@@ -200,8 +200,9 @@ impl Journal {
     /// `claimed_sha256` is the SHA-256 of the note's text as claimed (docs/design.md §9.10).
     /// With `claimed_text` (a note whose identity stamp will be written without an fsync of
     /// its own, "The stamp" in the module doc) the text is kept with the run and the record
-    /// is waited for until it is durable, as [`keep_claimed_text`](Self::keep_claimed_text)
-    /// would make it: one commit for both.
+    /// is waited for until it committed (readers see it), not until it is durable: the stamp
+    /// waits for that, as a durable write made after it (a side effect's start, or
+    /// [`flush`](Self::flush)) makes it.
     #[allow(clippy::too_many_arguments)]
     pub async fn begin_claim_async(
         &self,
@@ -214,7 +215,7 @@ impl Journal {
         claimed_text: Option<&str>,
     ) -> Result<RunId, JournalError> {
         let wait = match claimed_text {
-            Some(_) => Wait::Durable,
+            Some(_) => Wait::Committed,
             None => Wait::Executed,
         };
         let job = claim_job(

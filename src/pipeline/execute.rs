@@ -51,6 +51,18 @@ pub(crate) fn stamp_at_claim(plan: &Plan, pass: Pass, facts: &Facts) -> bool {
     !fresh_read_only
 }
 
+/// Whether a note stamped at its claim ([`stamp_at_claim`]), its text as claimed committed
+/// with its claim record, has its stamp written by its first side effect's call, between
+/// that call's start record and its run (`runner::BeforeRun`), rather than before any call
+/// starts: when a call that is not `read_only` runs. Its start's commit, which must be
+/// durable before it runs anyway, then makes the claimed text durable too: one fsync of the
+/// journal less on a send note's way to Done ("The stamp" in `journal/mod.rs`).
+pub(crate) fn stamp_after_start(plan: &Plan) -> bool {
+    plan.steps
+        .iter()
+        .any(|(_, step)| matches!(step, Step::Run(call) if call.effect() != Effect::ReadOnly))
+}
+
 /// Whether the claim of this note is likely to be followed by [`stamp_at_claim`]: any pending
 /// call that is not a well-formed call to a known `read_only` tool. Decided before the claim
 /// record, which then keeps the note's text with it (`journal/mod.rs`, "The stamp"); a run

@@ -92,7 +92,7 @@ impl Fixture {
         let permit = self.runner.permit().await;
         let ran = self
             .runner
-            .run_call(self.run, NOTE, "n-000000000001", &call, None, permit)
+            .run_call(self.run, NOTE, "n-000000000001", &call, None, permit, None)
             .await;
         if let Some(committed) = ran.committed {
             self.journal.settle(committed).unwrap();
@@ -787,7 +787,7 @@ async fn a_state_change_outcome_is_left_for_the_write_back_to_settle() {
     let permit = f.runner.permit().await;
     let ran = f
         .runner
-        .run_call(f.run, NOTE, "n-000000000001", &call, None, permit)
+        .run_call(f.run, NOTE, "n-000000000001", &call, None, permit, None)
         .await;
     assert!(ran.result.outcome.is_ok(), "{:?}", ran.result.outcome);
     let committed = ran.committed.expect("the outcome is queued for the settle");
