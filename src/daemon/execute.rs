@@ -116,9 +116,13 @@ impl Daemon {
             || id_on_note.is_some_and(|id| id != note.ident.note_id)
         {
             let at = SystemTime::now();
+            // A note that carries another note's id (a copy, given its own) is stamped before
+            // any call starts: if none of its side effects reached the stamp (refused by a
+            // rate limit, say), its results write would find the other id and leave it be.
+            let carries_another = id_on_note.is_some_and(|id| id != note.ident.note_id);
             let stamp = if !note.text_kept {
                 Some(Stamp::KeepThenUnsynced(&text))
-            } else if stamp_after_start(&plan) {
+            } else if stamp_after_start(&plan) && !carries_another {
                 None
             } else {
                 Some(Stamp::FlushThenUnsynced(&text))
@@ -649,7 +653,51 @@ mod tests {
             let done =
                 std::fs::read_to_string(d.vault.folder(State::Failed).join("order.md")).unwrap();
             assert!(done.contains("tool_note: n-"), "{done}");
-            assert!(done.contains("not run"), "{done}");
+            assert!(
+                done.contains("not run") && !done.contains("did not run"),
+                "the idle tool's own failure, not the stamp's: {done}"
+            );
+        });
+        d.stop().await;
+    }
+
+    /// A copy of a note (its `tool_note` carried by a note that still exists) gets an id of
+    /// its own, written before any call starts even when the call is a side effect: here the
+    /// copy's new call is refused by the rate limit before its start, so no side effect would
+    /// write the stamp, and its results write would find the original's id in it and leave it
+    /// in In_Progress unwritten.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_whose_side_effect_is_refused_before_its_start_gets_its_own_id_and_results() {
+        let limit = crate::config::RateLimit {
+            per_hour: Some(1),
+            per_day: None,
+        };
+        let tools = crate::tools::idle::registry_limited(
+            &[("act", Effect::ExternalSideEffect, None, true)],
+            limit,
+        );
+        let d = InProcess::start_with_registry("", tools);
+        tokio::task::block_in_place(|| {
+            drop_call(&d, "orig.md", "act");
+            d.wait_for("orig.md in Failed", &|| {
+                d.in_state(State::Failed, "orig.md")
+            });
+            let orig =
+                std::fs::read_to_string(d.vault.folder(State::Failed).join("orig.md")).unwrap();
+            let id = crate::note::frontmatter_property(&orig, "tool_note")
+                .unwrap()
+                .to_string();
+            // A template made of the finished note, with a new call.
+            let copy = format!("{orig}\n{}", call_of("act", r#"{"q": "again"}"#));
+            std::fs::write(d.vault.folder(State::NeedsAction).join("copy.md"), copy).unwrap();
+            d.wait_for("copy.md in Failed", &|| {
+                d.in_state(State::Failed, "copy.md")
+            });
+            let text =
+                std::fs::read_to_string(d.vault.folder(State::Failed).join("copy.md")).unwrap();
+            let own = crate::note::frontmatter_property(&text, "tool_note").unwrap();
+            assert_ne!(own, id, "{text}");
+            assert!(text.contains("RATE_LIMITED"), "{text}");
         });
         d.stop().await;
     }

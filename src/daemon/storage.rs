@@ -377,9 +377,16 @@ pub(crate) mod tests {
                 bool,
             )],
         ) -> InProcess {
+            InProcess::start_with_registry(top, crate::tools::idle::registry(tools))
+        }
+
+        /// [`start_with`](Self::start_with) these tools.
+        pub(crate) fn start_with_registry(
+            top: &str,
+            registry: crate::tools::Registry,
+        ) -> InProcess {
             use crate::daemon::{Mode, Services, run};
             use crate::journal::Journal;
-            use crate::tools::idle;
             use std::sync::Arc;
             let dir = tempfile::tempdir().unwrap();
             let (root, state) = (dir.path().join("vault"), dir.path().join("state"));
@@ -404,7 +411,7 @@ pub(crate) mod tests {
                 mode: Mode::Run,
                 vault: vault.clone(),
                 journal: journal.clone(),
-                registry: idle::registry(tools),
+                registry,
                 redactor: Arc::new(crate::secret::Redactor::new([], &[])),
                 config: config.clone(),
             };

@@ -88,9 +88,12 @@
 //! note's way to Done: what it costs is that a kill between that commit and the stamp's
 //! rename (a write without an fsync: a fraction of a millisecond) leaves the first case
 //! below with a start recorded, so that call gets `UNKNOWN_OUTCOME` though its tool never ran,
-//! as a kill while the tool runs gives it; never a second run. Otherwise (no side effect
-//! runs) the text is made durable first ([`Journal::flush`], or `keep_claimed_text` when the
-//! claim record did not carry it).
+//! as a kill while the tool runs gives it; never a second run. A note gone by then runs none
+//! of its side effects (each gets a recorded "did not run"). Otherwise (no side effect runs,
+//! or the note carries another note's id, whose results write must find its own) the text is
+//! made durable first ([`Journal::flush`], or `keep_claimed_text` when the claim record did
+//! not carry it). The stamp is written unsynced only on the text kept: a note changed since
+//! its claim is stamped with its temp file fsynced (recovery would put back the kept text).
 //! What a power loss can leave (a kill leaves the page cache, so only the first two):
 //! - the note as claimed (the rename was lost, or not made yet): recovery knows it by the
 //!   run's path and gives it the run's id (`daemon/recover.rs`); a claim rename lost too

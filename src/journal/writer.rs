@@ -538,7 +538,11 @@ impl WalSync {
             Ok(()) => {}
             // No WAL: checkpointed and removed, and a checkpoint fsyncs the database.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(path = %path.display(), "journal: cannot fsync the WAL: {e}"),
+            Err(e) => {
+                // Still behind: the next durable group or idle linger tries again.
+                tracing::warn!(path = %path.display(), "journal: cannot fsync the WAL: {e}");
+                return;
+            }
         }
         self.behind = false;
     }

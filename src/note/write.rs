@@ -103,7 +103,8 @@ pub fn update_note_settling(
 /// flush a file renamed over another — empty or zero-filled. Only for the identity stamp,
 /// whose caller first made the text it replaces durable in the journal, from which recovery
 /// puts a damaged note back (`journal/mod.rs`, "The stamp"). `last_seen` as for
-/// [`update_note_settling`].
+/// [`update_note_settling`], and the text the journal holds: a note found changed since is
+/// written with its temp file fsynced (its text is not the one recovery would put back).
 pub fn update_note_unsynced(
     root: &Path,
     path: &Path,
@@ -156,6 +157,7 @@ fn update(
 ) -> Result<String, WriteError> {
     // After a writer was caught in the rename (see below): what we wrote, and their text.
     let mut carried: Option<(String, String)> = None;
+    let kept = last_seen;
     // The caller's text for the note, taken without a read on the first attempt; the last
     // attempt built on it, which was not the note's (no back-off: nobody was caught writing).
     let (mut guess, mut guessed_wrong) = (last_seen, false);
@@ -181,7 +183,11 @@ fn update(
             return Ok(new);
         }
         let temp = temp_path(path);
-        let written = write_temp_beside(root, path, &temp, &new, durable != Durable::Soon);
+        // Unsynced (`Soon`) only on the text the caller's journal holds (the note as claimed):
+        // on any other (a person's edit since), a crash must not leave the note empty, since
+        // recovery would put back the claimed text, without the edit.
+        let sync = durable != Durable::Soon || kept != Some(base.as_str());
+        let written = write_temp_beside(root, path, &temp, &new, sync);
         let folder = match written {
             Ok(folder) => folder,
             Err(source) if guessed && source.kind() == io::ErrorKind::NotFound => {

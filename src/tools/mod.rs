@@ -457,6 +457,14 @@ pub(crate) mod idle {
     /// A registry of idle built-in tools, each taking one string `q`:
     /// (name, effect, approval, enabled).
     pub fn registry(tools: &[(&str, Effect, Option<ApprovalRule>, bool)]) -> Registry {
+        registry_limited(tools, RateLimit::default())
+    }
+
+    /// [`registry`] with `rate_limit` on every tool.
+    pub fn registry_limited(
+        tools: &[(&str, Effect, Option<ApprovalRule>, bool)],
+        rate_limit: RateLimit,
+    ) -> Registry {
         let mut r = Registry::empty();
         for &(name, effect, approval, enabled) in tools {
             let spec = ToolSpec {
@@ -473,7 +481,7 @@ pub(crate) mod idle {
             let policy = Policy {
                 enabled,
                 timeout: Duration::from_secs(1),
-                rate_limit: RateLimit::default(),
+                rate_limit,
                 approval,
             };
             r.add(Box::new(Idle(spec)), policy)
