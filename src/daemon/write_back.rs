@@ -3,13 +3,14 @@
 //! run is closed in the journal. What is written and where the note goes are decided in
 //! [`crate::pipeline::next_state`].
 
-use crate::call::{CallResult, HeldCall};
+use crate::call::{CallResult, ErrorCode, HeldCall};
 use crate::daemon::Daemon;
 use crate::daemon::DaemonError;
 use crate::journal::RunId;
 use crate::note::{self, parse_note};
 use crate::pipeline::plan;
 use crate::vault::State;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -454,6 +455,25 @@ impl Daemon {
         let (id, outcomes) = (note_id.map(str::to_string), rejected.clone());
         let run = self
             .blocking(move |j| {
+                // A rejection recorded at an earlier look whose write failed is not recorded
+                // again: only the calls whose newest record is not that rejection.
+                let recorded: HashSet<String> = match &id {
+                    Some(id) => j
+                        .note_calls(id)?
+                        .into_iter()
+                        .filter(|c| {
+                            c.recorded.as_ref().is_some_and(
+                                |r| matches!(&r.outcome, Err(e) if e.code == ErrorCode::Rejected),
+                            )
+                        })
+                        .map(|c| c.call_id)
+                        .collect(),
+                    None => HashSet::new(),
+                };
+                let outcomes: Vec<_> = outcomes
+                    .into_iter()
+                    .filter(|r| !recorded.contains(&r.call_id))
+                    .collect();
                 let run = j.begin_note_run(&note, id.as_deref(), None, None)?;
                 j.calls_finished(run, &outcomes)?;
                 Ok(run)
@@ -584,5 +604,55 @@ mod tests {
             !seen.iter().any(|h| matches!(h, Hint::Ready(p) | Hint::Closed(p) | Hint::Changed(p) if *p == ours_done)),
             "our own move woke the daemon: {seen:?}"
         );
+    }
+
+    /// A held call whose rejection an earlier look recorded (its write into the note then
+    /// failed) is not recorded a second time when the note in Rejected/ is looked at again:
+    /// one REJECTED outcome in the journal, and the block in the note.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rejection_recorded_before_is_not_recorded_again() {
+        use crate::daemon::storage::tests::{InProcess, call_of};
+        let d = InProcess::start_with(
+            "",
+            &[(
+                "act",
+                crate::tools::Effect::ExternalSideEffect,
+                Some(crate::call::ApprovalRule::Always),
+                true,
+            )],
+        );
+        tokio::task::block_in_place(|| {
+            let text = format!("# r\n\n{}", call_of("act", r#"{"q": "x"}"#));
+            std::fs::write(d.vault.folder(State::NeedsAction).join("r.md"), text).unwrap();
+            let held = d.vault.folder(State::PendingApproval).join("r.md");
+            d.wait_for("r.md held", &|| held.exists());
+            let text = std::fs::read_to_string(&held).unwrap();
+            let note_id = note::frontmatter_property(&text, "tool_note").unwrap();
+            let parsed = parse_note(&text);
+            let rejected = plan::rejections(&parsed);
+            assert_eq!(rejected.len(), 1, "{text}");
+            // What the earlier look recorded before its write failed.
+            let run = d
+                .journal
+                .begin_note_run("Rejected/r.md", Some(note_id), None, None)
+                .unwrap();
+            d.journal.calls_finished(run, &rejected).unwrap();
+            d.journal.abandon_run(run, "results not written").unwrap();
+            let to = d.vault.folder(State::Rejected).join("r.md");
+            std::fs::rename(&held, &to).unwrap();
+            d.wait_for("the REJECTED block", &|| {
+                std::fs::read_to_string(&to).is_ok_and(|t| t.contains("REJECTED"))
+            });
+            d.journal.flush().unwrap();
+            let ends = d
+                .journal
+                .log(&Default::default())
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.event == "call_end" && e.outcome.as_deref() == Some("REJECTED"))
+                .count();
+            assert_eq!(ends, 1, "the rejection recorded once");
+        });
+        d.stop().await;
     }
 }
