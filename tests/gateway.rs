@@ -524,6 +524,40 @@ fn over_a_unix_socket_only_its_owner_connects() {
     assert_eq!(answer["isError"], false, "{answer}");
 }
 
+/// A file already at the socket's path is another program's: the gateway refuses to start
+/// and leaves it as it was (the socket is bound beside it and renamed into place, never over
+/// anything).
+#[test]
+fn a_file_at_the_socket_path_is_left_alone() {
+    let vault = TestVault::new(
+        "http://127.0.0.1:9",
+        &format!("{WRITE}[gateway]\ntoken = \"env:VAULTD_TEST_GATEWAY_TOKEN\"\n"),
+    );
+    let socket = vault.dir.path().join("gateway.sock");
+    std::fs::write(&socket, "someone's file\n").unwrap();
+    let out = vault
+        .cmd()
+        .args(["mcp", "serve", "--listen"])
+        .arg(format!("unix:{}", socket.display()))
+        .env("VAULTD_TEST_GATEWAY_TOKEN", "sock-token")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("exists and is not a socket"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&socket).unwrap(),
+        "someone's file\n"
+    );
+    let left: Vec<_> = std::fs::read_dir(vault.dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".binding"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// Runs one of the conformance suite's server scenarios against `url`; its checks.
 fn server_scenario(url: &str, name: &str, version: &str) -> (Vec<Value>, String) {
     let node = crate::conformance::node().expect("scripts/test installs the conformance suite");

@@ -147,14 +147,65 @@ pub async fn serve(
             {
                 std::fs::remove_file(&path)?;
             }
-            let listener = tokio::net::UnixListener::bind(&path)?;
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            let listener = bind_owner_only(&path)?;
             ready(format!("unix:{} (endpoint /mcp)", path.display()));
             accept_until!(listener, shutdown, handle);
             let _ = std::fs::remove_file(&path);
         }
     }
     Ok(())
+}
+
+/// A unix socket at `path` that only its owner may connect to, from its first moment: bound
+/// under a name of its own beside `path`, made 0600, then renamed to `path` (never over
+/// anything there). Bound at `path` itself, it would be there with the umask's mode until
+/// the chmod, for any local user to connect to.
+fn bind_owner_only(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let (Some(folder), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::other(format!(
+            "{}: not a path to a socket",
+            path.display()
+        )));
+    };
+    let folder = if folder.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        folder
+    };
+    let path = folder.join(name);
+    let staging = folder.join(format!(
+        ".{}.{}.binding",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&staging);
+    let listener = tokio::net::UnixListener::bind(&staging)?;
+    let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+        .and_then(
+            |()| match crate::beneath::rename_noreplace(folder, &staging, &path) {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+                    // No RENAME_NOREPLACE on this file system: check, then rename.
+                    if std::fs::symlink_metadata(&path).is_ok() {
+                        return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+                    }
+                    std::fs::rename(&staging, &path)
+                }
+                other => other,
+            },
+        );
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&staging);
+        return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
+            std::io::Error::new(
+                e.kind(),
+                format!("{} exists and is not a socket", path.display()),
+            )
+        } else {
+            e
+        });
+    }
+    Ok(listener)
 }
 
 fn spawn_connection<IO, H, F>(stream: IO, handle: H)
