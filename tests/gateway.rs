@@ -553,7 +553,7 @@ fn a_file_at_the_socket_path_is_left_alone() {
     let left: Vec<_> = std::fs::read_dir(vault.dir.path())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".binding"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".vd"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }

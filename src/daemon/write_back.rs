@@ -6,7 +6,7 @@
 use crate::call::{CallResult, ErrorCode, HeldCall};
 use crate::daemon::Daemon;
 use crate::daemon::DaemonError;
-use crate::journal::RunId;
+use crate::journal::{CallProgress, RunId};
 use crate::note::{self, parse_note};
 use crate::pipeline::plan;
 use crate::vault::State;
@@ -456,15 +456,15 @@ impl Daemon {
         let run = self
             .blocking(move |j| {
                 // A rejection recorded at an earlier look whose write failed is not recorded
-                // again: only the calls whose newest record is not that rejection.
+                // again: only the calls whose newest record is not that rejection, still
+                // unwritten. One written and then deleted (asked anew, rejected again) is.
                 let recorded: HashSet<String> = match &id {
                     Some(id) => j
                         .note_calls(id)?
                         .into_iter()
                         .filter(|c| {
-                            c.recorded.as_ref().is_some_and(
-                                |r| matches!(&r.outcome, Err(e) if e.code == ErrorCode::Rejected),
-                            )
+                            matches!(&c.progress, CallProgress::Finished(r)
+                                if matches!(&r.outcome, Err(e) if e.code == ErrorCode::Rejected))
                         })
                         .map(|c| c.call_id)
                         .collect(),
@@ -652,6 +652,30 @@ mod tests {
                 .filter(|e| e.event == "call_end" && e.outcome.as_deref() == Some("REJECTED"))
                 .count();
             assert_eq!(ends, 1, "the rejection recorded once");
+            // Written, then deleted by a person (asked anew) and rejected again: recorded.
+            let again = d.vault.folder(State::Rejected).join("r2.md");
+            let written = d
+                .journal
+                .begin_note_run("Rejected/r2.md", Some(note_id), None, None)
+                .unwrap();
+            d.journal.calls_finished(written, &rejected).unwrap();
+            let ids: Vec<&str> = rejected.iter().map(|r| r.call_id.as_str()).collect();
+            d.journal.results_written(written, &ids).unwrap();
+            d.journal.abandon_run(written, "moved on").unwrap();
+            std::fs::rename(&to, &again).unwrap();
+            std::fs::write(&again, &text).unwrap(); // the REJECTED block deleted
+            d.wait_for("the second REJECTED block", &|| {
+                std::fs::read_to_string(&again).is_ok_and(|t| t.contains("REJECTED"))
+            });
+            d.journal.flush().unwrap();
+            let ends = d
+                .journal
+                .log(&Default::default())
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.event == "call_end" && e.outcome.as_deref() == Some("REJECTED"))
+                .count();
+            assert_eq!(ends, 3, "the rejection after the written one recorded");
         });
         d.stop().await;
     }

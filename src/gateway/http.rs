@@ -157,11 +157,12 @@ pub async fn serve(
 }
 
 /// A unix socket at `path` that only its owner may connect to, from its first moment: bound
-/// under a name of its own beside `path`, made 0600, then renamed to `path` (never over
-/// anything there). Bound at `path` itself, it would be there with the umask's mode until
-/// the chmod, for any local user to connect to.
+/// in a folder of its own beside `path` that only the owner may enter (0700: connecting
+/// needs search permission on it), made 0600, then renamed to `path` (never over anything
+/// there), and the folder removed. Bound at `path` itself, it would be there with the
+/// umask's mode until the chmod, and a connection made then would be accepted.
 fn bind_owner_only(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let (Some(folder), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(std::io::Error::other(format!(
             "{}: not a path to a socket",
@@ -174,38 +175,43 @@ fn bind_owner_only(path: &std::path::Path) -> std::io::Result<tokio::net::UnixLi
         folder
     };
     let path = folder.join(name);
-    let staging = folder.join(format!(
-        ".{}.{}.binding",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    // Short: a socket's path has at most 107 bytes, and this one should fit when `path` does.
+    let private = folder.join(format!(".vd{}", std::process::id()));
+    let staging = private.join("s");
     let _ = std::fs::remove_file(&staging);
-    let listener = tokio::net::UnixListener::bind(&staging)?;
-    let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
-        .and_then(
-            |()| match crate::beneath::rename_noreplace(folder, &staging, &path) {
+    let _ = std::fs::remove_dir(&private);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", private.display())))?;
+    let placed = tokio::net::UnixListener::bind(&staging)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+        .and_then(|listener| {
+            std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))?;
+            match crate::beneath::rename_noreplace(folder, &staging, &path) {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
                     // No RENAME_NOREPLACE on this file system: check, then rename.
                     if std::fs::symlink_metadata(&path).is_ok() {
                         return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
                     }
-                    std::fs::rename(&staging, &path)
+                    std::fs::rename(&staging, &path)?;
                 }
-                other => other,
-            },
-        );
-    if let Err(e) = placed {
-        let _ = std::fs::remove_file(&staging);
-        return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
+                other => other?,
+            }
+            Ok(listener)
+        });
+    let _ = std::fs::remove_file(&staging);
+    let _ = std::fs::remove_dir(&private);
+    placed.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
             std::io::Error::new(
                 e.kind(),
                 format!("{} exists and is not a socket", path.display()),
             )
         } else {
             e
-        });
-    }
-    Ok(listener)
+        }
+    })
 }
 
 fn spawn_connection<IO, H, F>(stream: IO, handle: H)

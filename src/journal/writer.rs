@@ -480,12 +480,12 @@ fn write_groups(
                 sync.flush_wal(path, counts);
             } else if conn.total_changes() != changes {
                 counts.wal_syncs.fetch_add(1, Ordering::SeqCst); // SQLite's, at the commit
+                sync.behind = false;
             } else if sync.behind {
                 // A durable group that wrote nothing (`Journal::flush`) commits no WAL
                 // frame, so SQLite fsyncs nothing: the commits before it are made durable here.
                 sync.flush_wal(path, counts);
             }
-            sync.behind = false;
         });
         if !full {
             sync.behind = true;
@@ -510,6 +510,8 @@ struct WalSync {
     /// `Some(true)`: FULL (every commit fsyncs the WAL); `Some(false)`: NORMAL.
     full: Option<bool>,
     behind: bool,
+    /// The last fsync of the WAL failed (said once, until one succeeds).
+    failing: bool,
 }
 
 impl WalSync {
@@ -540,10 +542,13 @@ impl WalSync {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
                 // Still behind: the next durable group or idle linger tries again.
-                tracing::warn!(path = %path.display(), "journal: cannot fsync the WAL: {e}");
+                if !std::mem::replace(&mut self.failing, true) {
+                    tracing::warn!(path = %path.display(), "journal: cannot fsync the WAL: {e}");
+                }
                 return;
             }
         }
+        self.failing = false;
         self.behind = false;
     }
 }
