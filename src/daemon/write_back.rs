@@ -638,20 +638,22 @@ mod tests {
                 .unwrap();
             d.journal.calls_finished(run, &rejected).unwrap();
             d.journal.abandon_run(run, "results not written").unwrap();
+            // REJECTED outcomes in the journal, every write so far in.
+            let rejections = || {
+                d.journal.flush().unwrap();
+                d.journal
+                    .log(&Default::default())
+                    .unwrap()
+                    .into_iter()
+                    .filter(|e| e.event == "call_end" && e.outcome.as_deref() == Some("REJECTED"))
+                    .count()
+            };
             let to = d.vault.folder(State::Rejected).join("r.md");
             std::fs::rename(&held, &to).unwrap();
             d.wait_for("the REJECTED block", &|| {
                 std::fs::read_to_string(&to).is_ok_and(|t| t.contains("REJECTED"))
             });
-            d.journal.flush().unwrap();
-            let ends = d
-                .journal
-                .log(&Default::default())
-                .unwrap()
-                .into_iter()
-                .filter(|e| e.event == "call_end" && e.outcome.as_deref() == Some("REJECTED"))
-                .count();
-            assert_eq!(ends, 1, "the rejection recorded once");
+            assert_eq!(rejections(), 1, "the rejection recorded once");
             // Written, then deleted by a person (asked anew) and rejected again: recorded.
             let again = d.vault.folder(State::Rejected).join("r2.md");
             let written = d
@@ -667,15 +669,11 @@ mod tests {
             d.wait_for("the second REJECTED block", &|| {
                 std::fs::read_to_string(&again).is_ok_and(|t| t.contains("REJECTED"))
             });
-            d.journal.flush().unwrap();
-            let ends = d
-                .journal
-                .log(&Default::default())
-                .unwrap()
-                .into_iter()
-                .filter(|e| e.event == "call_end" && e.outcome.as_deref() == Some("REJECTED"))
-                .count();
-            assert_eq!(ends, 3, "the rejection after the written one recorded");
+            assert_eq!(
+                rejections(),
+                3,
+                "the rejection after the written one recorded"
+            );
         });
         d.stop().await;
     }
