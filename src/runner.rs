@@ -224,17 +224,14 @@ impl Runner {
                 self.breakers.release_trial(&circuit);
             }
             drop(permit);
-            let now = SystemTime::now();
-            return Unrecorded::Ran(CallResult {
-                call_id: call_id.to_string(),
-                name: name.to_string(),
-                outcome: Err(CallError::new(
+            return Unrecorded::Ran(CallResult::failed_now(
+                call_id,
+                name,
+                CallError::new(
                     ErrorCode::ExecutionError,
                     format!("{name} did not run: {why}; nothing was done"),
-                )),
-                started_at: now,
-                ended_at: now,
-            });
+                ),
+            ));
         }
 
         let started_at = SystemTime::now();

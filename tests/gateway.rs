@@ -485,20 +485,28 @@ fn over_http_a_client_needs_the_token() {
     );
 }
 
-#[test]
-fn over_a_unix_socket_only_its_owner_connects() {
-    use std::os::unix::fs::PermissionsExt;
+/// A vault whose gateway takes the token `sock-token`, the path of its socket, and the
+/// `vaultd mcp serve` that listens there (stdin closed), not started yet.
+fn gateway_on_a_socket() -> (TestVault, std::path::PathBuf, std::process::Command) {
     let vault = TestVault::new(
         "http://127.0.0.1:9",
         &format!("{WRITE}[gateway]\ntoken = \"env:VAULTD_TEST_GATEWAY_TOKEN\"\n"),
     );
     let socket = vault.dir.path().join("gateway.sock");
-    let mut child = vault
-        .cmd()
+    let mut serve = vault.cmd();
+    serve
         .args(["mcp", "serve", "--listen"])
         .arg(format!("unix:{}", socket.display()))
         .env("VAULTD_TEST_GATEWAY_TOKEN", "sock-token")
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    (vault, socket, serve)
+}
+
+#[test]
+fn over_a_unix_socket_only_its_owner_connects() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_vault, socket, mut serve) = gateway_on_a_socket();
+    let mut child = serve
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -529,20 +537,9 @@ fn over_a_unix_socket_only_its_owner_connects() {
 /// anything).
 #[test]
 fn a_file_at_the_socket_path_is_left_alone() {
-    let vault = TestVault::new(
-        "http://127.0.0.1:9",
-        &format!("{WRITE}[gateway]\ntoken = \"env:VAULTD_TEST_GATEWAY_TOKEN\"\n"),
-    );
-    let socket = vault.dir.path().join("gateway.sock");
+    let (vault, socket, mut serve) = gateway_on_a_socket();
     std::fs::write(&socket, "someone's file\n").unwrap();
-    let out = vault
-        .cmd()
-        .args(["mcp", "serve", "--listen"])
-        .arg(format!("unix:{}", socket.display()))
-        .env("VAULTD_TEST_GATEWAY_TOKEN", "sock-token")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = serve.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("exists and is not a socket"), "{stderr}");

@@ -110,16 +110,14 @@ impl Daemon {
             mut plan,
         } = prepared;
         let (live, pass) = (note.live.clone(), note.pass);
-        let id_on_note = crate::note::frontmatter_property(&text, "tool_note");
+        // A note that carries another note's id (a copy, given its own) is stamped, and before
+        // any call starts: if none of its side effects reached the stamp (refused by a rate
+        // limit, say), its results write would find the other id and leave it be.
+        let carries_another = crate::note::frontmatter_property(&text, "tool_note")
+            .is_some_and(|id| id != note.ident.note_id);
         let mut before_run = None;
-        if stamp_at_claim(&plan, pass, &facts)
-            || id_on_note.is_some_and(|id| id != note.ident.note_id)
-        {
+        if stamp_at_claim(&plan, pass, &facts) || carries_another {
             let at = SystemTime::now();
-            // A note that carries another note's id (a copy, given its own) is stamped before
-            // any call starts: if none of its side effects reached the stamp (refused by a
-            // rate limit, say), its results write would find the other id and leave it be.
-            let carries_another = id_on_note.is_some_and(|id| id != note.ident.note_id);
             let stamp = if !note.text_kept {
                 Some(Stamp::KeepThenUnsynced(&text))
             } else if stamp_after_start(&plan) && !carries_another {
