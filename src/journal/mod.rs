@@ -37,7 +37,10 @@
 //! makes every commit before it durable too; the writer fsyncs the WAL itself once it has
 //! been idle for 50 ms after a commit without one. So a search note's path to Done waits for
 //! no journal fsync at all, and what a power loss can take is what a kill before those
-//! commits could: the cases argued here and below.
+//! commits could: the cases argued here and below. When the writer's own fsync fails (a
+//! failing disk), the durable callers of the group it was for are told so, as SQLite's failed
+//! fsync at a commit would tell them, and claiming pauses (§9.12); commits nobody waited on
+//! stay committed and are tried again at the next fsync.
 //!
 //! Rate limits count start records. A `read_only` call with limits waits until its start ran
 //! in the writer's transaction (admission check and insert in one job, serialised with every

@@ -144,6 +144,9 @@ struct Counts {
     /// The number of the job whose group's commit is made to fail (0: none).
     #[cfg(test)]
     fail_group_of: AtomicU64,
+    /// The writer's own fsyncs of the WAL fail, as a failing disk's would.
+    #[cfg(test)]
+    fail_wal_syncs: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Counts {
@@ -158,6 +161,8 @@ impl Default for Counts {
             sent: AtomicU64::new(0),
             #[cfg(test)]
             fail_group_of: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_wal_syncs: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -219,6 +224,12 @@ impl Writer {
     #[cfg(test)]
     pub(super) fn fail_commit_of(&self, seq: u64) {
         self.counts.fail_group_of.store(seq, Ordering::SeqCst);
+    }
+
+    /// Makes the writer's own fsyncs of the WAL fail (`true`) or work again.
+    #[cfg(test)]
+    pub(super) fn fail_wal_syncs(&self, fail: bool) {
+        self.counts.fail_wal_syncs.store(fail, Ordering::SeqCst);
     }
 
     /// Numbers `job` as the next one sent.
@@ -435,7 +446,8 @@ fn write_groups(
             match queue.recv_timeout(linger) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Timeout) => {
-                    sync.flush_wal(path, counts);
+                    // A failure is logged; `behind` stays, so it is tried again.
+                    let _ = sync.flush_wal(path, counts);
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -473,18 +485,21 @@ fn write_groups(
         counts.groups.fetch_add(1, Ordering::SeqCst);
         commit_group(conn, group, path, (&rates, &runs), storage, &mut || {
             if !full {
-                return;
+                return Ok(());
             }
             if sync.full != Some(true) {
                 // `synchronous` could not be set to FULL: this commit had no fsync.
-                sync.flush_wal(path, counts);
+                sync.flush_wal(path, counts)
             } else if conn.total_changes() != changes {
                 counts.wal_syncs.fetch_add(1, Ordering::SeqCst); // SQLite's, at the commit
                 sync.behind = false;
+                Ok(())
             } else if sync.behind {
                 // A durable group that wrote nothing (`Journal::flush`) commits no WAL
                 // frame, so SQLite fsyncs nothing: the commits before it are made durable here.
-                sync.flush_wal(path, counts);
+                sync.flush_wal(path, counts)
+            } else {
+                Ok(())
             }
         });
         if !full {
@@ -492,7 +507,7 @@ fn write_groups(
         }
     }
     if sync.behind {
-        sync.flush_wal(path, counts);
+        let _ = sync.flush_wal(path, counts);
     }
 }
 
@@ -531,25 +546,38 @@ impl WalSync {
         }
     }
 
-    /// fsyncs the WAL file: every commit so far is durable.
-    fn flush_wal(&mut self, path: &std::path::Path, counts: &Counts) {
+    /// fsyncs the WAL file: every commit so far is durable. On failure the commits since the
+    /// last fsync are not known durable: `behind` stays (the next durable group or idle linger
+    /// tries again) and the error is returned for the group's durable callers, as SQLite's
+    /// own failed fsync at a commit would be (an I/O error: claiming pauses, §9.12).
+    fn flush_wal(&mut self, path: &std::path::Path, counts: &Counts) -> Result<(), Failure> {
         counts.wal_syncs.fetch_add(1, Ordering::SeqCst);
         let mut wal = path.as_os_str().to_owned();
         wal.push("-wal");
-        match std::fs::File::open(&wal).and_then(|f| f.sync_data()) {
+        let synced = std::fs::File::open(&wal).and_then(|f| {
+            #[cfg(test)]
+            if counts.fail_wal_syncs.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            f.sync_data()
+        });
+        match synced {
             Ok(()) => {}
             // No WAL: checkpointed and removed, and a checkpoint fsyncs the database.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                // Still behind: the next durable group or idle linger tries again.
                 if !std::mem::replace(&mut self.failing, true) {
                     tracing::warn!(path = %path.display(), "journal: cannot fsync the WAL: {e}");
                 }
-                return;
+                return Err(Failure::Sql(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
+                    Some(format!("cannot fsync the WAL: {e}")),
+                )));
             }
         }
         self.failing = false;
         self.behind = false;
+        Ok(())
     }
 }
 
@@ -565,7 +593,7 @@ fn commit_group(
     path: &std::path::Path,
     (rates, runs): (&RefCell<RateCache>, &RefCell<GroupRuns>),
     storage: &StorageHealth,
-    before_answers: &mut dyn FnMut(),
+    before_answers: &mut dyn FnMut() -> Result<(), Failure>,
 ) {
     let begun = fixed(conn, "BEGIN IMMEDIATE").and_then(|()| rates.borrow_mut().check(conn));
     if let Err(e) = begun {
@@ -584,7 +612,8 @@ fn commit_group(
         rates: Some(rates),
         runs: Some(runs),
     };
-    let mut waiting: Vec<AfterCommit> = Vec::with_capacity(group.len());
+    // Each caller still waiting, and whether it waits for durability.
+    let mut waiting: Vec<(bool, AfterCommit)> = Vec::with_capacity(group.len());
     for job in group {
         if conn.is_autocommit() {
             // SQLite rolled the whole transaction back on an earlier job's error (a full
@@ -601,6 +630,7 @@ fn commit_group(
             continue;
         }
         let runs_before = runs.borrow().mark();
+        let durable = job.durable;
         // A panicking job (a bug) is rolled back like a failed one; its caller sees the
         // writer drop its reply.
         let ran = catch_unwind(AssertUnwindSafe(|| (job.run)(Ok(&tx)))).unwrap_or_else(|_| {
@@ -609,7 +639,7 @@ fn commit_group(
         });
         let end = match ran {
             Ran::Done(after) => {
-                waiting.extend(after);
+                waiting.extend(after.map(|after| (durable, after)));
                 fixed(conn, "RELEASE job")
             }
             failed => {
@@ -640,11 +670,21 @@ fn commit_group(
         }
     }
     runs.borrow_mut().ended(commit.is_ok());
-    if commit.is_ok() {
-        before_answers();
+    // Committed, but not durable when the fsync after it failed: only a caller who waits
+    // for durability hears that (its write is in the journal, and stays there).
+    let synced = match &commit {
+        Ok(()) => before_answers(),
+        Err(_) => Ok(()),
+    };
+    if let Err(Failure::Sql(e)) = &synced {
+        storage.note_error(e);
     }
-    for after in waiting {
-        after(commit.as_ref().map(|_| ()).map_err(shared));
+    for (durable, after) in waiting {
+        after(match (&commit, &synced) {
+            (Err(e), _) => Err(shared(e)),
+            (Ok(()), Err(Failure::Sql(e))) if durable => Err(shared(e)),
+            _ => Ok(()),
+        });
     }
 }
 
@@ -772,6 +812,36 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(synced(), at_start + 3, "fsynced once idle for a linger");
+    }
+
+    /// The writer's own fsync of the WAL fails (a failing disk): the durable caller it was for
+    /// is told so, not that its writes are durable, and claiming pauses (§9.12) until a write
+    /// works again. Commits nobody waited on stay committed.
+    #[tokio::test]
+    async fn a_flush_whose_fsync_fails_is_not_told_it_is_durable() {
+        let (_dir, journal) = fresh_journal();
+        journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync meanwhile
+        journal.set_one_note(true); // what nobody waits on commits without an fsync
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let committed = journal
+            .call_finished_later(run, &search_ok("c-1"), false)
+            .await
+            .unwrap();
+        journal.settle(committed).unwrap();
+        journal.writer.fail_wal_syncs(true);
+        let err = journal
+            .flush()
+            .expect_err("the fsync that makes c-1 durable failed");
+        assert!(err.to_string().contains("cannot fsync the WAL"), "{err}");
+        let why = journal.storage_failure().expect("claiming pauses");
+        assert!(why.contains("I/O error"), "{why}");
+        journal.writer.fail_wal_syncs(false);
+        journal.flush().unwrap();
+        assert!(journal.storage_recovered(), "a real write works again");
+        assert_eq!(journal.storage_failure(), None);
+        let log = journal.log(&LogFilter::default()).unwrap();
+        let ends = log.iter().filter(|e| e.event == "call_end").count();
+        assert_eq!(ends, 1, "c-1 committed, and kept");
     }
 
     /// A group that comes right after another commit fsyncs (under load, that fsync gathers the
