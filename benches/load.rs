@@ -75,7 +75,7 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{OnceLock, mpsc};
+use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// Sizes of one run; `--quick` shrinks them.
@@ -147,6 +147,7 @@ impl Metric {
 }
 
 fn main() {
+    let _graveyard = Graveyard;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let smoke = !args.iter().any(|a| a == "--bench");
@@ -307,10 +308,46 @@ fn vaultd_bin() -> PathBuf {
 /// A temp vault with its state dir and config, and a staging folder on the same file system
 /// for drop-by-rename.
 struct Bench {
-    dir: tempfile::TempDir,
+    dir: Kept,
     root: PathBuf,
     config: PathBuf,
     staging: PathBuf,
+}
+
+/// A bench's temp folder, removed when the bench exits ([`Graveyard`]), not when its scenario
+/// ends. On ext4 without a journal a file made within 60 s of a removal walks past every inode
+/// freed meanwhile (`recently_deleted()`): a scenario that ran right after another's vault was
+/// removed measured that walk (`send` in a full run: 559 notes/s, against 1,343–1,645 in
+/// `scripts/ab-sends` the same hour, BENCHMARKS.md, thirteenth pass).
+struct Kept(Option<tempfile::TempDir>);
+
+static GRAVEYARD: Mutex<Vec<tempfile::TempDir>> = Mutex::new(Vec::new());
+
+impl Kept {
+    fn path(&self) -> &Path {
+        self.0.as_ref().expect("kept until dropped").path()
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            GRAVEYARD
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(dir);
+        }
+    }
+}
+
+/// Removes every bench's temp folder when `main` returns or unwinds.
+struct Graveyard;
+
+impl Drop for Graveyard {
+    fn drop(&mut self) {
+        let dirs = std::mem::take(&mut *GRAVEYARD.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(dirs);
+    }
 }
 
 impl Bench {
@@ -320,11 +357,13 @@ impl Bench {
         // made (`recently_deleted()`), so a run right after another one's vault was removed
         // measures that scan: for A/B runs back to back, keep them and remove DIR after.
         let keep_in = std::env::var_os("VAULTD_BENCH_KEEP_IN");
-        let dir = tempfile::Builder::new()
-            .prefix("vaultd-load-")
-            .disable_cleanup(keep_in.is_some())
-            .tempdir_in(keep_in.map_or_else(std::env::temp_dir, PathBuf::from))
-            .expect("tempdir");
+        let dir = Kept(Some(
+            tempfile::Builder::new()
+                .prefix("vaultd-load-")
+                .disable_cleanup(keep_in.is_some())
+                .tempdir_in(keep_in.map_or_else(std::env::temp_dir, PathBuf::from))
+                .expect("tempdir"),
+        ));
         let root = dir.path().join("vault");
         let staging = dir.path().join("staging");
         for f in ["Needs_Action", "In_Progress", "Done", "Failed"] {
