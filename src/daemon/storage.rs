@@ -63,8 +63,13 @@ impl StorageWatch {
         let now = daemon.journal.storage_failure();
         match (&self.reported, &now) {
             (None, Some(why)) => {
+                let resumes = if daemon.journal.storage_failure_until_restart() {
+                    "claiming resumes when vaultd is restarted"
+                } else {
+                    "claiming resumes by itself once it can be written"
+                };
                 let message = format!(
-                    "paused: the journal {} cannot be written: {why}; nothing new is claimed, notes wait where they are; claiming resumes by itself once it can be written",
+                    "paused: the journal {} cannot be written: {why}; nothing new is claimed, notes wait where they are; {resumes}",
                     daemon.journal.path().display()
                 );
                 tracing::error!("{message}");

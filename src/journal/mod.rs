@@ -37,10 +37,12 @@
 //! makes every commit before it durable too; the writer fsyncs the WAL itself once it has
 //! been idle for 50 ms after a commit without one. So a search note's path to Done waits for
 //! no journal fsync at all, and what a power loss can take is what a kill before those
-//! commits could: the cases argued here and below. When the writer's own fsync fails (a
-//! failing disk), the durable callers of the group it was for are told so, as SQLite's failed
-//! fsync at a commit would tell them, and claiming pauses (§9.12); commits nobody waited on
-//! stay committed and are tried again at the next fsync.
+//! commits could: the cases argued here and below. When an fsync of the WAL fails (the
+//! writer's own or SQLite's at a commit), what it held may be gone from the disk while this
+//! process still reads it from memory, and Linux reports the error once: a later fsync can
+//! succeed without writing it, and SQLite's recovery stops at the first frame missing from
+//! the WAL's checksum chain. So from then on no durable caller is told "durable", and claiming
+//! pauses until vaultd is restarted (§9.12; [`StorageHealth`]).
 //!
 //! Rate limits count start records. A `read_only` call with limits waits until its start ran
 //! in the writer's transaction (admission check and insert in one job, serialised with every
@@ -258,6 +260,11 @@ impl std::fmt::Debug for Journal {
 #[derive(Debug, Default)]
 pub(crate) struct StorageHealth {
     failure: Mutex<Option<String>>,
+    /// An fsync of the journal failed: what it held since the last good one may be gone from
+    /// the disk while SQLite and this process still read it from memory, and a later fsync
+    /// can succeed without writing it (Linux reports a writeback error once). No probe can
+    /// tell, so only a restart, whose recovery reads what the disk holds, ends the pause.
+    until_restart: std::sync::atomic::AtomicBool,
 }
 
 impl StorageHealth {
@@ -269,20 +276,42 @@ impl StorageHealth {
     /// Records `e` when it says the storage refuses writes (not a bug, a constraint or a busy
     /// lock): the first reason is kept until a write succeeds again.
     pub(crate) fn note_error(&self, e: &rusqlite::Error) {
-        if let Some(reason) = storage_failure(e) {
-            let mut failure = self.failure();
-            if failure.is_none() {
-                tracing::error!(
-                    "journal: cannot write: {reason}; nothing new is claimed until it can"
+        let Some(reason) = storage_failure(e) else {
+            return;
+        };
+        let mut failure = self.failure();
+        if fsync_failed(e) {
+            if !self
+                .until_restart
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                let reason = format!(
+                    "{reason}; what it held since its last fsync may not be on the disk: restart vaultd once the disk is sound (its recovery reads what the disk holds)"
                 );
+                tracing::error!("journal: an fsync failed: {reason}; nothing new is claimed");
                 *failure = Some(reason);
             }
+        } else if failure.is_none() {
+            tracing::error!("journal: cannot write: {reason}; nothing new is claimed until it can");
+            *failure = Some(reason);
         }
     }
 
-    fn clear(&self) -> bool {
-        self.failure().take().is_some()
+    /// Whether the failure lasts until a restart (a failed fsync).
+    fn until_restart(&self) -> bool {
+        self.until_restart.load(std::sync::atomic::Ordering::SeqCst)
     }
+
+    fn clear(&self) -> bool {
+        !self.until_restart() && self.failure().take().is_some()
+    }
+}
+
+/// SQLite's error for a failed fsync (its own at a commit, or the writer's, `writer.rs`).
+fn fsync_failed(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(code, _)
+        if code.extended_code == rusqlite::ffi::SQLITE_IOERR_FSYNC
+            || code.extended_code == rusqlite::ffi::SQLITE_IOERR_DIR_FSYNC)
 }
 
 /// What a SQLite error says about the storage, when it is the storage's fault.
@@ -462,10 +491,15 @@ impl Journal {
         self.storage.failure().clone()
     }
 
+    /// The storage failure is a failed fsync: only a restart ends it, not a write that works.
+    pub fn storage_failure_until_restart(&self) -> bool {
+        self.storage.until_restart()
+    }
+
     /// A real write ([`probe_storage`](Self::probe_storage)) while the storage is failing:
     /// true when it took it again (the failure is then forgotten and logged as over).
     pub fn storage_recovered(&self) -> bool {
-        if self.storage_failure().is_none() {
+        if self.storage_failure().is_none() || self.storage.until_restart() {
             return false;
         }
         match self.probe_storage() {

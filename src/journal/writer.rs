@@ -446,8 +446,9 @@ fn write_groups(
             match queue.recv_timeout(linger) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Timeout) => {
-                    // A failure is logged; `behind` stays, so it is tried again.
-                    let _ = sync.flush_wal(path, counts);
+                    if let Err(Failure::Sql(e)) = sync.flush_wal(path, counts) {
+                        storage.note_error(&e);
+                    }
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -487,6 +488,10 @@ fn write_groups(
             if !full {
                 return Ok(());
             }
+            if sync.lost {
+                // An fsync failed before: nothing is known durable since (`flush_wal`).
+                return Err(WalSync::lost_error());
+            }
             if sync.full != Some(true) {
                 // `synchronous` could not be set to FULL: this commit had no fsync.
                 sync.flush_wal(path, counts)
@@ -506,8 +511,10 @@ fn write_groups(
             sync.behind = true;
         }
     }
-    if sync.behind {
-        let _ = sync.flush_wal(path, counts);
+    if sync.behind
+        && let Err(Failure::Sql(e)) = sync.flush_wal(path, counts)
+    {
+        storage.note_error(&e);
     }
 }
 
@@ -525,8 +532,8 @@ struct WalSync {
     /// `Some(true)`: FULL (every commit fsyncs the WAL); `Some(false)`: NORMAL.
     full: Option<bool>,
     behind: bool,
-    /// The last fsync of the WAL failed (said once, until one succeeds).
-    failing: bool,
+    /// An fsync of the WAL failed: nothing is known durable from then on (`flush_wal`).
+    lost: bool,
 }
 
 impl WalSync {
@@ -546,38 +553,59 @@ impl WalSync {
         }
     }
 
-    /// fsyncs the WAL file: every commit so far is durable. On failure the commits since the
-    /// last fsync are not known durable: `behind` stays (the next durable group or idle linger
-    /// tries again) and the error is returned for the group's durable callers, as SQLite's
-    /// own failed fsync at a commit would be (an I/O error: claiming pauses, §9.12).
+    /// fsyncs the WAL file: every commit so far is durable. An fsync that failed may have
+    /// left WAL pages unwritten that a later fsync, succeeding, does not write again (Linux
+    /// reports a writeback error once), and SQLite's recovery stops at the first frame missing
+    /// from the WAL's checksum chain: from the first failure on, every call fails (`lost`),
+    /// with the error SQLite gives for a failed fsync, which pauses claiming until a restart
+    /// (`StorageHealth`). A WAL that cannot be opened is not such a loss: its durable callers
+    /// are told, and `behind` stays, so it is tried again.
     fn flush_wal(&mut self, path: &std::path::Path, counts: &Counts) -> Result<(), Failure> {
+        if self.lost {
+            self.behind = false; // nothing to try again: no idle linger either
+            return Err(WalSync::lost_error());
+        }
         counts.wal_syncs.fetch_add(1, Ordering::SeqCst);
         let mut wal = path.as_os_str().to_owned();
         wal.push("-wal");
-        let synced = std::fs::File::open(&wal).and_then(|f| {
-            #[cfg(test)]
-            if counts.fail_wal_syncs.load(Ordering::SeqCst) {
-                return Err(std::io::Error::from_raw_os_error(libc::EIO));
-            }
-            f.sync_data()
-        });
-        match synced {
-            Ok(()) => {}
+        let wal = match std::fs::File::open(&wal) {
+            Ok(wal) => wal,
             // No WAL: checkpointed and removed, and a checkpoint fsyncs the database.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.behind = false;
+                return Ok(());
+            }
             Err(e) => {
-                if !std::mem::replace(&mut self.failing, true) {
-                    tracing::warn!(path = %path.display(), "journal: cannot fsync the WAL: {e}");
-                }
-                return Err(Failure::Sql(rusqlite::Error::SqliteFailure(
-                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
-                    Some(format!("cannot fsync the WAL: {e}")),
+                tracing::warn!(path = %path.display(), "journal: cannot open the WAL to fsync it: {e}");
+                return Err(Failure::Other(format!(
+                    "cannot open the journal's WAL to fsync it: {e}"
                 )));
             }
+        };
+        #[cfg(test)]
+        let synced = if counts.fail_wal_syncs.load(Ordering::SeqCst) {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            wal.sync_data()
+        };
+        #[cfg(not(test))]
+        let synced = wal.sync_data();
+        if let Err(e) = synced {
+            tracing::error!(path = %path.display(), "journal: cannot fsync the WAL: {e}");
+            self.lost = true;
+            self.behind = false;
+            return Err(WalSync::lost_error());
         }
-        self.failing = false;
         self.behind = false;
         Ok(())
+    }
+
+    /// What every durable caller hears once an fsync of the WAL failed.
+    fn lost_error() -> Failure {
+        Failure::Sql(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
+            Some("an fsync of the WAL failed".to_string()),
+        ))
     }
 }
 
@@ -682,7 +710,7 @@ fn commit_group(
     for (durable, after) in waiting {
         after(match (&commit, &synced) {
             (Err(e), _) => Err(shared(e)),
-            (Ok(()), Err(Failure::Sql(e))) if durable => Err(shared(e)),
+            (Ok(()), Err(f)) if durable => Err(again(f)),
             _ => Ok(()),
         });
     }
@@ -706,6 +734,15 @@ pub(super) fn violate_a_deferred_key(tx: &Tx<'_>) -> Result<(), Failure> {
         [],
     )?;
     Ok(())
+}
+
+/// A copy of `f` for each caller it must reach.
+fn again(f: &Failure) -> Failure {
+    match f {
+        Failure::Sql(e) => shared(e),
+        Failure::Other(s) => Failure::Other(s.clone()),
+        Failure::Lost(run) => Failure::Lost(*run),
+    }
 }
 
 /// A copy of `e` for each caller it must reach (`rusqlite::Error` is not `Clone`).
@@ -815,11 +852,12 @@ mod tests {
     }
 
     /// The writer's own fsync of the WAL fails (a failing disk): the durable caller it was for
-    /// is told so, not that its writes are durable, and claiming pauses (§9.12) until a write
-    /// works again. Commits nobody waited on stay committed.
+    /// is told so, not that its writes are durable, and so is every durable caller after it,
+    /// even once fsyncs work again (a later fsync need not write what the failed one lost);
+    /// claiming pauses until a restart, whose journal takes writes again.
     #[tokio::test]
-    async fn a_flush_whose_fsync_fails_is_not_told_it_is_durable() {
-        let (_dir, journal) = fresh_journal();
+    async fn after_an_fsync_of_the_wal_fails_nothing_is_told_durable_until_a_restart() {
+        let (dir, journal) = fresh_journal();
         journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync meanwhile
         journal.set_one_note(true); // what nobody waits on commits without an fsync
         let run = journal.begin_run("In_Progress/a.md").unwrap();
@@ -832,13 +870,25 @@ mod tests {
         let err = journal
             .flush()
             .expect_err("the fsync that makes c-1 durable failed");
-        assert!(err.to_string().contains("cannot fsync the WAL"), "{err}");
+        assert!(err.to_string().contains("fsync"), "{err}");
         let why = journal.storage_failure().expect("claiming pauses");
-        assert!(why.contains("I/O error"), "{why}");
+        assert!(why.contains("restart vaultd"), "{why}");
+        assert!(journal.storage_failure_until_restart());
         journal.writer.fail_wal_syncs(false);
-        journal.flush().unwrap();
-        assert!(journal.storage_recovered(), "a real write works again");
+        assert!(journal.flush().is_err(), "not durable after a failed fsync");
+        let err = journal
+            .begin_run("In_Progress/b.md")
+            .expect_err("a durable write that SQLite fsyncs itself is not told durable either");
+        assert!(err.to_string().contains("fsync"), "{err}");
+        assert!(!journal.storage_recovered(), "a probe does not end it");
+        assert!(journal.storage_failure().is_some());
+        // A restart: the journal opened again takes writes, and c-1 (in the page cache here,
+        // not lost) is read back.
+        drop(journal);
+        let journal = Journal::open(dir.path()).expect("open again");
         assert_eq!(journal.storage_failure(), None);
+        journal.flush().unwrap();
+        journal.begin_run("In_Progress/c.md").unwrap();
         let log = journal.log(&LogFilter::default()).unwrap();
         let ends = log.iter().filter(|e| e.event == "call_end").count();
         assert_eq!(ends, 1, "c-1 committed, and kept");
