@@ -317,8 +317,9 @@ struct Bench {
 /// A bench's temp folder, removed when the bench exits ([`Graveyard`]), not when its scenario
 /// ends. On ext4 without a journal a file made within 60 s of a removal walks past every inode
 /// freed meanwhile (`recently_deleted()`): a scenario that ran right after another's vault was
-/// removed measured that walk (`send` in a full run: 559 notes/s, against 1,343–1,645 in
-/// `scripts/ab-sends` the same hour, BENCHMARKS.md, thirteenth pass).
+/// removed measured that walk (`send` in a full run: 559 notes/s, against 1,336–1,645 in
+/// `scripts/ab-sends` the same hour, BENCHMARKS.md, thirteenth pass). The price: a full run
+/// keeps every scenario's notes on disk until it exits (some 20,000 small files).
 struct Kept(Option<tempfile::TempDir>);
 
 static GRAVEYARD: Mutex<Vec<tempfile::TempDir>> = Mutex::new(Vec::new());
