@@ -2,7 +2,8 @@
 //! cannot be written (disk full, read-only, I/O error, a file size limit) nothing new is
 //! claimed, a note whose calls could not start goes back (with the results of those that did
 //! run) to `Needs_Action/`, or to `Approved/` when a move there approved it, the log, `vaultd status` and systemd's `STATUS=` say why, and
-//! claiming resumes by itself once a probe write succeeds.
+//! claiming resumes by itself once a probe write succeeds (after a failed fsync of the
+//! journal, only at a restart: `journal::StorageHealth`).
 //!
 //! The journal notices the failure itself (any write that fails so, see `journal::StorageHealth`);
 //! this module acts on it: [`StorageWatch`] is polled by the daemon's main loop.
@@ -62,7 +63,8 @@ impl StorageWatch {
     pub(crate) fn check(&mut self, daemon: &Arc<Daemon>, tasks: &mut JoinSet<()>) {
         let now = daemon.journal.storage_failure();
         match (&self.reported, &now) {
-            (None, Some(why)) => {
+            // New, or a different failure (a failed fsync after a full disk): said again.
+            (reported, Some(why)) if reported.as_ref() != Some(why) => {
                 let resumes = if daemon.journal.storage_failure_until_restart() {
                     "claiming resumes when vaultd is restarted"
                 } else {

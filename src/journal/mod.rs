@@ -41,8 +41,10 @@
 //! writer's own or SQLite's at a commit), what it held may be gone from the disk while this
 //! process still reads it from memory, and Linux reports the error once: a later fsync can
 //! succeed without writing it, and SQLite's recovery stops at the first frame missing from
-//! the WAL's checksum chain. So from then on no durable caller is told "durable", and claiming
-//! pauses until vaultd is restarted (§9.12; [`StorageHealth`]).
+//! the WAL's checksum chain. So from then on a durable write is refused before it runs (its
+//! error means "not recorded"), and claiming pauses until vaultd is restarted (§9.12;
+//! [`StorageHealth`]). A failed fsync that only a CLI process or SQLite's automatic checkpoint
+//! met is not seen here.
 //!
 //! Rate limits count start records. A `read_only` call with limits waits until its start ran
 //! in the writer's transaction (admission check and insert in one job, serialised with every
@@ -233,7 +235,8 @@ pub struct Journal {
     path: PathBuf,
     /// Why the journal's storage refuses writes now, if it does (docs/design.md §9.12): set by the
     /// writer on a full disk, a read-only file or an I/O error, cleared by a write that
-    /// succeeds again ([`Journal::probe_storage`]). The daemon stops claiming meanwhile.
+    /// succeeds again ([`Journal::probe_storage`]), except after a failed fsync: then only a
+    /// restart clears it ([`StorageHealth`]). The daemon stops claiming meanwhile.
     storage: Arc<StorageHealth>,
     /// The writer thread, owner of the write connection: every write goes through it.
     writer: writer::Writer,
@@ -298,7 +301,7 @@ impl StorageHealth {
     }
 
     /// Whether the failure lasts until a restart (a failed fsync).
-    fn until_restart(&self) -> bool {
+    pub(super) fn until_restart(&self) -> bool {
         self.until_restart.load(std::sync::atomic::Ordering::SeqCst)
     }
 
@@ -307,11 +310,12 @@ impl StorageHealth {
     }
 }
 
-/// SQLite's error for a failed fsync (its own at a commit, or the writer's, `writer.rs`).
+/// SQLite's error for a failed fsync of a file (its own at a commit, or the writer's,
+/// `writer.rs`). Not a folder's (`SQLITE_IOERR_DIR_FSYNC`, only from deleting a rollback
+/// journal): that loses no WAL page.
 fn fsync_failed(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(code, _)
-        if code.extended_code == rusqlite::ffi::SQLITE_IOERR_FSYNC
-            || code.extended_code == rusqlite::ffi::SQLITE_IOERR_DIR_FSYNC)
+        if code.extended_code == rusqlite::ffi::SQLITE_IOERR_FSYNC)
 }
 
 /// What a SQLite error says about the storage, when it is the storage's fault.
@@ -486,7 +490,8 @@ impl Journal {
     }
 
     /// Why the journal cannot be written now (disk full, read-only, I/O error), if a write
-    /// failed so and none has succeeded since (docs/design.md §9.12).
+    /// failed so and none has succeeded since (docs/design.md §9.12); after a failed fsync,
+    /// until a restart.
     pub fn storage_failure(&self) -> Option<String> {
         self.storage.failure().clone()
     }
