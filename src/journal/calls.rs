@@ -78,7 +78,7 @@ impl Journal {
         result: &CallResult,
     ) -> Result<(), JournalError> {
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
-        self.write_async(Wait::Durable, move |tx| record_outcome(tx, run, &outcome))
+        self.write_async(Wait::Recorded, move |tx| record_outcome(tx, run, &outcome))
             .await
     }
 
@@ -97,7 +97,7 @@ impl Journal {
     ) -> Result<Committed, JournalError> {
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
         let wait = if durable {
-            Wait::Durable
+            Wait::Recorded
         } else {
             Wait::Committed
         };

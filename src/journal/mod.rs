@@ -42,7 +42,8 @@
 //! process still reads it from memory, and Linux reports the error once: a later fsync can
 //! succeed without writing it, and SQLite's recovery stops at the first frame missing from
 //! the WAL's checksum chain. So from then on a durable write is refused before it runs (its
-//! error means "not recorded"), and claiming pauses until vaultd is restarted (§9.12;
+//! error means "not recorded"; the record of something already done, `Wait::Recorded`, still
+//! commits, and its caller hears the error), and claiming pauses until vaultd is restarted (§9.12;
 //! [`StorageHealth`]). A failed fsync that only a CLI process or SQLite's automatic checkpoint
 //! met is not seen here.
 //!
@@ -306,7 +307,10 @@ impl StorageHealth {
     }
 
     fn clear(&self) -> bool {
-        !self.until_restart() && self.failure().take().is_some()
+        // Under the lock `note_error` sets `until_restart` under: a failed fsync noted while
+        // a probe succeeds is never cleared.
+        let mut failure = self.failure();
+        !self.until_restart() && failure.take().is_some()
     }
 }
 
@@ -759,6 +763,10 @@ pub(crate) enum Wait {
     /// Until the transaction holding the write is durable (`synchronous=FULL`): the default,
     /// and what every record that must precede a side effect needs.
     Durable,
+    /// As `Durable`, for the record of something already done (a call's outcome, a note's
+    /// move): after a failed fsync it still commits, and its caller hears the error (a restart
+    /// may still find it), where a `Durable` write is refused before it runs (`writer.rs`).
+    Recorded,
     /// Until the transaction holding the write committed (readers see it), not until it is
     /// durable: a group of such writes commits without an fsync (the writer's `WalSync`).
     Committed,

@@ -305,7 +305,11 @@ impl Journal {
     /// Otherwise the run stays open at its new path.
     pub fn note_moved(&self, run: RunId, to: &str, ends_run: bool) -> Result<(), JournalError> {
         let to = to.to_owned();
-        self.write(move |tx| record_move(tx, run, &to, ends_run))
+        self.writer
+            .submit(Wait::Recorded, move |tx| {
+                record_move(tx, run, &to, ends_run)
+            })
+            .map_err(|e| self.failed(e))
     }
 
     /// Closes a run whose note is gone from In_Progress without a recorded move (a person

@@ -10,7 +10,7 @@
 
 use super::Wait;
 use super::rates::{RateCache, RateRoom};
-use super::{Failure, StorageHealth, Tx};
+use super::{Failure, StorageHealth, Tx, fsync_failed};
 use rusqlite::Connection;
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -111,6 +111,8 @@ struct Job {
     /// [`FLUSH_LINGER`](crate::files::FLUSH_LINGER), makes it durable (the WAL is one file,
     /// appended in order: its fsync covers every commit before).
     durable: bool,
+    /// Refused before it runs after a failed fsync (`Wait::Durable`; not `Wait::Recorded`).
+    refusable: bool,
     run: RunJob,
     /// Its number among the writes sent to this writer, from 1 (see `fail_commit_of`).
     #[cfg(test)]
@@ -147,6 +149,9 @@ struct Counts {
     /// The writer's own fsyncs of the WAL fail, as a failing disk's would.
     #[cfg(test)]
     fail_wal_syncs: std::sync::atomic::AtomicBool,
+    /// The writer cannot open the WAL to fsync it, as with no descriptor left.
+    #[cfg(test)]
+    fail_wal_opens: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Counts {
@@ -163,6 +168,8 @@ impl Default for Counts {
             fail_group_of: AtomicU64::new(0),
             #[cfg(test)]
             fail_wal_syncs: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            fail_wal_opens: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -230,6 +237,12 @@ impl Writer {
     #[cfg(test)]
     pub(super) fn fail_wal_syncs(&self, fail: bool) {
         self.counts.fail_wal_syncs.store(fail, Ordering::SeqCst);
+    }
+
+    /// Makes the writer's opens of the WAL (to fsync it) fail (`true`) or work again.
+    #[cfg(test)]
+    pub(super) fn fail_wal_opens(&self, fail: bool) {
+        self.counts.fail_wal_opens.store(fail, Ordering::SeqCst);
     }
 
     /// Numbers `job` as the next one sent.
@@ -354,6 +367,7 @@ fn queued(
 ) -> Job {
     Job {
         durable: false,
+        refusable: false,
         #[cfg(test)]
         seq: 0,
         run: Box::new(move |tx| match tx.and_then(f) {
@@ -391,7 +405,8 @@ fn answering<T: Send + 'static>(
     reply: impl FnOnce(Result<T, Failure>) + Send + 'static,
 ) -> Job {
     Job {
-        durable: wait == Wait::Durable,
+        durable: matches!(wait, Wait::Durable | Wait::Recorded),
+        refusable: wait == Wait::Durable,
         #[cfg(test)]
         seq: 0,
         run: Box::new(move |tx| match tx.and_then(f) {
@@ -446,7 +461,7 @@ fn write_groups(
             match queue.recv_timeout(linger) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Err(Failure::Sql(e)) = sync.flush_wal(path, counts) {
+                    if let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts) {
                         storage.note_error(&e);
                     }
                     continue;
@@ -481,7 +496,9 @@ fn write_groups(
         // writes into one group.
         let idle =
             waiting_since.elapsed() >= IDLE_BEFORE_NO_FSYNC || one_note.load(Ordering::Relaxed);
-        let full = !idle || group.iter().any(|job| job.durable);
+        // After a failed fsync no commit is made durable (its durable callers hear the error):
+        // an fsync would only fail again.
+        let full = !sync.lost && (!idle || group.iter().any(|job| job.durable));
         sync.set(conn, full);
         let changes = conn.total_changes();
         // Counted before its callers are answered: one who reads the count after its write
@@ -495,16 +512,17 @@ fn write_groups(
             (&rates, &runs),
             (storage, refused),
             &mut || {
+                if sync.lost {
+                    // An fsync failed before: nothing is known durable since (`flush_wal`);
+                    // only the group's durable callers hear it.
+                    return Err(WalSync::lost_error());
+                }
                 if !full {
                     return Ok(());
                 }
-                if sync.lost {
-                    // An fsync failed before: nothing is known durable since (`flush_wal`).
-                    return Err(WalSync::lost_error());
-                }
                 if sync.full != Some(true) {
                     // `synchronous` could not be set to FULL: this commit had no fsync.
-                    sync.flush_wal(path, counts)
+                    sync.flush_wal(conn, path, counts)
                 } else if conn.total_changes() != changes {
                     counts.wal_syncs.fetch_add(1, Ordering::SeqCst); // SQLite's, at the commit
                     sync.behind = false;
@@ -512,7 +530,7 @@ fn write_groups(
                 } else if sync.behind {
                     // A durable group that wrote nothing (`Journal::flush`) commits no WAL
                     // frame, so SQLite fsyncs nothing: the commits before it are made durable here.
-                    sync.flush_wal(path, counts)
+                    sync.flush_wal(conn, path, counts)
                 } else {
                     Ok(())
                 }
@@ -523,7 +541,7 @@ fn write_groups(
         }
     }
     if sync.behind
-        && let Err(Failure::Sql(e)) = sync.flush_wal(path, counts)
+        && let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts)
     {
         storage.note_error(&e);
     }
@@ -571,10 +589,14 @@ impl WalSync {
     /// reports a writeback error once), and SQLite's recovery stops at the first frame missing
     /// from the WAL's checksum chain: from the first failure on, every call fails (`lost`),
     /// with the error SQLite gives for a failed fsync, which pauses claiming until a restart
-    /// (`StorageHealth`). A WAL that cannot be opened is not such a loss: its durable callers
-    /// are told, claiming pauses until a probe write works, and `behind` stays, so it is tried
-    /// again.
-    fn flush_wal(&mut self, path: &std::path::Path, counts: &Counts) -> Result<(), Failure> {
+    /// (`StorageHealth`). A WAL that cannot be opened (no descriptor left) is fsynced through
+    /// SQLite's own handle instead: a small write committed with `synchronous=FULL`.
+    fn flush_wal(
+        &mut self,
+        conn: &Connection,
+        path: &std::path::Path,
+        counts: &Counts,
+    ) -> Result<(), Failure> {
         if self.lost {
             self.behind = false; // nothing to try again: no idle linger either
             return Err(WalSync::lost_error());
@@ -582,7 +604,15 @@ impl WalSync {
         counts.wal_syncs.fetch_add(1, Ordering::SeqCst);
         let mut wal = path.as_os_str().to_owned();
         wal.push("-wal");
-        let wal = match std::fs::File::open(&wal) {
+        #[cfg(test)]
+        let opened = if counts.fail_wal_opens.load(Ordering::SeqCst) {
+            Err(std::io::Error::from_raw_os_error(libc::EMFILE))
+        } else {
+            std::fs::File::open(&wal)
+        };
+        #[cfg(not(test))]
+        let opened = std::fs::File::open(&wal);
+        let wal = match opened {
             Ok(wal) => wal,
             // No WAL: checkpointed and removed, and a checkpoint fsyncs the database.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -590,14 +620,33 @@ impl WalSync {
                 return Ok(());
             }
             Err(e) => {
+                // Out of descriptors, say: SQLite's own handle fsyncs a small write's commit
+                // instead, and with it every commit before.
                 if !std::mem::replace(&mut self.cannot_open, true) {
-                    tracing::warn!(path = %path.display(), "journal: cannot open the WAL to fsync it: {e}");
+                    tracing::warn!(path = %path.display(), "journal: cannot open the WAL to fsync it ({e}); a small write fsyncs it instead");
                 }
-                // A storage failure that a probe write (which SQLite fsyncs) ends.
-                return Err(Failure::Sql(rusqlite::Error::SqliteFailure(
-                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-                    Some(format!("cannot open the journal's WAL to fsync it: {e}")),
-                )));
+                self.set(conn, true);
+                let probe = conn.execute(
+                    "INSERT INTO storage_probe (id, at_ms) VALUES (1, ?1)
+                     ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms",
+                    [super::now_ms()],
+                );
+                return match probe {
+                    Ok(_) if self.full == Some(true) => {
+                        self.behind = false;
+                        Ok(())
+                    }
+                    Ok(_) => Err(Failure::Other(format!(
+                        "cannot fsync the journal's WAL: it cannot be opened ({e})"
+                    ))),
+                    Err(e) => {
+                        if fsync_failed(&e) {
+                            self.lost = true;
+                            self.behind = false;
+                        }
+                        Err(Failure::Sql(e))
+                    }
+                };
             }
         };
         self.cannot_open = false;
@@ -645,8 +694,9 @@ fn commit_group(
     // After a failed fsync nothing can be made durable: a durable write is refused before it
     // runs, so its error always means "not recorded", as when the storage refuses writes (a
     // start committed but answered with an error would read as a call that may have run).
+    // The record of something already done (`Wait::Recorded`) still commits.
     let (group, refused): (Vec<Job>, Vec<Job>) =
-        group.into_iter().partition(|job| !(lost && job.durable));
+        group.into_iter().partition(|job| !(lost && job.refusable));
     for job in refused {
         (job.run)(Err(WalSync::lost_error()));
     }
@@ -912,6 +962,13 @@ mod tests {
         assert!(err.to_string().contains("fsync of the WAL failed"), "{err}");
         assert!(!journal.storage_recovered(), "a probe does not end it");
         assert!(journal.storage_failure().is_some());
+        // The outcome of a call that ran (a side effect's, waited durable) still commits: its
+        // caller hears the error, and a restart finds it.
+        let recorded = journal
+            .call_finished_later(run, &search_ok("c-2"), true)
+            .await
+            .unwrap();
+        assert!(journal.settle(recorded).is_err(), "not known durable");
         // A restart: the journal opened again takes writes, and c-1 (in the page cache here,
         // not lost) is read back.
         drop(journal);
@@ -921,7 +978,7 @@ mod tests {
         journal.begin_run("In_Progress/c.md").unwrap();
         let log = journal.log(&LogFilter::default()).unwrap();
         let ends = log.iter().filter(|e| e.event == "call_end").count();
-        assert_eq!(ends, 1, "c-1 committed, and kept");
+        assert_eq!(ends, 2, "c-1 and c-2 committed, and kept");
         assert_eq!(
             journal.run_ids().len(),
             2,
@@ -970,6 +1027,32 @@ mod tests {
         }
         assert!(kept(), "committed");
         assert!(!journal.storage_recovered());
+    }
+
+    /// A WAL the writer cannot open to fsync it (no descriptor left) is fsynced through
+    /// SQLite's own handle instead: the flush is durable, and nothing pauses.
+    #[tokio::test]
+    async fn a_wal_that_cannot_be_opened_is_made_durable_by_a_small_write() {
+        let (_dir, journal) = fresh_journal();
+        journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync meanwhile
+        journal.set_one_note(true);
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let committed = journal
+            .call_finished_later(run, &search_ok("c-1"), false)
+            .await
+            .unwrap();
+        journal.settle(committed).unwrap();
+        journal.writer.fail_wal_opens(true);
+        let before = journal.writer.wal_syncs();
+        journal.flush().expect("durable through SQLite's handle");
+        assert_eq!(journal.writer.wal_syncs(), before + 1);
+        assert_eq!(journal.storage_failure(), None, "nothing pauses");
+        let probed: i64 = journal
+            .read(|tx| Ok(tx.query_row("SELECT count(*) FROM storage_probe", [], |r| r.get(0))?))
+            .unwrap();
+        assert_eq!(probed, 1, "the small write");
+        journal.flush().expect("nothing left to make durable");
+        assert_eq!(journal.writer.wal_syncs(), before + 1);
     }
 
     /// A group that comes right after another commit fsyncs (under load, that fsync gathers the
