@@ -392,9 +392,6 @@ pub(crate) mod tests {
             top: &str,
             registry: crate::tools::Registry,
         ) -> InProcess {
-            use crate::daemon::{Mode, Services, run};
-            use crate::journal::Journal;
-            use std::sync::Arc;
             let dir = tempfile::tempdir().unwrap();
             let (root, state) = (dir.path().join("vault"), dir.path().join("state"));
             std::fs::create_dir(&root).unwrap();
@@ -413,6 +410,19 @@ pub(crate) mod tests {
             .unwrap();
             let vault = Vault::new(config.vault.clone(), config.folders.clone());
             vault.prepare().unwrap();
+            InProcess::spawn(dir, vault, config, registry)
+        }
+
+        /// A daemon on `vault` with `config`'s state dir, whose journal it opens.
+        fn spawn(
+            dir: tempfile::TempDir,
+            vault: Vault,
+            config: crate::config::Config,
+            registry: crate::tools::Registry,
+        ) -> InProcess {
+            use crate::daemon::{Mode, Services, run};
+            use crate::journal::Journal;
+            use std::sync::Arc;
             let journal = Arc::new(Journal::open(&config.state_dir).unwrap());
             let services = Services {
                 mode: Mode::Run,
@@ -489,6 +499,23 @@ pub(crate) mod tests {
             self.stop.send(()).unwrap();
             self.daemon.await.unwrap().unwrap();
         }
+
+        /// Stops the daemon and starts another on the same vault and state dir, with
+        /// `registry`: a restart.
+        async fn restart(self, registry: crate::tools::Registry) -> InProcess {
+            let InProcess {
+                _dir,
+                vault,
+                config,
+                journal,
+                stop,
+                daemon,
+            } = self;
+            stop.send(()).unwrap();
+            daemon.await.unwrap().unwrap();
+            drop(journal); // the last handle: its writer stops, the file is closed
+            InProcess::spawn(_dir, vault, config, registry)
+        }
     }
 
     /// A ```json block calling `tool`.
@@ -522,6 +549,65 @@ pub(crate) mod tests {
             assert_eq!(d.events_of("a.md", "claim"), 1);
             assert_eq!(d.events_of("a.md", "move"), 1);
             assert!(d.journal.open_runs().unwrap().is_empty());
+        });
+        d.stop().await;
+    }
+
+    /// An fsync of the journal fails between a note's claim and its side effect's start: the
+    /// start is refused before it is recorded (not committed and then answered with an error),
+    /// so the call does not run, the note goes back to Needs_Action, and claiming waits for a
+    /// restart. After it, the call runs once, its own result: not UNKNOWN_OUTCOME, as a start
+    /// the journal kept would make it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_start_refused_after_a_failed_fsync_runs_once_after_the_restart() {
+        use crate::tools::Effect;
+        let tools = [
+            ("look", Effect::ReadOnly, None, true),
+            ("send", Effect::ExternalSideEffect, None, true),
+        ];
+        let d = InProcess::start_with("", &tools);
+        let send_note = |d: &InProcess| {
+            let to = d.vault.folder(State::NeedsAction).join("s.md");
+            std::fs::write(to, format!("# s\n{}", call_of("send", r#"{"q": "x"}"#))).unwrap();
+        };
+        tokio::task::block_in_place(|| {
+            d.drop_note(State::NeedsAction, "warm.md", r#"{"z": 1}"#);
+            d.wait_for("warm.md moved and recorded", &|| {
+                d.journal.flush().unwrap();
+                d.events_of("warm.md", "move") == 1
+            });
+            // From the group of s.md's claim record on (the claim itself commits: it waits
+            // only for that).
+            d.journal
+                .lose_fsync_before_write(d.journal.writes_sent() + 1);
+            send_note(&d);
+            d.wait_for("s.md back in Needs_Action, claiming paused", &|| {
+                d.in_state(State::NeedsAction, "s.md")
+                    && d.events_of("s.md", "claim") == 1
+                    && d.journal.storage_failure().is_some()
+            });
+            let why = d.journal.storage_failure().unwrap();
+            assert!(why.contains("restart vaultd"), "{why}");
+            assert_eq!(
+                d.events_of("s.md", "call_start"),
+                0,
+                "the start was refused"
+            );
+            let text =
+                std::fs::read_to_string(d.vault.folder(State::NeedsAction).join("s.md")).unwrap();
+            assert!(!text.contains("tool_result"), "{text}");
+        });
+        let d = d.restart(crate::tools::idle::registry(&tools)).await;
+        tokio::task::block_in_place(|| {
+            d.wait_for("s.md in Failed (the idle tool's own failure)", &|| {
+                d.in_state(State::Failed, "s.md")
+            });
+            let text = std::fs::read_to_string(d.vault.folder(State::Failed).join("s.md")).unwrap();
+            assert_eq!(text.matches("tool_result").count(), 1, "{text}");
+            assert!(text.contains("not run"), "{text}");
+            assert!(!text.contains("UNKNOWN_OUTCOME"), "{text}");
+            d.journal.flush().unwrap();
+            assert_eq!(d.events_of("s.md", "call_start"), 1, "ran once");
         });
         d.stop().await;
     }

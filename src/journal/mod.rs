@@ -656,6 +656,12 @@ impl Journal {
             .unwrap();
     }
 
+    /// Takes an fsync of the journal to have failed right before the group holding the
+    /// `seq`th write sent ([`writer::Writer::lose_before_group_of`]).
+    pub(crate) fn lose_fsync_before_write(&self, seq: u64) {
+        self.writer.lose_before_group_of(seq);
+    }
+
     /// How many writes were handed to the writer so far.
     pub(crate) fn writes_sent(&self) -> u64 {
         self.writer.sent()

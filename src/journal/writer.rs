@@ -146,6 +146,10 @@ struct Counts {
     /// The number of the job whose group's commit is made to fail (0: none).
     #[cfg(test)]
     fail_group_of: AtomicU64,
+    /// The number of the job before whose group an fsync of the journal is taken to have
+    /// failed (0: none).
+    #[cfg(test)]
+    lose_before_group_of: AtomicU64,
     /// The writer's own fsyncs of the WAL fail, as a failing disk's would.
     #[cfg(test)]
     fail_wal_syncs: std::sync::atomic::AtomicBool,
@@ -166,6 +170,8 @@ impl Default for Counts {
             sent: AtomicU64::new(0),
             #[cfg(test)]
             fail_group_of: AtomicU64::new(0),
+            #[cfg(test)]
+            lose_before_group_of: AtomicU64::new(0),
             #[cfg(test)]
             fail_wal_syncs: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
@@ -237,6 +243,15 @@ impl Writer {
     #[cfg(test)]
     pub(super) fn fail_wal_syncs(&self, fail: bool) {
         self.counts.fail_wal_syncs.store(fail, Ordering::SeqCst);
+    }
+
+    /// Takes an fsync of the journal to have failed right before the group that holds the
+    /// `seq`th job sent (as SQLite's failed fsync at the commit before would be noted).
+    #[cfg(test)]
+    pub(super) fn lose_before_group_of(&self, seq: u64) {
+        self.counts
+            .lose_before_group_of
+            .store(seq, Ordering::SeqCst);
     }
 
     /// Makes the writer's opens of the WAL (to fsync it) fail (`true`) or work again.
@@ -474,9 +489,6 @@ fn write_groups(
                 Err(_) => break,
             }
         };
-        // SQLite's own failed fsync at a commit is noted in `storage` (a CLI's is not seen
-        // here: its process reported it, `docs/reliability.md`).
-        sync.lost |= storage.until_restart();
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match queue.try_recv() {
@@ -490,7 +502,17 @@ fn write_groups(
             if doomed != 0 && group.iter().any(|job| job.seq == doomed) {
                 group.push(queued("a write whose commit fails", violate_a_deferred_key));
             }
+            let lost = counts.lose_before_group_of.load(Ordering::SeqCst);
+            if lost != 0 && group.iter().any(|job| job.seq == lost) {
+                storage.note_error(&rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
+                    Some("an fsync failed (a test's)".to_string()),
+                ));
+            }
         }
+        // SQLite's own failed fsync at a commit is noted in `storage` (a CLI's is not seen
+        // here: its process reported it, `docs/reliability.md`).
+        sync.lost |= storage.until_restart();
         // Without an fsync only a group that came to an idle writer, or one of a note worked on
         // alone: under load every group fsyncs, and the fsync's time is what gathers the next
         // writes into one group.
