@@ -953,12 +953,9 @@ mod tests {
         assert_eq!(synced(), at_start + 3, "fsynced once idle for a linger");
     }
 
-    /// The writer's own fsync of the WAL fails (a failing disk): the durable caller it was for
-    /// is told so, not that its writes are durable, and so is every durable caller after it,
-    /// even once fsyncs work again (a later fsync need not write what the failed one lost);
-    /// claiming pauses until a restart, whose journal takes writes again.
-    #[tokio::test]
-    async fn after_an_fsync_of_the_wal_fails_nothing_is_told_durable_until_a_restart() {
+    /// A journal with a run of a.md, whose outcome c-1 committed without an fsync: the writer
+    /// is behind, and only a flush (no idle linger) makes c-1 durable.
+    async fn behind_by_one_outcome() -> (tempfile::TempDir, Journal, crate::journal::RunId) {
         let (dir, journal) = fresh_journal();
         journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync meanwhile
         journal.set_one_note(true); // what nobody waits on commits without an fsync
@@ -968,6 +965,16 @@ mod tests {
             .await
             .unwrap();
         journal.settle(committed).unwrap();
+        (dir, journal, run)
+    }
+
+    /// The writer's own fsync of the WAL fails (a failing disk): the durable caller it was for
+    /// is told so, not that its writes are durable, and so is every durable caller after it,
+    /// even once fsyncs work again (a later fsync need not write what the failed one lost);
+    /// claiming pauses until a restart, whose journal takes writes again.
+    #[tokio::test]
+    async fn after_an_fsync_of_the_wal_fails_nothing_is_told_durable_until_a_restart() {
+        let (dir, journal, run) = behind_by_one_outcome().await;
         journal.writer.fail_wal_syncs(true);
         let err = journal
             .flush()
@@ -1055,15 +1062,7 @@ mod tests {
     /// SQLite's own handle instead: the flush is durable, and nothing pauses.
     #[tokio::test]
     async fn a_wal_that_cannot_be_opened_is_made_durable_by_a_small_write() {
-        let (_dir, journal) = fresh_journal();
-        journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync meanwhile
-        journal.set_one_note(true);
-        let run = journal.begin_run("In_Progress/a.md").unwrap();
-        let committed = journal
-            .call_finished_later(run, &search_ok("c-1"), false)
-            .await
-            .unwrap();
-        journal.settle(committed).unwrap();
+        let (_dir, journal, _run) = behind_by_one_outcome().await;
         journal.writer.fail_wal_opens(true);
         let before = journal.writer.wal_syncs();
         journal.flush().expect("durable through SQLite's handle");
