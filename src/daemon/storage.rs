@@ -513,7 +513,17 @@ pub(crate) mod tests {
             } = self;
             stop.send(()).unwrap();
             daemon.await.unwrap().unwrap();
-            drop(journal); // the last handle: its writer stops, the file is closed
+            // The last handle (a storage probe task may hold one a moment longer): its
+            // writer stops and the file is closed before the next daemon opens it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::sync::Arc::strong_count(&journal) > 1 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the journal is still held"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            drop(journal);
             InProcess::spawn(_dir, vault, config, registry)
         }
     }
@@ -581,10 +591,11 @@ pub(crate) mod tests {
             d.journal
                 .lose_fsync_before_write(d.journal.writes_sent() + 1);
             send_note(&d);
+            // Claimed (moved away, then recorded), paused, then back: in that order.
             d.wait_for("s.md back in Needs_Action, claiming paused", &|| {
-                d.in_state(State::NeedsAction, "s.md")
-                    && d.events_of("s.md", "claim") == 1
+                d.events_of("s.md", "claim") == 1
                     && d.journal.storage_failure().is_some()
+                    && d.in_state(State::NeedsAction, "s.md")
             });
             let why = d.journal.storage_failure().unwrap();
             assert!(why.contains("restart vaultd"), "{why}");

@@ -647,6 +647,18 @@ impl WalSync {
                 if !std::mem::replace(&mut self.cannot_open, true) {
                     tracing::warn!(path = %path.display(), "journal: cannot open the WAL to fsync it ({e}); a small write fsyncs it instead");
                 }
+                let cannot = |why: String| {
+                    Failure::Sql(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                        Some(why),
+                    ))
+                };
+                if !conn.is_autocommit() {
+                    // A rollback that failed left a transaction open: the write would join it.
+                    return Err(cannot(format!(
+                        "cannot open the journal's WAL to fsync it: {e}"
+                    )));
+                }
                 self.set(conn, true);
                 let probe = conn.execute(
                     "INSERT INTO storage_probe (id, at_ms) VALUES (1, ?1)
@@ -658,7 +670,8 @@ impl WalSync {
                         self.behind = false;
                         Ok(())
                     }
-                    Ok(_) => Err(Failure::Other(format!(
+                    // A storage failure that pauses claiming until a probe write works.
+                    Ok(_) => Err(cannot(format!(
                         "cannot fsync the journal's WAL: it cannot be opened ({e})"
                     ))),
                     Err(e) => {
