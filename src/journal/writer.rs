@@ -139,6 +139,8 @@ struct Counts {
     groups: AtomicU64,
     /// fsyncs of the WAL: by a durable group's commit, or by the writer itself.
     wal_syncs: AtomicU64,
+    /// Checkpoints the writer ran.
+    checkpoints: AtomicU64,
     linger_ms: AtomicU64,
     /// Jobs numbered for the thread's queue (one `try_enqueue` then drops on a full queue too).
     #[cfg(test)]
@@ -156,6 +158,9 @@ struct Counts {
     /// The writer cannot open the WAL to fsync it, as with no descriptor left.
     #[cfg(test)]
     fail_wal_opens: std::sync::atomic::AtomicBool,
+    /// The writer's checkpoints fail as a failed fsync would fail them.
+    #[cfg(test)]
+    fail_checkpoints: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Counts {
@@ -163,6 +168,7 @@ impl Default for Counts {
         Counts {
             groups: AtomicU64::new(0),
             wal_syncs: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
             linger_ms: AtomicU64::new(
                 u64::try_from(crate::files::FLUSH_LINGER.as_millis()).unwrap_or(50),
             ),
@@ -176,6 +182,8 @@ impl Default for Counts {
             fail_wal_syncs: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             fail_wal_opens: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            fail_checkpoints: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -252,6 +260,17 @@ impl Writer {
         self.counts
             .lose_before_group_of
             .store(seq, Ordering::SeqCst);
+    }
+
+    #[cfg(test)]
+    pub(super) fn checkpoints(&self) -> u64 {
+        self.counts.checkpoints.load(Ordering::SeqCst)
+    }
+
+    /// Makes the writer's checkpoints fail (`true`) as a failed fsync would, or work again.
+    #[cfg(test)]
+    pub(super) fn fail_checkpoints(&self, fail: bool) {
+        self.counts.fail_checkpoints.store(fail, Ordering::SeqCst);
     }
 
     /// Makes the writer's opens of the WAL (to fsync it) fail (`true`) or work again.
@@ -468,6 +487,13 @@ fn write_groups(
     let rates = RefCell::new(RateCache::new(room));
     let runs = RefCell::new(GroupRuns::default());
     let mut sync = WalSync::default();
+    // SQLite's automatic checkpoint runs inside a commit and drops its error, a failed fsync
+    // among them (which Linux reports once: the next fsync would not say it). This thread
+    // checkpoints instead, every `CHECKPOINT_EVERY` groups, and hears it.
+    if let Err(e) = conn.pragma_update(None, "wal_autocheckpoint", 0) {
+        tracing::warn!("journal: cannot turn SQLite's automatic checkpoint off: {e}");
+    }
+    let mut since_checkpoint = 0u32;
     loop {
         let waiting_since = std::time::Instant::now();
         // Commits not durable yet: flushed once the queue has been idle for a linger.
@@ -561,12 +587,41 @@ fn write_groups(
         if !full {
             sync.behind = true;
         }
+        since_checkpoint += 1;
+        if since_checkpoint >= CHECKPOINT_EVERY && !sync.lost {
+            since_checkpoint = 0;
+            if let Err(e) = checkpoint(conn, counts) {
+                if super::fsync_failed(&e) {
+                    sync.lost = true;
+                }
+                storage.note_error(&e);
+                tracing::warn!(path = %path.display(), "journal: checkpoint failed: {e}");
+            }
+        }
     }
     if sync.behind
         && let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts)
     {
         storage.note_error(&e);
     }
+}
+
+/// Groups between the writer's checkpoints: SQLite's automatic one came at 1,000 WAL pages,
+/// about 60 groups of a note's writes.
+const CHECKPOINT_EVERY: u32 = 64;
+
+/// Copies the WAL's commits into the database without waiting for readers (`PASSIVE`); its
+/// fsyncs' failures are returned, not dropped.
+fn checkpoint(conn: &Connection, counts: &Counts) -> rusqlite::Result<()> {
+    counts.checkpoints.fetch_add(1, Ordering::SeqCst);
+    #[cfg(test)]
+    if counts.fail_checkpoints.load(Ordering::SeqCst) {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
+            Some("a checkpoint's fsync failed (a test's)".to_string()),
+        ));
+    }
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
 }
 
 /// How long the writer must have waited for a group's first write for the group to commit
@@ -1087,6 +1142,35 @@ mod tests {
         assert_eq!(probed, 1, "the small write");
         journal.flush().expect("nothing left to make durable");
         assert_eq!(journal.writer.wal_syncs(), before + 1);
+    }
+
+    /// SQLite's automatic checkpoint is off on the writer's connection (it drops its errors);
+    /// the writer checkpoints every `CHECKPOINT_EVERY` groups itself, and a checkpoint whose
+    /// fsync fails is a failed fsync like any other: claiming pauses until a restart.
+    #[test]
+    fn the_writer_checkpoints_itself_and_hears_a_failed_fsync() {
+        let (_dir, journal) = shared_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let before = journal.writer.checkpoints();
+        for i in 0..super::CHECKPOINT_EVERY {
+            journal
+                .call_finished(run, &search_ok(&format!("c-{i}")))
+                .unwrap();
+        }
+        assert!(journal.writer.checkpoints() > before, "checkpointed");
+        let wal = {
+            let mut p = journal.path().as_os_str().to_owned();
+            p.push("-wal");
+            std::path::PathBuf::from(p)
+        };
+        assert!(wal.exists());
+        journal.writer.fail_checkpoints(true);
+        for i in 0..super::CHECKPOINT_EVERY {
+            let _ = journal.call_finished(run, &search_ok(&format!("d-{i}")));
+        }
+        let why = journal.storage_failure().expect("claiming pauses");
+        assert!(why.contains("restart vaultd"), "{why}");
+        assert!(journal.begin_run("In_Progress/b.md").is_err());
     }
 
     /// A group that comes right after another commit fsyncs (under load, that fsync gathers the
