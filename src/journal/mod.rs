@@ -44,8 +44,8 @@
 //! the WAL's checksum chain. So from then on a durable write is refused before it runs (its
 //! error means "not recorded"; the record of something already done, `Wait::Recorded`, still
 //! commits, and its caller hears the error), and claiming pauses until vaultd is restarted (§9.12;
-//! [`StorageHealth`]). A failed fsync that only a CLI process or SQLite's automatic checkpoint
-//! met is not seen here.
+//! [`StorageHealth`]). The writer checkpoints itself (SQLite's automatic checkpoint would
+//! drop the error); a failed fsync that only a CLI process met is not seen here.
 //!
 //! Rate limits count start records. A `read_only` call with limits waits until its start ran
 //! in the writer's transaction (admission check and insert in one job, serialised with every
