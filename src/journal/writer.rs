@@ -139,7 +139,7 @@ struct Counts {
     groups: AtomicU64,
     /// fsyncs of the WAL: by a durable group's commit, or by the writer itself.
     wal_syncs: AtomicU64,
-    /// Checkpoints the writer ran.
+    /// Checkpoints the writer ran that worked.
     checkpoints: AtomicU64,
     linger_ms: AtomicU64,
     /// Jobs numbered for the thread's queue (one `try_enqueue` then drops on a full queue too).
@@ -588,14 +588,21 @@ fn write_groups(
             sync.behind = true;
         }
         since_checkpoint += 1;
-        if since_checkpoint >= CHECKPOINT_EVERY && !sync.lost {
-            since_checkpoint = 0;
-            if let Err(e) = checkpoint(conn, counts) {
-                if super::fsync_failed(&e) {
-                    sync.lost = true;
+        // Not after a failed fsync (SQLite's at this group's commit included): what it would
+        // copy may be lost; the WAL then grows with the few writes that still commit.
+        if since_checkpoint >= CHECKPOINT_EVERY && !sync.lost && !storage.until_restart() {
+            match checkpoint(conn, counts) {
+                // A reader held part of it back: tried again after the next group.
+                Ok(false) => {}
+                Ok(true) => since_checkpoint = 0,
+                Err(e) => {
+                    since_checkpoint = 0;
+                    if super::fsync_failed(&e) {
+                        sync.lost = true;
+                    }
+                    storage.note_error(&e);
+                    tracing::warn!(path = %path.display(), "journal: checkpoint failed: {e}");
                 }
-                storage.note_error(&e);
-                tracing::warn!(path = %path.display(), "journal: checkpoint failed: {e}");
             }
         }
     }
@@ -611,9 +618,8 @@ fn write_groups(
 const CHECKPOINT_EVERY: u32 = 64;
 
 /// Copies the WAL's commits into the database without waiting for readers (`PASSIVE`); its
-/// fsyncs' failures are returned, not dropped.
-fn checkpoint(conn: &Connection, counts: &Counts) -> rusqlite::Result<()> {
-    counts.checkpoints.fetch_add(1, Ordering::SeqCst);
+/// fsyncs' failures are returned, not dropped. True when it copied every commit.
+fn checkpoint(conn: &Connection, counts: &Counts) -> rusqlite::Result<bool> {
     #[cfg(test)]
     if counts.fail_checkpoints.load(Ordering::SeqCst) {
         return Err(rusqlite::Error::SqliteFailure(
@@ -621,7 +627,13 @@ fn checkpoint(conn: &Connection, counts: &Counts) -> rusqlite::Result<()> {
             Some("a checkpoint's fsync failed (a test's)".to_string()),
         ));
     }
-    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+    // One row: busy (1 when held back), pages in the WAL, pages copied.
+    let (busy, log, copied): (i64, i64, i64) =
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+    counts.checkpoints.fetch_add(1, Ordering::SeqCst);
+    Ok(busy == 0 && copied >= log)
 }
 
 /// How long the writer must have waited for a group's first write for the group to commit
