@@ -322,6 +322,14 @@ fn fsync_failed(e: &rusqlite::Error) -> bool {
         if code.extended_code == rusqlite::ffi::SQLITE_IOERR_FSYNC)
 }
 
+/// The error SQLite gives for a failed fsync, saying `why`: what [`fsync_failed`] recognises.
+fn fsync_error(why: &str) -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
+        Some(why.to_string()),
+    )
+}
+
 /// What a SQLite error says about the storage, when it is the storage's fault.
 fn storage_failure(e: &rusqlite::Error) -> Option<String> {
     use rusqlite::ErrorCode as C;

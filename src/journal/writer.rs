@@ -10,7 +10,7 @@
 
 use super::Wait;
 use super::rates::{RateCache, RateRoom};
-use super::{Failure, StorageHealth, Tx, fsync_failed};
+use super::{Failure, StorageHealth, Tx, fsync_error, fsync_failed};
 use rusqlite::Connection;
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -530,10 +530,7 @@ fn write_groups(
             }
             let lost = counts.lose_before_group_of.load(Ordering::SeqCst);
             if lost != 0 && group.iter().any(|job| job.seq == lost) {
-                storage.note_error(&rusqlite::Error::SqliteFailure(
-                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
-                    Some("an fsync failed (a test's)".to_string()),
-                ));
+                storage.note_error(&fsync_error("an fsync failed (a test's)"));
             }
         }
         // SQLite's own failed fsync at a commit is noted in `storage` (a CLI's is not seen
@@ -597,7 +594,7 @@ fn write_groups(
                 Ok(true) => since_checkpoint = 0,
                 Err(e) => {
                     since_checkpoint = 0;
-                    if super::fsync_failed(&e) {
+                    if fsync_failed(&e) {
                         sync.lost = true;
                     }
                     storage.note_error(&e);
@@ -622,10 +619,7 @@ const CHECKPOINT_EVERY: u32 = 64;
 fn checkpoint(conn: &Connection, counts: &Counts) -> rusqlite::Result<bool> {
     #[cfg(test)]
     if counts.fail_checkpoints.load(Ordering::SeqCst) {
-        return Err(rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
-            Some("a checkpoint's fsync failed (a test's)".to_string()),
-        ));
+        return Err(fsync_error("a checkpoint's fsync failed (a test's)"));
     }
     // One row: busy (1 when held back), pages in the WAL, pages copied.
     let (busy, log, copied): (i64, i64, i64) =
@@ -772,10 +766,7 @@ impl WalSync {
 
     /// What every durable caller hears once an fsync of the WAL failed.
     fn lost_error() -> Failure {
-        Failure::Sql(rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_FSYNC),
-            Some("an fsync of the WAL failed".to_string()),
-        ))
+        Failure::Sql(fsync_error("an fsync of the WAL failed"))
     }
 }
 
