@@ -189,8 +189,9 @@ impl CommandTool {
         Ok(ruleset)
     }
 
-    /// run_call's start stage: the supervisor forked (working directory, stdio), which
-    /// starts `program` in its sandbox.
+    /// run_call's start stage: the supervisor (working directory, stdio), which starts
+    /// `program` in its sandbox; started in vaultd's memory where it can be
+    /// ([`supervise::spawn`]: no copy of vaultd's page tables at each call), else forked.
     fn start_supervised(
         &self,
         program: supervise::Program,
@@ -199,28 +200,46 @@ impl CommandTool {
         control_read: OwnedFd,
         end: &CallEnd,
         scratch_path: &Path,
-    ) -> Result<tokio::process::Child, CallError> {
+    ) -> Result<Started, CallError> {
         let c = &self.config;
-        // std's Command forks the supervisor (stdio, working directory); the program is
-        // started by the supervisor from `program`, so argv and environment are set there.
-        let mut cmd = std::process::Command::new(&c.program);
-        cmd.env_clear()
-            .current_dir(match c.cwd {
-                Cwd::Vault => self.vault.as_path(),
-                Cwd::Scratch => scratch_path,
-            })
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let cwd = match c.cwd {
+            Cwd::Vault => self.vault.as_path(),
+            Cwd::Scratch => scratch_path,
+        };
         let mode = c.sandbox;
         let mut ruleset = ruleset;
-        let filter = self.filter.clone();
-        let control = control_read.as_raw_fd();
         let join = end
             .cgroup
             .as_ref()
             .map(CallCgroup::join)
             .unwrap_or_default();
+        if supervise::in_shared_memory() {
+            let filter = self.filter.as_deref();
+            // SAFETY: `enter` makes only system calls (setrlimit, capset, prctl,
+            // landlock_restrict_self, seccomp) on memory made before, and allocates nothing
+            // on its success path; we are inside the runtime (`run_call`).
+            let spawned = unsafe {
+                supervise::spawn(cwd, control_read.as_raw_fd(), &join, &program, &mut || {
+                    sandbox::enter(&mut ruleset, filter, limits, mode)
+                })
+            };
+            drop(control_read);
+            // With it go argv, environment and the program's stack.
+            drop(program);
+            return spawned
+                .map(Started::Shared)
+                .map_err(|e| self.spawn_error(e));
+        }
+        // std's Command forks the supervisor (stdio, working directory); the program is
+        // started by the supervisor from `program`, so argv and environment are set there.
+        let mut cmd = std::process::Command::new(&c.program);
+        cmd.env_clear()
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let filter = self.filter.clone();
+        let control = control_read.as_raw_fd();
         // SAFETY: `split` and `enter` make only system calls (setsid, write, prctl, clone3,
         // setrlimit, capset, landlock_restrict_self, seccomp, execve; the supervisor: poll,
         // waitpid, kill, /proc reads into stack buffers) on memory made before the fork, and
@@ -237,18 +256,30 @@ impl CommandTool {
         drop(control_read);
         // With it go vaultd's copies of argv, environment and the program's stack.
         drop(cmd);
-        spawned.map_err(|e| {
-            let message = if e.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error()) {
-                format!(
-                    "{} was not started: the sandbox could not be applied ({e}); sandbox = \"required\" never runs a program unsandboxed",
-                    c.argv0
-                )
-            } else {
-                format!("{} could not be started: {e}", c.argv0)
-            };
-            CallError::new(ErrorCode::ExecutionError, message)
-        })
+        spawned
+            .map(Started::Forked)
+            .map_err(|e| self.spawn_error(e))
     }
+
+    fn spawn_error(&self, e: std::io::Error) -> CallError {
+        let c = &self.config;
+        let message = if e.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error()) {
+            format!(
+                "{} was not started: the sandbox could not be applied ({e}); sandbox = \"required\" never runs a program unsandboxed",
+                c.argv0
+            )
+        } else {
+            format!("{} could not be started: {e}", c.argv0)
+        };
+        CallError::new(ErrorCode::ExecutionError, message)
+    }
+}
+
+/// A program started under its supervisor: forked by std (where the supervisor cannot
+/// share vaultd's memory), or started in it ([`supervise::spawn`]).
+enum Started {
+    Forked(tokio::process::Child),
+    Shared(supervise::Spawned),
 }
 
 /// run_call's scratch stage: the call's scratch dir (the program's HOME) and its private
@@ -322,23 +353,40 @@ fn prepare_program(
 async fn wait_and_finish(
     c: &CommandToolConfig,
     end: CallEnd,
-    mut child: tokio::process::Child,
+    child: Started,
     deadline: std::time::Instant,
 ) -> Result<ToolOutput, CallError> {
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let stderr = child.stderr.take().expect("stderr is piped");
     let max = c.max_output_bytes;
     let deadline = tokio::time::Instant::from_std(deadline);
     // The supervisor exits once the program and everything it left are gone, so the
     // pipes close then too: a grandchild holding stdout does not hold the call.
-    let run = async {
-        tokio::join!(
-            child.wait(),
-            read_capped(stdout, max),
-            read_capped(stderr, max)
-        )
+    let gathered = match child {
+        Started::Forked(mut child) => {
+            let stdout = child.stdout.take().expect("stdout is piped");
+            let stderr = child.stderr.take().expect("stderr is piped");
+            tokio::time::timeout_at(deadline, gather(child.wait(), stdout, stderr, max)).await
+        }
+        Started::Shared(spawned) => {
+            let supervise::Spawned {
+                mut supervisor,
+                stdout,
+                stderr,
+            } = spawned;
+            let (stdout, stderr) = match (
+                tokio::net::unix::pipe::Receiver::from_owned_fd(stdout),
+                tokio::net::unix::pipe::Receiver::from_owned_fd(stderr),
+            ) {
+                (Ok(out), Ok(err)) => (out, err),
+                (Err(e), _) | (_, Err(e)) => {
+                    drop(end);
+                    return Err(read_error(e));
+                }
+            };
+            let run = gather(supervisor.wait(), stdout, stderr, max);
+            tokio::time::timeout_at(deadline, run).await
+        }
     };
-    let (status, out, err) = match tokio::time::timeout_at(deadline, run).await {
+    let (status, out, err) = match gathered {
         Ok(done) => done,
         Err(_) => {
             drop(end);
@@ -369,6 +417,20 @@ async fn wait_and_finish(
         stderr,
         stderr_truncated,
     )
+}
+
+/// The exit status and both outputs (each up to `max`), all at once.
+async fn gather(
+    wait: impl std::future::Future<Output = std::io::Result<std::process::ExitStatus>>,
+    stdout: impl AsyncRead + Unpin,
+    stderr: impl AsyncRead + Unpin,
+    max: usize,
+) -> (
+    std::io::Result<std::process::ExitStatus>,
+    std::io::Result<(Vec<u8>, bool)>,
+    std::io::Result<(Vec<u8>, bool)>,
+) {
+    tokio::join!(wait, read_capped(stdout, max), read_capped(stderr, max))
 }
 
 fn read_error(e: std::io::Error) -> CallError {

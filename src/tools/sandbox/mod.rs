@@ -6,5 +6,6 @@
 pub mod cgroup;
 pub mod paths;
 pub mod protect;
+pub mod raw;
 pub mod seccomp;
 pub mod supervise;

@@ -16,15 +16,21 @@
 //! of its own, mapped by vaultd before the first fork ([`Program`]); the supervisor is
 //! suspended until the program execs or exits. Before it execs, the program's process
 //! asks for `SIGKILL` when its supervisor dies, resets vaultd's signal handlers, enters the
-//! sandbox (the caller's `enter`: rlimits, capabilities, Landlock, seccomp) and sets the
-//! environment made before the fork; a step that fails, or the exec, leaves its errno in
-//! the supervisor's memory, and the supervisor returns it as the spawn's error (std's
-//! exec-error pipe then carries it to vaultd, as for any `pre_exec` error).
+//! sandbox (the caller's `enter`: rlimits, capabilities, Landlock, seccomp) and execs with
+//! the argv and environment made before (`execve`, looking a name up in that environment's
+//! `PATH` as `execvp` does, without `environ`: that is vaultd's when the memory is shared);
+//! a step that fails, or the exec, leaves its errno in the supervisor's memory, and the
+//! supervisor returns it as the spawn's error (std's exec-error pipe then carries it to
+//! vaultd, as for any `pre_exec` error, or [`spawn`]'s report pipe).
 //!
-//! The supervisor runs in a copy of vaultd's memory after `fork` in a threaded process, so
-//! it only makes raw system calls into stack buffers and memory made before the fork: no
-//! allocation, no locks (the same rule as any `pre_exec` code), and so does the program's
-//! process before its exec. The supervisor is outside the program's Landlock domain, so
+//! The supervisor is either a fork of vaultd (std's `Command` with a `pre_exec`, [`split`])
+//! or, where it can be, runs in vaultd's own memory ([`spawn`]: `clone(CLONE_VM)`, no copy
+//! of vaultd's page tables to make at each call and tear down at its end, about 1 ms of a
+//! command call). Either way it runs in a threaded process's memory after a clone, so it
+//! only makes raw system calls into stack buffers and memory made before: no allocation, no
+//! locks (the same rule as any `pre_exec` code), and so does the program's process before
+//! its exec; in shared memory, once the program has exec'd, only calls that leave `errno`
+//! alone ([`super::raw`]). The supervisor is outside the program's Landlock domain, so
 //! with Landlock ABI 6 (signal scoping) the program cannot signal or trace it; where the
 //! kernel is older, a program that kills the supervisor first leaves its own orphans to
 //! init (a per-call cgroup, where one can be had, still ends them: [`super::cgroup`]).
@@ -34,6 +40,8 @@ use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use super::raw;
+
 /// The stack of the program's process until its exec: the sandbox entry and libc's
 /// `execvp` (which searches `PATH` in buffers on the stack) run on it.
 const STACK_SIZE: usize = 256 * 1024;
@@ -42,13 +50,27 @@ const STACK_SIZE: usize = 256 * 1024;
 /// argv and environment as C strings with their pointer arrays, and a stack of its own.
 /// Owned by the `pre_exec` closure; in vaultd it is dropped with the `Command`.
 pub struct Program {
-    program: CString,
+    /// The paths `execvp` would try, in its order: the program itself where it names a
+    /// path, else the program in each folder of the environment's `PATH`. Looked up in
+    /// the program's process without `execvp`, which reads the global `environ`: that
+    /// process may share vaultd's memory ([`spawn`]), where setting `environ` for one
+    /// program would hand it to every other spawn and to vaultd.
+    candidates: Vec<CString>,
+    /// For each candidate, the argv that runs it with `/bin/sh` (a file without `#!`
+    /// that the kernel refuses with ENOEXEC, as `execvp` does).
+    sh_argvs: Vec<Vec<*const c_char>>,
     argv: Vec<*const c_char>,
     envp: Vec<*const c_char>,
     /// What `argv` and `envp` point into (heap buffers that never move).
     _strings: Vec<CString>,
     stack: Stack,
 }
+
+/// The shell `execvp` runs a script without `#!` with (glibc's `_PATH_BSHELL`).
+const BIN_SH: &std::ffi::CStr = c"/bin/sh";
+
+/// Where `execvp` looks when the environment has no `PATH` (glibc's `_CS_PATH`).
+const DEFAULT_EXEC_PATH: &[u8] = b"/bin:/usr/bin";
 
 // SAFETY: the pointers point into `_strings`, owned and never changed; nothing is shared
 // but read-only C strings and a stack mapping used only by the program's process.
@@ -104,11 +126,42 @@ impl Program {
                 .chain(std::iter::once(std::ptr::null()))
                 .collect::<Vec<_>>()
         };
+        let name = program.as_bytes();
+        let candidates: Vec<CString> = if name.is_empty() {
+            Vec::new()
+        } else if name.contains(&b'/') {
+            vec![c(name)?]
+        } else {
+            let path = vars
+                .get(OsStr::new("PATH"))
+                .map_or(DEFAULT_EXEC_PATH, |p| p.as_bytes());
+            path.split(|&b| b == b':')
+                .map(|dir| {
+                    // An empty entry is the working directory, as for `execvp`.
+                    let mut full = dir.to_vec();
+                    if !full.is_empty() {
+                        full.push(b'/');
+                    }
+                    full.extend_from_slice(name);
+                    c(&full)
+                })
+                .collect::<std::io::Result<_>>()?
+        };
         let argv = pointers(&argv_strings);
         let envp = pointers(&env_strings);
+        let sh_argvs = candidates
+            .iter()
+            .map(|candidate| {
+                [BIN_SH.as_ptr(), candidate.as_ptr()]
+                    .into_iter()
+                    .chain(argv[1..].iter().copied())
+                    .collect()
+            })
+            .collect();
         argv_strings.extend(env_strings);
         Ok(Program {
-            program: c(program.as_bytes())?,
+            candidates,
+            sh_argvs,
             argv,
             envp,
             _strings: argv_strings,
@@ -122,6 +175,9 @@ struct Stack {
     base: *mut c_void,
     len: usize,
 }
+
+// SAFETY: a mapping owned alone; whoever holds it may unmap it from any thread.
+unsafe impl Send for Stack {}
 
 impl Stack {
     fn new() -> std::io::Result<Stack> {
@@ -283,10 +339,6 @@ pub fn can_clone_into_cgroup() -> bool {
     r < 0 && errno != Some(libc::ENOSYS) && errno != Some(libc::EPERM)
 }
 
-unsafe extern "C" {
-    static mut environ: *const *const c_char;
-}
-
 /// Becomes the supervisor of the program: runs in the child of std's fork, between fork and
 /// exec (a `pre_exec` closure), and starts `program` in a process of its own, which calls
 /// `enter` (the sandbox entry, run in the program's process only) and then execs. Returns
@@ -309,6 +361,18 @@ pub unsafe fn split(
     program: &Program,
     enter: &mut dyn FnMut() -> std::io::Result<()>,
 ) -> std::io::Error {
+    // SAFETY: the caller's contract, which is `split_with`'s.
+    unsafe { split_with(control, join, program, enter, None) }
+}
+
+/// [`split`], where the program execs with `exec_mask` (None: the mask this process had).
+unsafe fn split_with(
+    control: RawFd,
+    join: &CgroupJoin,
+    program: &Program,
+    enter: &mut dyn FnMut() -> std::io::Result<()>,
+    exec_mask: Option<&libc::sigset_t>,
+) -> std::io::Error {
     // SAFETY (whole function): raw system calls on integers, stack buffers and memory made
     // before the fork; see `start_program` for the process that shares it.
     unsafe {
@@ -325,6 +389,9 @@ pub unsafe fn split(
         let mut mask: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut mask);
+        if let Some(exec_mask) = exec_mask {
+            mask = *exec_mask;
+        }
         let failed = AtomicI32::new(0);
         let mut start = Start {
             supervisor: libc::getpid(),
@@ -381,6 +448,299 @@ pub unsafe fn split(
     }
 }
 
+/// Whether supervisors are started in vaultd's own memory here ([`spawn`]): on x86_64,
+/// where the supervisor's system calls can leave `errno` alone ([`raw`]), and where
+/// `pidfd_open` (Linux 5.3) lets vaultd wait for one without a thread.
+pub fn in_shared_memory() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        cfg!(target_arch = "x86_64") && {
+            let fd = raw::pidfd_open(raw::getpid());
+            // SAFETY: the fd just opened, closed once.
+            fd >= 0 && unsafe { raw::close(fd as RawFd) } == 0
+        }
+    })
+}
+
+/// What the supervisor is handed by [`spawn`]: read on vaultd's stack while the spawning
+/// thread waits for the report.
+struct Boot<'a> {
+    stdio: [RawFd; 3],
+    report: RawFd,
+    cwd: &'a std::ffi::CStr,
+    control: RawFd,
+    join: &'a CgroupJoin,
+    program: &'a Program,
+    enter: &'a mut dyn FnMut() -> std::io::Result<()>,
+}
+
+/// A supervisor started by [`spawn`], in vaultd's memory on a stack of its own: reaped by
+/// [`Supervisor::wait`], or when dropped (by a thread that waits for it; the stack goes
+/// only once it has exited).
+pub struct Supervisor {
+    pid: libc::pid_t,
+    pidfd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    stack: Option<Stack>,
+    status: Option<c_int>,
+}
+
+/// A started program: its supervisor and the read ends of its stdout and stderr.
+pub struct Spawned {
+    pub supervisor: Supervisor,
+    pub stdout: std::os::fd::OwnedFd,
+    pub stderr: std::os::fd::OwnedFd,
+}
+
+/// Starts the supervisor as [`split`] is started from std's fork, but without copying
+/// vaultd: `clone(CLONE_VM)`, as `posix_spawn` makes its child, on a stack of its own. It
+/// points stdin at /dev/null and stdout and stderr at two new pipes, changes to `cwd`,
+/// sets SIGPIPE back to its default (as std's child does) and runs [`split`]; the program
+/// execs with no signal blocked.
+///
+/// Copying vaultd (`fork`: its page tables, then the copy's teardown at exit, and a
+/// copy-on-write fault in vaultd for each page it writes after) cost about 1 ms of every
+/// command call on the 2-core test VM (BENCHMARKS.md, issue 31).
+///
+/// The spawning thread waits, with every signal blocked, until the program has exec'd
+/// (the report pipe closes: the supervisor closes every fd but its control pipe, the
+/// program's copy closes on exec) or failed to (the errno comes on the pipe): until
+/// then the supervisor and the program read `program`, `join` and `enter` here, and write
+/// `errno`, which is this thread's. After, the supervisor makes only [`raw`] system calls
+/// on its own stack.
+///
+/// # Safety
+/// As [`split`]: `enter` makes only system calls and allocates nothing on its success
+/// path. Only where [`in_shared_memory`] holds, from inside a tokio runtime.
+pub unsafe fn spawn(
+    cwd: &std::path::Path,
+    control: RawFd,
+    join: &CgroupJoin,
+    program: &Program,
+    enter: &mut dyn FnMut() -> std::io::Result<()>,
+) -> std::io::Result<Spawned> {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    let cwd = CString::new(cwd.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let stdin = above_stdio(std::fs::File::open("/dev/null")?.into())?;
+    let (out_read, out_write) = pipe()?;
+    let (err_read, err_write) = pipe()?;
+    let (report_read, report_write) = pipe()?;
+    let stack = Stack::new()?;
+    let mut boot = Boot {
+        stdio: [
+            stdin.as_raw_fd(),
+            out_write.as_raw_fd(),
+            err_write.as_raw_fd(),
+        ],
+        report: report_write.as_raw_fd(),
+        cwd: &cwd,
+        control,
+        join,
+        program,
+        enter,
+    };
+    // SAFETY: signal masks and clone(2) on memory that lives until the report (below).
+    let (pid, errno) = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+        let pid = libc::clone(
+            boot_supervisor,
+            stack.top(),
+            libc::CLONE_VM | libc::SIGCHLD,
+            (&raw mut boot).cast(),
+        );
+        let mut errno = if pid < 0 {
+            Some(std::io::Error::last_os_error())
+        } else {
+            None
+        };
+        // The supervisor has its own copies.
+        drop((stdin, out_write, err_write, report_write));
+        if pid > 0 {
+            let mut report = [0u8; 4];
+            let mut got = 0;
+            loop {
+                match raw::read(report_read.as_raw_fd(), &mut report[got..]) {
+                    n if n > 0 => {
+                        got += n as usize;
+                        if got == report.len() {
+                            break;
+                        }
+                    }
+                    n if n == -(libc::EINTR as isize) => {}
+                    _ => break,
+                }
+            }
+            if got == report.len() {
+                errno = Some(std::io::Error::from_raw_os_error(i32::from_ne_bytes(
+                    report,
+                )));
+            }
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        (pid, errno)
+    };
+    if let Some(e) = errno {
+        if pid > 0 {
+            reap(pid);
+        }
+        return Err(e);
+    }
+    let pidfd = match raw::pidfd_open(pid) {
+        // SAFETY: a new fd, owned here alone.
+        fd if fd >= 0 => unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) },
+        e => {
+            // Cannot be waited for without it: the caller closes the control pipe, which
+            // ends the program; its supervisor is reaped here.
+            let e = std::io::Error::from_raw_os_error(-e as i32);
+            std::thread::spawn(move || {
+                reap(pid);
+                drop(stack);
+            });
+            return Err(e);
+        }
+    };
+    // SAFETY: an OwnedFd, open and the same until the AsyncFd drops it.
+    let pidfd = match unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+    } {
+        Ok(pidfd) => pidfd,
+        Err(e) => {
+            // As above: ended by the caller's closing of the control pipe, reaped here.
+            std::thread::spawn(move || {
+                reap(pid);
+                drop(stack);
+            });
+            return Err(e.into());
+        }
+    };
+    Ok(Spawned {
+        supervisor: Supervisor {
+            pid,
+            pidfd,
+            stack: Some(stack),
+            status: None,
+        },
+        stdout: out_read,
+        stderr: err_read,
+    })
+}
+
+/// The supervisor [`spawn`] starts: std's child steps, then [`split`]. Returns only by
+/// exiting, after writing why the program did not start to the report pipe.
+extern "C" fn boot_supervisor(arg: *mut c_void) -> c_int {
+    // SAFETY (whole function): `arg` is the spawning thread's `Boot`, alive while that
+    // thread waits for the report; system calls on integers and that memory.
+    unsafe {
+        let boot = &mut *arg.cast::<Boot<'_>>();
+        let errno = 'failed: {
+            for (fd, target) in boot.stdio.into_iter().zip(0..) {
+                if libc::dup2(fd, target) < 0 {
+                    break 'failed *libc::__errno_location();
+                }
+            }
+            if libc::chdir(boot.cwd.as_ptr()) != 0 {
+                break 'failed *libc::__errno_location();
+            }
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            let e = split_with(
+                boot.control,
+                boot.join,
+                boot.program,
+                boot.enter,
+                Some(&none),
+            );
+            let errno = e.raw_os_error().unwrap_or(libc::EINVAL);
+            std::mem::forget(e);
+            errno
+        };
+        let report = errno.max(1).to_ne_bytes();
+        libc::write(boot.report, report.as_ptr().cast(), report.len());
+        libc::_exit(127)
+    }
+}
+
+impl Supervisor {
+    pub fn id(&self) -> u32 {
+        self.pid as u32
+    }
+
+    /// Waits for the supervisor to exit (it exits as the program did) and reaps it.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        use std::os::unix::process::ExitStatusExt;
+        loop {
+            if let Some(status) = self.status {
+                return Ok(std::process::ExitStatus::from_raw(status));
+            }
+            let mut ready = self.pidfd.readable().await?;
+            let mut status = 0;
+            // SAFETY: waitpid(2) of this process's own child, into a local.
+            match unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) } {
+                r if r == self.pid => {
+                    self.status = Some(status);
+                    // It is gone: nothing runs on its stack.
+                    self.stack.take();
+                }
+                0 => ready.clear_ready(),
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    /// Not reaped yet: a thread waits for it (the caller ends the call by closing its
+    /// control pipe), then unmaps its stack.
+    fn drop(&mut self) {
+        if self.status.is_some() {
+            return;
+        }
+        let (pid, stack) = (self.pid, self.stack.take());
+        let reap_it = move || {
+            reap(pid);
+            drop(stack);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(reap_it)),
+            Err(_) => drop(std::thread::spawn(reap_it)),
+        }
+    }
+}
+
+/// Waits for the child `pid` to exit, and reaps it.
+fn reap(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: waitpid(2) of this process's own child, into a local.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    {}
+}
+
+/// A pipe, both ends closed on exec and above the standard fds.
+fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    let (read, write) = control_pipe()?;
+    Ok((above_stdio(read)?, above_stdio(write)?))
+}
+
+/// `fd`, or a copy of it numbered 3 or above where it is 0, 1 or 2 (vaultd started with
+/// one of those closed): the supervisor's dup2 onto 0, 1 and 2 must not close another.
+fn above_stdio(fd: std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
+}
+
 /// The program's process until its exec, on its own stack in the supervisor's memory (the
 /// supervisor is suspended meanwhile): what std's child does after the `pre_exec` closures,
 /// with the sandbox entry first. Never returns: execs, or records why not and exits.
@@ -421,11 +781,9 @@ extern "C" fn start_program(arg: *mut c_void) -> c_int {
         let errno = match (start.enter)() {
             Ok(()) => {
                 libc::pthread_sigmask(libc::SIG_SETMASK, &start.mask, std::ptr::null_mut());
-                // As std's child does: the environment is set, then `execvp` (a name is
-                // looked up in the program's own `PATH`).
-                environ = start.program.envp.as_ptr();
-                libc::execvp(start.program.program.as_ptr(), start.program.argv.as_ptr());
-                *libc::__errno_location()
+                // As std's child does with `execvp`: a name is looked up in the program's
+                // own `PATH`, which it gets as its whole environment.
+                exec(start.program)
             }
             Err(e) => {
                 let errno = e.raw_os_error().unwrap_or(libc::EINVAL);
@@ -436,6 +794,36 @@ extern "C" fn start_program(arg: *mut c_void) -> c_int {
         };
         start.failed.store(errno.max(1), Ordering::Release);
         libc::_exit(127)
+    }
+}
+
+/// Runs the program as `execvp` would with the program's own environment (each candidate
+/// in turn; a file the kernel cannot run, with /bin/sh), without touching `environ`.
+/// Returns the errno `execvp` would leave.
+unsafe fn exec(program: &Program) -> c_int {
+    // SAFETY (whole function): execve(2) with nul-terminated strings and pointer arrays.
+    unsafe {
+        let mut eacces = false;
+        let mut errno = libc::ENOENT;
+        for (candidate, sh_argv) in program.candidates.iter().zip(&program.sh_argvs) {
+            libc::execve(
+                candidate.as_ptr(),
+                program.argv.as_ptr(),
+                program.envp.as_ptr(),
+            );
+            errno = *libc::__errno_location();
+            match errno {
+                libc::ENOEXEC => {
+                    libc::execve(BIN_SH.as_ptr(), sh_argv.as_ptr(), program.envp.as_ptr());
+                    return *libc::__errno_location();
+                }
+                libc::EACCES => eacces = true,
+                // Not here: the next folder of `PATH` (glibc's list).
+                libc::ENOENT | libc::ESTALE | libc::ENOTDIR | libc::ENODEV | libc::ETIMEDOUT => {}
+                _ => return errno,
+            }
+        }
+        if eacces { libc::EACCES } else { errno }
     }
 }
 
@@ -480,7 +868,9 @@ unsafe fn supervise(program: libc::pid_t, control: RawFd, mask: &libc::sigset_t)
         // Keep only the control pipe: the program has its own stdout and stderr, and the
         // exec-error pipe of the spawn (or any other call's pipe) must close with them.
         close_all_but(control);
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, program, 0) as RawFd;
+        // From here on no call touches libc's errno: in shared memory it is the spawning
+        // thread's (`spawn`), which goes on once the lines above closed its report pipe.
+        let pidfd = raw::pidfd_open(program) as RawFd;
         let mut status = 0;
         if pidfd >= 0 {
             loop {
@@ -496,7 +886,7 @@ unsafe fn supervise(program: libc::pid_t, control: RawFd, mask: &libc::sigset_t)
                         revents: 0,
                     },
                 ];
-                if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
+                if raw::poll(&mut fds) < 0 {
                     continue; // EINTR
                 }
                 if fds[0].revents != 0 {
@@ -504,26 +894,20 @@ unsafe fn supervise(program: libc::pid_t, control: RawFd, mask: &libc::sigset_t)
                 }
                 if fds[1].revents != 0 {
                     // vaultd ended the call (or ended itself): the program goes first.
-                    libc::kill(program, libc::SIGKILL);
+                    raw::kill(program, libc::SIGKILL);
                     break;
                 }
             }
         }
         // Without pidfd_open (Linux < 5.3) the supervisor only follows the program; vaultd
         // then kills the process group when a call ends early.
-        while libc::waitpid(program, &mut status, 0) < 0 && *libc::__errno_location() == libc::EINTR
-        {
-        }
+        while raw::wait(program, &mut status, 0) == -(libc::EINTR as isize) {}
         kill_every_child();
         if libc::WIFSIGNALED(status) {
             let sig = libc::WTERMSIG(status);
-            libc::signal(sig, libc::SIG_DFL);
-            let no_core = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
-            libc::kill(libc::getpid(), sig);
+            raw::default_action(sig);
+            raw::no_core();
+            raw::kill(raw::getpid(), sig);
             libc::_exit(128 + sig);
         }
         libc::_exit(libc::WEXITSTATUS(status))
@@ -535,15 +919,14 @@ unsafe fn close_all_but(keep: RawFd) {
     // SAFETY: close(2) on fds this process owns alone (it is a fork that never execs).
     unsafe {
         let keep = keep as libc::c_uint;
-        let close_range = |first: libc::c_uint, last: libc::c_uint| {
-            libc::syscall(libc::SYS_close_range, first, last, 0) == 0
-        };
+        let close_range =
+            |first: libc::c_uint, last: libc::c_uint| raw::close_range(first, last) == 0;
         let low = keep == 0 || close_range(0, keep - 1);
         let high = close_range(keep + 1, libc::c_uint::MAX);
         if !(low && high) {
             for fd in 0..4096 {
                 if fd != keep as RawFd {
-                    libc::close(fd);
+                    raw::close(fd);
                 }
             }
         }
@@ -556,7 +939,7 @@ unsafe fn close_all_but(keep: RawFd) {
 unsafe fn kill_every_child() {
     // SAFETY (whole function): raw system calls on integers and stack buffers.
     unsafe {
-        let me = libc::getpid();
+        let me = raw::getpid();
         let mut idle_rounds = 0;
         let mut status = 0;
         loop {
@@ -564,17 +947,17 @@ unsafe fn kill_every_child() {
             // read: a program that left nothing behind (the common case) costs no scan of
             // every process on the machine (~1 ms of a command call, BENCHMARKS.md).
             loop {
-                let r = libc::waitpid(-1, &mut status, libc::WNOHANG);
+                let r = raw::wait(-1, &mut status, libc::WNOHANG);
                 if r > 0 {
                     continue;
                 }
-                if r < 0 && *libc::__errno_location() == libc::ECHILD {
+                if r == -(libc::ECHILD as isize) {
                     return;
                 }
                 break;
             }
             let killed = for_each_child(me, |pid| {
-                libc::kill(pid, libc::SIGKILL);
+                raw::kill(pid, libc::SIGKILL);
             });
             if killed == 0 {
                 // Children exist that /proc does not show (yet): wait a little, a bounded
@@ -583,14 +966,10 @@ unsafe fn kill_every_child() {
                 if idle_rounds > 500 {
                     return;
                 }
-                let pause = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 10_000_000,
-                };
-                libc::nanosleep(&pause, std::ptr::null_mut());
+                raw::sleep_ms(10);
             } else {
                 // At least one was killed: wait for one death before looking again.
-                libc::waitpid(-1, &mut status, 0);
+                raw::wait(-1, &mut status, 0);
             }
         }
     }
@@ -601,17 +980,14 @@ unsafe fn kill_every_child() {
 unsafe fn for_each_child(parent: libc::pid_t, mut f: impl FnMut(libc::pid_t)) -> usize {
     // SAFETY (whole function): raw system calls into stack buffers.
     unsafe {
-        let dir = libc::open(
-            c"/proc".as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        );
+        let dir = raw::open(c"/proc", libc::O_DIRECTORY) as RawFd;
         if dir < 0 {
             return 0;
         }
         let mut found = 0;
         let mut buf = [0u8; 4096];
         loop {
-            let n = libc::syscall(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len());
+            let n = raw::getdents64(dir, &mut buf);
             if n <= 0 {
                 break;
             }
@@ -629,7 +1005,7 @@ unsafe fn for_each_child(parent: libc::pid_t, mut f: impl FnMut(libc::pid_t)) ->
                 }
             }
         }
-        libc::close(dir);
+        raw::close(dir);
         found
     }
 }
@@ -676,12 +1052,15 @@ unsafe fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
     let mut stat = [0u8; 512];
     // SAFETY: open/read/close into stack buffers; `path` ends with a zero byte.
     let n = unsafe {
-        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        let Ok(path) = std::ffi::CStr::from_bytes_until_nul(&path) else {
+            return None;
+        };
+        let fd = raw::open(path, 0) as RawFd;
         if fd < 0 {
             return None;
         }
-        let n = libc::read(fd, stat.as_mut_ptr().cast(), stat.len());
-        libc::close(fd);
+        let n = raw::read(fd, &mut stat);
+        raw::close(fd);
         n
     };
     if n <= 0 {
@@ -706,9 +1085,76 @@ mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
 
-    /// Runs `program` under a supervisor as vaultd does, with `enter` as the sandbox entry;
-    /// returns the supervisor's pid and output, or the spawn's error.
+    /// Runs `program` under a supervisor as vaultd does, with `enter` as the sandbox entry,
+    /// both ways: forked by std, then (where it can be) in this process's memory; checks
+    /// both gave the same; returns the supervisor's pid and output, or the spawn's error.
     fn run(
+        program: impl Fn() -> Program,
+        mut enter: impl FnMut() -> std::io::Result<()> + Clone + Send + Sync + 'static,
+    ) -> std::io::Result<(u32, std::process::Output)> {
+        let forked = run_forked(program(), enter.clone());
+        if !in_shared_memory() {
+            return forked;
+        }
+        let shared = run_shared(program(), &mut enter);
+        match (&forked, &shared) {
+            (Ok((_, a)), Ok((_, b))) => {
+                assert_eq!(a.status, b.status);
+                // The supervisor's pid is in the output of some tests.
+                let strip = |o: &[u8]| String::from_utf8_lossy(o).replace(char::is_numeric, "");
+                assert_eq!(strip(&a.stdout), strip(&b.stdout), "forked, then shared");
+                assert_eq!(strip(&a.stderr), strip(&b.stderr), "forked, then shared");
+            }
+            (Err(a), Err(b)) => assert_eq!(a.raw_os_error(), b.raw_os_error()),
+            _ => panic!("forked: {forked:?}, shared: {shared:?}"),
+        }
+        shared
+    }
+
+    /// `run` by [`spawn`].
+    fn run_shared(
+        program: Program,
+        enter: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> std::io::Result<(u32, std::process::Output)> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (control_read, control_write) = control_pipe().unwrap();
+            let control = std::os::fd::AsRawFd::as_raw_fd(&control_read);
+            let cwd = std::env::current_dir().unwrap();
+            // SAFETY: the test's `enter` makes only system calls.
+            let spawned = unsafe { spawn(&cwd, control, &CgroupJoin::default(), &program, enter) };
+            drop(control_read);
+            drop(program);
+            let Spawned {
+                mut supervisor,
+                stdout,
+                stderr,
+            } = spawned?;
+            let read = |fd| async move {
+                use tokio::io::AsyncReadExt;
+                let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)?;
+                let mut all = Vec::new();
+                pipe.read_to_end(&mut all).await.map(|_| all)
+            };
+            let (status, stdout, stderr) =
+                tokio::join!(supervisor.wait(), read(stdout), read(stderr));
+            drop(control_write);
+            Ok((
+                supervisor.id(),
+                std::process::Output {
+                    status: status?,
+                    stdout: stdout?,
+                    stderr: stderr?,
+                },
+            ))
+        })
+    }
+
+    /// `run` by std's fork.
+    fn run_forked(
         program: Program,
         mut enter: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
     ) -> std::io::Result<(u32, std::process::Output)> {
@@ -760,10 +1206,12 @@ mod tests {
         let script = "echo \"$0 $PPID $FOO $(env | wc -l)\"; \
              grep NoNewPrivs /proc/$PPID/status | sed 's/^/supervisor /'; \
              exec grep -E '^(NoNewPrivs|SigBlk|SigIgn)' /proc/self/status";
-        let program = sh(
-            script,
-            &[("FOO", "one"), ("PATH", "/usr/bin:/bin"), ("FOO", "bar")],
-        );
+        let program = || {
+            sh(
+                script,
+                &[("FOO", "one"), ("PATH", "/usr/bin:/bin"), ("FOO", "bar")],
+            )
+        };
         let (supervisor, out) = run(program, no_new_privs).unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{out:?}");
@@ -791,22 +1239,26 @@ mod tests {
     /// std's own `spawn` gives; so does a failed sandbox entry. Nothing runs.
     #[test]
     fn exec_and_sandbox_failures_are_the_spawns_error() {
-        let missing = Program::new(
-            OsStr::new("/nonexistent/program"),
-            OsStr::new("x"),
-            [""; 0],
-            [("PATH", "/bin")],
-        )
-        .unwrap();
+        let missing = || {
+            Program::new(
+                OsStr::new("/nonexistent/program"),
+                OsStr::new("x"),
+                [""; 0],
+                [("PATH", "/bin")],
+            )
+            .unwrap()
+        };
         let e = run(missing, || Ok(())).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
-        let by_name = Program::new(
-            OsStr::new("no-such-program-vaultd"),
-            OsStr::new("x"),
-            [""; 0],
-            [("PATH", "/bin:/usr/bin")],
-        )
-        .unwrap();
+        let by_name = || {
+            Program::new(
+                OsStr::new("no-such-program-vaultd"),
+                OsStr::new("x"),
+                [""; 0],
+                [("PATH", "/bin:/usr/bin")],
+            )
+            .unwrap()
+        };
         assert_eq!(
             run(by_name, || Ok(())).unwrap_err().raw_os_error(),
             Some(libc::ENOENT)
@@ -814,12 +1266,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("not-executable");
         std::fs::write(&file, "#!/bin/sh\necho ran\n").unwrap();
-        let plain = Program::new(file.as_os_str(), OsStr::new("x"), [""; 0], [("A", "b")]);
+        let plain = || Program::new(file.as_os_str(), OsStr::new("x"), [""; 0], [("A", "b")]);
         assert_eq!(
-            run(plain.unwrap(), || Ok(())).unwrap_err().raw_os_error(),
+            run(|| plain().unwrap(), || Ok(()))
+                .unwrap_err()
+                .raw_os_error(),
             Some(libc::EACCES)
         );
-        let refused = sh("echo ran", &[]);
+        // Found in `PATH` but not executable, and nowhere else: EACCES, as from `execvp`.
+        let in_path = || {
+            Program::new(
+                OsStr::new("not-executable"),
+                OsStr::new("x"),
+                [""; 0],
+                [("PATH", format!("/nonexistent:{}", dir.path().display()))],
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            run(in_path, || Ok(())).unwrap_err().raw_os_error(),
+            Some(libc::EACCES)
+        );
+        let refused = || sh("echo ran", &[]);
         let e = run(refused, || Err(rustix::io::Errno::PERM.into())).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EPERM));
         assert!(
@@ -836,15 +1304,126 @@ mod tests {
         let file = dir.path().join("script");
         std::fs::write(&file, "echo \"ran $1\"\n").unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let program = Program::new(
-            file.as_os_str(),
-            OsStr::new("x"),
-            ["one"],
-            [("PATH", "/bin:/usr/bin")],
-        )
-        .unwrap();
+        let program = || {
+            Program::new(
+                file.as_os_str(),
+                OsStr::new("x"),
+                ["one"],
+                [("PATH", "/bin:/usr/bin")],
+            )
+            .unwrap()
+        };
         let (_, out) = run(program, || Ok(())).unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "ran one\n", "{out:?}");
+        // The same script found by name in the program's own `PATH` (an empty entry, the
+        // working directory, first: skipped, as there is no such file there).
+        let by_name = || {
+            Program::new(
+                OsStr::new("script"),
+                OsStr::new("x"),
+                ["two"],
+                [("PATH", format!(":{}", dir.path().display()))],
+            )
+            .unwrap()
+        };
+        let (_, out) = run(by_name, || Ok(())).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ran two\n", "{out:?}");
+    }
+
+    /// Supervisors started in this process's memory at once, from many threads, each run
+    /// their own program with their own environment, and leave this process's
+    /// environment as it was (`execvp` would have set the shared `environ` for each).
+    #[test]
+    fn programs_started_at_once_in_shared_memory_each_get_their_own_environment() {
+        if !in_shared_memory() {
+            eprintln!("skipped: supervisors are forked here");
+            return;
+        }
+        let before: Vec<_> = std::env::vars_os().collect();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for i in 0..10 {
+                        let mine = format!("{t}-{i}");
+                        let program = Program::new(
+                            OsStr::new("sh"),
+                            OsStr::new("sh"),
+                            ["-c", "printf %s \"$MINE\""],
+                            [("MINE", mine.as_str()), ("PATH", "/usr/bin:/bin")],
+                        )
+                        .unwrap();
+                        let (_, out) = run_shared(program, &mut || Ok(())).unwrap();
+                        assert!(out.status.success(), "{out:?}");
+                        assert_eq!(String::from_utf8_lossy(&out.stdout), mine);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let after: Vec<_> = std::env::vars_os().collect();
+        assert_eq!(before, after);
+    }
+
+    /// A supervisor dropped before its program ends is reaped once the call ends (its
+    /// control pipe closes): the program is killed, no zombie is left, and its stack
+    /// outlives it (were it unmapped first, the supervisor would die of SIGSEGV, which
+    /// `wait` would not see here, but its kill of the program would not happen).
+    #[test]
+    fn a_supervisor_dropped_while_its_program_runs_is_ended_and_reaped() {
+        if !in_shared_memory() {
+            eprintln!("skipped: supervisors are forked here");
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let program = Program::new(
+            OsStr::new("sleep"),
+            OsStr::new("sleep"),
+            ["300"],
+            [("PATH", "/usr/bin:/bin")],
+        )
+        .unwrap();
+        let (control_read, control_write) = control_pipe().unwrap();
+        let control = std::os::fd::AsRawFd::as_raw_fd(&control_read);
+        let cwd = std::env::current_dir().unwrap();
+        let (supervisor, sleeper) = rt.block_on(async {
+            // SAFETY: an `enter` that does nothing.
+            let spawned = unsafe {
+                spawn(&cwd, control, &CgroupJoin::default(), &program, &mut || {
+                    Ok(())
+                })
+            }
+            .unwrap();
+            drop(control_read);
+            let supervisor = spawned.supervisor.id() as libc::pid_t;
+            // The program is the supervisor's only child.
+            let mut sleeper = None;
+            for _ in 0..500 {
+                // SAFETY: reads /proc into stack buffers.
+                unsafe { for_each_child(supervisor, |pid| sleeper = Some(pid)) };
+                if sleeper.is_some() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            drop(spawned);
+            (supervisor, sleeper.expect("the program runs"))
+        });
+        drop(control_write);
+        let gone = |pid: libc::pid_t| !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        for _ in 0..500 {
+            if gone(supervisor) && gone(sleeper) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(gone(sleeper), "the program was not killed");
+        assert!(gone(supervisor), "the supervisor was not reaped");
+        drop(rt);
     }
 
     #[test]
