@@ -1069,3 +1069,45 @@ fn a_program_made_non_executable_or_removed_is_the_calls_clear_error() {
     );
     drop(daemon);
 }
+
+/// vaultd's own open files do not grow with the calls it runs: the program's process
+/// shares vaultd's memory where the supervisor is started in it, and what that process
+/// takes and closes (the call's Landlock ruleset, its pipes) must still be closed in
+/// vaultd's own fd table.
+#[test]
+fn calls_leave_no_open_file_behind_in_the_daemon() {
+    let vault = command_vault(
+        "[tools.command.noop]\ndescription = \"Nothing\"\nargv = [\"true\"]\neffect = \"read_only\"\n",
+    );
+    let daemon = vault.start();
+    let open_files = || {
+        std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+            .unwrap()
+            .count()
+    };
+    vault.drop_note(
+        "warm.md",
+        &note_with_calls("Warm", &[call("noop", json!({}))]),
+    );
+    vault.wait_until_in("Done", "warm.md");
+    let before = open_files();
+    let calls: Vec<Value> = (0..10).map(|_| call("noop", json!({}))).collect();
+    for i in 0..4 {
+        vault.drop_note(&format!("n{i}.md"), &note_with_calls("Calls", &calls));
+    }
+    vault.wait_for_notes_in("Done", 5);
+    // Clean-up (scratch dirs, cgroups) runs after each call: let it finish.
+    let mut after = open_files();
+    for _ in 0..100 {
+        if after <= before + 4 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        after = open_files();
+    }
+    assert!(
+        after <= before + 4,
+        "{before} open files before 40 calls, {after} after"
+    );
+    drop(daemon);
+}

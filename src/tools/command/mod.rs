@@ -215,12 +215,17 @@ impl CommandTool {
             .unwrap_or_default();
         if supervise::in_shared_memory() {
             let filter = self.filter.as_deref();
-            // SAFETY: `enter` makes only system calls (setrlimit, capset, prctl,
+            let ruleset = &ruleset;
+            // SAFETY: `enter` makes only system calls (fcntl, setrlimit, capset, prctl,
             // landlock_restrict_self, seccomp) on memory made before, and allocates nothing
             // on its success path; we are inside the runtime (`run_call`).
             let spawned = unsafe {
                 supervise::spawn(cwd, control_read.as_raw_fd(), &join, &program, &mut || {
-                    sandbox::enter(&mut ruleset, filter, limits, mode)
+                    // The program's process shares vaultd's memory: what it takes from
+                    // `ruleset` (its fd, closed in the program's fd table only) would be
+                    // gone from vaultd's, and vaultd's fd never closed. It takes a copy.
+                    let mut copy = ruleset.as_ref().map(|r| r.try_clone()).transpose()?;
+                    sandbox::enter(&mut copy, filter, limits, mode)
                 })
             };
             drop(control_read);

@@ -449,15 +449,20 @@ unsafe fn split_with(
 }
 
 /// Whether supervisors are started in vaultd's own memory here ([`spawn`]): on x86_64,
-/// where the supervisor's system calls can leave `errno` alone ([`raw`]), and where
-/// `pidfd_open` (Linux 5.3) lets vaultd wait for one without a thread.
+/// where the supervisor's system calls can leave `errno` alone ([`raw`]), where
+/// `pidfd_open` (Linux 5.3) lets vaultd wait for one without a thread, and where
+/// `close_range` (Linux 5.9) closes every fd the supervisor got, however high (the report
+/// pipe's end among them: its close tells the spawning thread the program has exec'd).
 pub fn in_shared_memory() -> bool {
     static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *USABLE.get_or_init(|| {
         cfg!(target_arch = "x86_64") && {
             let fd = raw::pidfd_open(raw::getpid());
-            // SAFETY: the fd just opened, closed once.
-            fd >= 0 && unsafe { raw::close(fd as RawFd) } == 0
+            // SAFETY: the fd just opened, closed once; then the highest fd there can be,
+            // which is not open (close_range of nothing is 0 where the call exists).
+            fd >= 0
+                && unsafe { raw::close(fd as RawFd) } == 0
+                && unsafe { raw::close_range(u32::MAX, u32::MAX) } == 0
         }
     })
 }
@@ -479,7 +484,8 @@ struct Boot<'a> {
 /// only once it has exited).
 pub struct Supervisor {
     pid: libc::pid_t,
-    pidfd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    /// Taken by `drop` when it is not reaped yet.
+    pidfd: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
     stack: Option<Stack>,
     status: Option<c_int>,
 }
@@ -593,13 +599,9 @@ pub unsafe fn spawn(
         fd if fd >= 0 => unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) },
         e => {
             // Cannot be waited for without it: the caller closes the control pipe, which
-            // ends the program; its supervisor is reaped here.
-            let e = std::io::Error::from_raw_os_error(-e as i32);
-            std::thread::spawn(move || {
-                reap(pid);
-                drop(stack);
-            });
-            return Err(e);
+            // ends the program; its supervisor is reaped by a thread of its own.
+            reap_later(pid, None, stack);
+            return Err(std::io::Error::from_raw_os_error(-e as i32));
         }
     };
     // SAFETY: an OwnedFd, open and the same until the AsyncFd drops it.
@@ -608,18 +610,16 @@ pub unsafe fn spawn(
     } {
         Ok(pidfd) => pidfd,
         Err(e) => {
-            // As above: ended by the caller's closing of the control pipe, reaped here.
-            std::thread::spawn(move || {
-                reap(pid);
-                drop(stack);
-            });
-            return Err(e.into());
+            let (pidfd, e) = e.into_parts();
+            // As above.
+            reap_later(pid, Some(pidfd), stack);
+            return Err(e);
         }
     };
     Ok(Spawned {
         supervisor: Supervisor {
             pid,
-            pidfd,
+            pidfd: Some(pidfd),
             stack: Some(stack),
             status: None,
         },
@@ -676,7 +676,10 @@ impl Supervisor {
             if let Some(status) = self.status {
                 return Ok(std::process::ExitStatus::from_raw(status));
             }
-            let mut ready = self.pidfd.readable().await?;
+            let Some(pidfd) = &self.pidfd else {
+                return Err(std::io::Error::from_raw_os_error(libc::ECHILD));
+            };
+            let mut ready = pidfd.readable().await?;
             let mut status = 0;
             // SAFETY: waitpid(2) of this process's own child, into a local.
             match unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) } {
@@ -698,21 +701,50 @@ impl Supervisor {
 }
 
 impl Drop for Supervisor {
-    /// Not reaped yet: a thread waits for it (the caller ends the call by closing its
-    /// control pipe), then unmaps its stack.
+    /// Not reaped yet: a thread of its own waits for it (the caller ends the call by
+    /// closing its control pipe), then unmaps its stack.
     fn drop(&mut self) {
         if self.status.is_some() {
             return;
         }
-        let (pid, stack) = (self.pid, self.stack.take());
-        let reap_it = move || {
+        if let Some(stack) = self.stack.take() {
+            let pidfd = self.pidfd.take().map(|fd| fd.into_inner());
+            reap_later(self.pid, pidfd, stack);
+        }
+    }
+}
+
+/// How long a supervisor whose call has ended may take to end its program and exit
+/// before it is killed (it kills what the program left within about 5 s; one the program
+/// stopped with SIGSTOP, where Landlock cannot scope signals, never would).
+const SUPERVISOR_GRACE_MS: c_int = 10_000;
+
+/// Reaps the supervisor `pid` on a thread of its own, then unmaps its `stack`. Not on
+/// tokio's blocking pool: a task there is cancelled at the runtime's shutdown, and its
+/// stack would go while the supervisor still runs on it. Killed if it outlives
+/// [`SUPERVISOR_GRACE_MS`] (its `pidfd` tells when it exits). Where no thread can be
+/// started, its stack is left mapped (and the zombie to vaultd's exit).
+fn reap_later(pid: libc::pid_t, pidfd: Option<std::os::fd::OwnedFd>, stack: Stack) {
+    let reaper = std::thread::Builder::new()
+        .name("vaultd-reap".into())
+        .spawn(move || {
+            if let Some(pidfd) = &pidfd {
+                use std::os::fd::AsRawFd;
+                let mut ready = libc::pollfd {
+                    fd: pidfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: poll(2) on one live pollfd.
+                if unsafe { libc::poll(&mut ready, 1, SUPERVISOR_GRACE_MS) } == 0 {
+                    raw::kill(pid, libc::SIGKILL);
+                }
+            }
             reap(pid);
             drop(stack);
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(reap_it)),
-            Err(_) => drop(std::thread::spawn(reap_it)),
-        }
+        });
+    if let Err(e) = reaper {
+        tracing::warn!("a supervisor ({pid}) is left unreaped: no thread to wait for it: {e}");
     }
 }
 
@@ -812,14 +844,20 @@ unsafe fn exec(program: &Program) -> c_int {
                 program.envp.as_ptr(),
             );
             errno = *libc::__errno_location();
+            if errno == libc::ENOEXEC {
+                libc::execve(BIN_SH.as_ptr(), sh_argv.as_ptr(), program.envp.as_ptr());
+                errno = *libc::__errno_location();
+            }
             match errno {
-                libc::ENOEXEC => {
-                    libc::execve(BIN_SH.as_ptr(), sh_argv.as_ptr(), program.envp.as_ptr());
-                    return *libc::__errno_location();
-                }
                 libc::EACCES => eacces = true,
-                // Not here: the next folder of `PATH` (glibc's list).
-                libc::ENOENT | libc::ESTALE | libc::ENOTDIR | libc::ENODEV | libc::ETIMEDOUT => {}
+                // Not here: the next folder of `PATH` (glibc's list, and a folder whose
+                // path with the name is too long, which glibc skips).
+                libc::ENOENT
+                | libc::ESTALE
+                | libc::ENOTDIR
+                | libc::ENODEV
+                | libc::ETIMEDOUT
+                | libc::ENAMETOOLONG => {}
                 _ => return errno,
             }
         }
@@ -852,8 +890,9 @@ pub fn control_pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::Own
 unsafe fn supervise(program: libc::pid_t, control: RawFd, mask: &libc::sigset_t) -> ! {
     // SAFETY (whole function): raw system calls on integers and stack buffers.
     unsafe {
-        // vaultd's signal handlers (tokio's self-pipe) must not run here.
-        for sig in 1..32 {
+        // vaultd's signal handlers (tokio's self-pipe) must not run here, real-time ones
+        // included: in shared memory they would run on vaultd's data.
+        for sig in 1..=libc::SIGRTMAX() {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
                 libc::signal(sig, libc::SIG_DFL);
             }
@@ -1367,9 +1406,10 @@ mod tests {
     }
 
     /// A supervisor dropped before its program ends is reaped once the call ends (its
-    /// control pipe closes): the program is killed, no zombie is left, and its stack
-    /// outlives it (were it unmapped first, the supervisor would die of SIGSEGV, which
-    /// `wait` would not see here, but its kill of the program would not happen).
+    /// control pipe closes): the program and what it started are killed, no zombie is
+    /// left, and its stack outlives it (were it unmapped first, the supervisor would die of
+    /// SIGSEGV: the program would die with it, by its death signal, but the grandchild,
+    /// re-parented away, would live on).
     #[test]
     fn a_supervisor_dropped_while_its_program_runs_is_ended_and_reaped() {
         if !in_shared_memory() {
@@ -1380,10 +1420,16 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let grandchild_file = dir.path().join("grandchild");
+        let script = format!(
+            "sleep 300 & echo $! > {}; exec sleep 300",
+            grandchild_file.display()
+        );
         let program = Program::new(
-            OsStr::new("sleep"),
-            OsStr::new("sleep"),
-            ["300"],
+            OsStr::new("sh"),
+            OsStr::new("sh"),
+            ["-c", &script],
             [("PATH", "/usr/bin:/bin")],
         )
         .unwrap();
@@ -1400,29 +1446,53 @@ mod tests {
             .unwrap();
             drop(control_read);
             let supervisor = spawned.supervisor.id() as libc::pid_t;
-            // The program is the supervisor's only child.
+            // The program is the supervisor's only child; its own child wrote its pid.
             let mut sleeper = None;
+            let mut grandchild = None;
             for _ in 0..500 {
                 // SAFETY: reads /proc into stack buffers.
                 unsafe { for_each_child(supervisor, |pid| sleeper = Some(pid)) };
-                if sleeper.is_some() {
+                grandchild = std::fs::read_to_string(&grandchild_file)
+                    .ok()
+                    .and_then(|p| p.trim().parse::<libc::pid_t>().ok());
+                if sleeper.is_some() && grandchild.is_some() {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
             drop(spawned);
-            (supervisor, sleeper.expect("the program runs"))
+            (
+                supervisor,
+                [
+                    sleeper.expect("the program runs"),
+                    grandchild.expect("the program's child runs"),
+                ],
+            )
         });
         drop(control_write);
-        let gone = |pid: libc::pid_t| !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        let gone = |pid: libc::pid_t| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |stat| stat.contains(") Z "))
+        };
         for _ in 0..500 {
-            if gone(supervisor) && gone(sleeper) {
+            if !std::path::Path::new(&format!("/proc/{supervisor}")).exists()
+                && sleeper.iter().all(|&pid| gone(pid))
+            {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert!(gone(sleeper), "the program was not killed");
-        assert!(gone(supervisor), "the supervisor was not reaped");
+        for pid in sleeper {
+            let alive = !gone(pid);
+            if alive {
+                raw::kill(pid, libc::SIGKILL);
+            }
+            assert!(!alive, "{pid}, started by the program, was not killed");
+        }
+        assert!(
+            !std::path::Path::new(&format!("/proc/{supervisor}")).exists(),
+            "the supervisor was not reaped"
+        );
         drop(rt);
     }
 
