@@ -1096,17 +1096,19 @@ fn calls_leave_no_open_file_behind_in_the_daemon() {
         vault.drop_note(&format!("n{i}.md"), &note_with_calls("Calls", &calls));
     }
     vault.wait_for_notes_in("Done", 5);
-    // Clean-up (scratch dirs, cgroups) runs after each call: let it finish.
+    // Clean-up (scratch dirs, cgroups) runs after each call: let it finish. A few more
+    // may stay open for good (a connection a busier moment opened); one per call may not.
+    let slack = 12;
     let mut after = open_files();
-    for _ in 0..100 {
-        if after <= before + 4 {
+    for _ in 0..200 {
+        if after <= before + slack {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
         after = open_files();
     }
     assert!(
-        after <= before + 4,
+        after <= before + slack,
         "{before} open files before 40 calls, {after} after"
     );
     drop(daemon);

@@ -84,6 +84,13 @@ pub enum DaemonError {
         dir: PathBuf,
         source: std::io::Error,
     },
+    /// An fsync of the journal failed: what it wrote since may not be on disk, and only a
+    /// new process reads back what is (docs/reliability.md). `run` stops once its running
+    /// notes are done, so that a service manager starts it again.
+    #[error(
+        "stopped: the journal {path} cannot be made durable ({why}); start vaultd again (under systemd, Restart=on-failure does): its start-up recovery reads what the disk holds"
+    )]
+    StorageLost { path: PathBuf, why: String },
 }
 
 /// `run` watches until shut down; `once` processes everything pending and returns.
@@ -465,7 +472,7 @@ impl Daemon {
                     self.journal.path().display()
                 );
             }
-            return Ok(());
+            return self.storage_lost();
         }
         let reloading = reloads.map(|r| r.start(self));
         self.watch_until(&mut tasks, rx, watcher.as_ref(), shutdown)
@@ -481,7 +488,19 @@ impl Daemon {
         ]);
         drop(watcher);
         self.drain(&mut tasks).await;
-        Ok(())
+        self.storage_lost()
+    }
+
+    /// `StorageLost` when an fsync of the journal failed (claiming resumes only in a new
+    /// process): `run` stops for it, and `once` ends saying so.
+    fn storage_lost(&self) -> Result<(), DaemonError> {
+        if !self.journal.storage_failure_until_restart() {
+            return Ok(());
+        }
+        Err(DaemonError::StorageLost {
+            path: self.journal.path().to_path_buf(),
+            why: self.journal.storage_failure().unwrap_or_default(),
+        })
     }
 
     fn start_watcher(&self, tx: mpsc::Sender<Hint>) -> Result<watch::WatchHandle, DaemonError> {
@@ -571,7 +590,17 @@ impl Daemon {
                 Some(hint) = rx.recv() => self.on_hint(hint, tasks),
                 (slot, path) = self.next_queued() => self.start_note_task(slot, path, tasks),
                 _ = rescan_tick.tick() => { self.scan_all(tasks); }
-                _ = storage_tick.tick() => storage.check(self, tasks),
+                _ = storage_tick.tick() => {
+                    storage.check(self, tasks);
+                    // Paused until a restart: stop (after the notes running now), so that
+                    // a service manager restarts vaultd.
+                    if self.journal.storage_failure_until_restart() {
+                        tracing::error!(
+                            "stopping: an fsync of the journal failed; the running notes finish first"
+                        );
+                        break;
+                    }
+                }
                 _ = watchdog_tick.tick(), if watchdog.is_some() => {
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 }

@@ -500,9 +500,12 @@ pub(crate) mod tests {
             self.daemon.await.unwrap().unwrap();
         }
 
-        /// Stops the daemon and starts another on the same vault and state dir, with
-        /// `registry`: a restart.
-        async fn restart(self, registry: crate::tools::Registry) -> InProcess {
+        /// Stops the daemon (unless it stopped by itself) and starts another on the same
+        /// vault and state dir, with `registry`: a restart. Returns how the first one ended.
+        async fn restart(
+            self,
+            registry: crate::tools::Registry,
+        ) -> (Result<(), crate::daemon::DaemonError>, InProcess) {
             let InProcess {
                 _dir,
                 vault,
@@ -511,8 +514,8 @@ pub(crate) mod tests {
                 stop,
                 daemon,
             } = self;
-            stop.send(()).unwrap();
-            daemon.await.unwrap().unwrap();
+            let _ = stop.send(());
+            let ended = daemon.await.unwrap();
             // The last handle (a storage probe task may hold one a moment longer): its
             // writer stops and the file is closed before the next daemon opens it.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -524,7 +527,7 @@ pub(crate) mod tests {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             drop(journal);
-            InProcess::spawn(_dir, vault, config, registry)
+            (ended, InProcess::spawn(_dir, vault, config, registry))
         }
     }
 
@@ -607,8 +610,16 @@ pub(crate) mod tests {
             let text =
                 std::fs::read_to_string(d.vault.folder(State::NeedsAction).join("s.md")).unwrap();
             assert!(!text.contains("tool_result"), "{text}");
+            // It stops by itself, for a service manager to start it again.
+            d.wait_for("the daemon stopped by itself", &|| d.daemon.is_finished());
         });
-        let d = d.restart(crate::tools::idle::registry(&tools)).await;
+        let (ended, d) = d.restart(crate::tools::idle::registry(&tools)).await;
+        match ended {
+            Err(crate::daemon::DaemonError::StorageLost { why, .. }) => {
+                assert!(why.contains("restart vaultd"), "{why}")
+            }
+            other => panic!("ended with {other:?}"),
+        }
         tokio::task::block_in_place(|| {
             d.wait_for("s.md in Failed (the idle tool's own failure)", &|| {
                 d.in_state(State::Failed, "s.md")
