@@ -1090,7 +1090,16 @@ fn calls_leave_no_open_file_behind_in_the_daemon() {
         &note_with_calls("Warm", &[call("noop", json!({}))]),
     );
     vault.wait_until_in("Done", "warm.md");
-    let before = open_files();
+    // Once the warm call's clean-up is over: the count holds still.
+    let mut before = open_files();
+    for _ in 0..40 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = open_files();
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     let calls: Vec<Value> = (0..10).map(|_| call("noop", json!({}))).collect();
     for i in 0..4 {
         vault.drop_note(&format!("n{i}.md"), &note_with_calls("Calls", &calls));

@@ -715,29 +715,45 @@ impl Drop for Supervisor {
 }
 
 /// How long a supervisor whose call has ended may take to end its program and exit
-/// before it is killed (it kills what the program left within about 5 s; one the program
-/// stopped with SIGSTOP, where Landlock cannot scope signals, never would).
-const SUPERVISOR_GRACE_MS: c_int = 10_000;
+/// before it is sent SIGCONT (it kills what the program left within about 5 s; one the
+/// program stopped with SIGSTOP, where Landlock cannot scope signals, never would), and
+/// then how much longer before it is killed (a program stuck in the kernel, on a hung
+/// mount, may hold it that long; killed, it could no longer end what the program left).
+const SUPERVISOR_GRACE_MS: [c_int; 2] = [10_000, 60_000];
 
 /// Reaps the supervisor `pid` on a thread of its own, then unmaps its `stack`. Not on
 /// tokio's blocking pool: a task there is cancelled at the runtime's shutdown, and its
-/// stack would go while the supervisor still runs on it. Killed if it outlives
-/// [`SUPERVISOR_GRACE_MS`] (its `pidfd` tells when it exits). Where no thread can be
-/// started, its stack is left mapped (and the zombie to vaultd's exit).
+/// stack would go while the supervisor still runs on it. Woken, then killed, if it
+/// outlives [`SUPERVISOR_GRACE_MS`] (its `pidfd` tells when it exits; it is not reaped
+/// before, so its pid is its own). Where no thread can be started, its stack is left
+/// mapped (and the zombie to vaultd's exit).
 fn reap_later(pid: libc::pid_t, pidfd: Option<std::os::fd::OwnedFd>, stack: Stack) {
     let reaper = std::thread::Builder::new()
         .name("vaultd-reap".into())
         .spawn(move || {
+            // No signal handler of vaultd's runs here (a SIGHUP would cut a wait short).
+            // SAFETY: sigset operations on a local, then this thread's own mask.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
+            }
             if let Some(pidfd) = &pidfd {
                 use std::os::fd::AsRawFd;
-                let mut ready = libc::pollfd {
-                    fd: pidfd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
+                let exited = |ms| {
+                    let mut ready = libc::pollfd {
+                        fd: pidfd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: poll(2) on one live pollfd.
+                    unsafe { libc::poll(&mut ready, 1, ms) != 0 }
                 };
-                // SAFETY: poll(2) on one live pollfd.
-                if unsafe { libc::poll(&mut ready, 1, SUPERVISOR_GRACE_MS) } == 0 {
-                    raw::kill(pid, libc::SIGKILL);
+                if !exited(SUPERVISOR_GRACE_MS[0]) {
+                    raw::kill(pid, libc::SIGCONT);
+                    if !exited(SUPERVISOR_GRACE_MS[1]) {
+                        raw::kill(pid, libc::SIGKILL);
+                    }
                 }
             }
             reap(pid);
@@ -850,14 +866,8 @@ unsafe fn exec(program: &Program) -> c_int {
             }
             match errno {
                 libc::EACCES => eacces = true,
-                // Not here: the next folder of `PATH` (glibc's list, and a folder whose
-                // path with the name is too long, which glibc skips).
-                libc::ENOENT
-                | libc::ESTALE
-                | libc::ENOTDIR
-                | libc::ENODEV
-                | libc::ETIMEDOUT
-                | libc::ENAMETOOLONG => {}
+                // Not here: the next folder of `PATH` (glibc's list).
+                libc::ENOENT | libc::ESTALE | libc::ENOTDIR | libc::ENODEV | libc::ETIMEDOUT => {}
                 _ => return errno,
             }
         }
@@ -892,9 +902,9 @@ unsafe fn supervise(program: libc::pid_t, control: RawFd, mask: &libc::sigset_t)
     unsafe {
         // vaultd's signal handlers (tokio's self-pipe) must not run here, real-time ones
         // included: in shared memory they would run on vaultd's data.
-        for sig in 1..=libc::SIGRTMAX() {
+        for sig in 1..=64 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::signal(sig, libc::SIG_DFL);
+                raw::default_action(sig);
             }
         }
         // A polite stop sent to the whole group (an MCP server's SIGTERM, systemd's stop)
@@ -1412,10 +1422,14 @@ mod tests {
     /// re-parented away, would live on).
     #[test]
     fn a_supervisor_dropped_while_its_program_runs_is_ended_and_reaped() {
+        use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+        use std::os::fd::AsRawFd;
         if !in_shared_memory() {
             eprintln!("skipped: supervisors are forked here");
             return;
         }
+        // A reaping task handed to tokio's blocking pool while the runtime shuts down is
+        // cancelled at once, and the stack would go with it, before the call ends.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -1434,9 +1448,11 @@ mod tests {
         )
         .unwrap();
         let (control_read, control_write) = control_pipe().unwrap();
-        let control = std::os::fd::AsRawFd::as_raw_fd(&control_read);
+        let control = control_read.as_raw_fd();
         let cwd = std::env::current_dir().unwrap();
-        let (supervisor, sleeper) = rt.block_on(async {
+        // The processes by pidfd, opened while they run: a pid may be reused once reaped.
+        let pidfd = |pid: libc::pid_t| pidfd_open(Pid::from_raw(pid).unwrap(), PidfdFlags::empty());
+        let (supervisor, started) = rt.block_on(async {
             // SAFETY: an `enter` that does nothing.
             let spawned = unsafe {
                 spawn(&cwd, control, &CgroupJoin::default(), &program, &mut || {
@@ -1460,40 +1476,59 @@ mod tests {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            drop(spawned);
-            (
-                supervisor,
-                [
-                    sleeper.expect("the program runs"),
-                    grandchild.expect("the program's child runs"),
-                ],
-            )
+            let started = [
+                pidfd(sleeper.expect("the program runs")).unwrap(),
+                pidfd(grandchild.expect("the program's child runs")).unwrap(),
+            ];
+            let supervisor = pidfd(supervisor).unwrap();
+            // Dropped with its task, as the runtime shuts down (vaultd's SIGTERM path).
+            drop(tokio::spawn(async move {
+                let _spawned = spawned;
+                std::future::pending::<()>().await
+            }));
+            tokio::task::yield_now().await;
+            (supervisor, started)
         });
+        rt.shutdown_background();
+        // Whatever was to unmap the stack before the supervisor exits has done it by now.
+        std::thread::sleep(std::time::Duration::from_millis(300));
         drop(control_write);
-        let gone = |pid: libc::pid_t| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map_or(true, |stat| stat.contains(") Z "))
+        let exited = |fd: &std::os::fd::OwnedFd| {
+            let mut ready = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll(2) on one live pollfd, no wait.
+            unsafe { libc::poll(&mut ready, 1, 0) == 1 }
+        };
+        // Reaped: no longer this process's child (waitid finds none).
+        let reaped = || {
+            // SAFETY: waitid(2) on a pidfd into a zeroed siginfo, without reaping.
+            unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                libc::waitid(
+                    libc::P_PIDFD,
+                    supervisor.as_raw_fd() as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                ) < 0
+            }
         };
         for _ in 0..500 {
-            if !std::path::Path::new(&format!("/proc/{supervisor}")).exists()
-                && sleeper.iter().all(|&pid| gone(pid))
-            {
+            if reaped() && started.iter().all(exited) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        for pid in sleeper {
-            let alive = !gone(pid);
+        for (fd, who) in started.iter().zip(["the program", "its child"]) {
+            let alive = !exited(fd);
             if alive {
-                raw::kill(pid, libc::SIGKILL);
+                let _ = pidfd_send_signal(fd, Signal::KILL);
             }
-            assert!(!alive, "{pid}, started by the program, was not killed");
+            assert!(!alive, "{who} was not killed");
         }
-        assert!(
-            !std::path::Path::new(&format!("/proc/{supervisor}")).exists(),
-            "the supervisor was not reaped"
-        );
-        drop(rt);
+        assert!(reaped(), "the supervisor was not reaped");
     }
 
     #[test]
