@@ -161,6 +161,9 @@ struct Counts {
     /// The writer's checkpoints fail as a failed fsync would fail them.
     #[cfg(test)]
     fail_checkpoints: std::sync::atomic::AtomicBool,
+    /// Times the writer opened the WAL to fsync it.
+    #[cfg(test)]
+    wal_opens: AtomicU64,
 }
 
 impl Default for Counts {
@@ -184,6 +187,8 @@ impl Default for Counts {
             fail_wal_opens: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             fail_checkpoints: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            wal_opens: AtomicU64::new(0),
         }
     }
 }
@@ -260,6 +265,11 @@ impl Writer {
         self.counts
             .lose_before_group_of
             .store(seq, Ordering::SeqCst);
+    }
+
+    #[cfg(test)]
+    pub(super) fn wal_opens(&self) -> u64 {
+        self.counts.wal_opens.load(Ordering::SeqCst)
     }
 
     #[cfg(test)]
@@ -648,6 +658,13 @@ struct WalSync {
     lost: bool,
     /// The WAL could not be opened to fsync it (said once, until it can).
     cannot_open: bool,
+    /// The WAL, open since its first fsync here, and its (device, inode): kept, so that a
+    /// writeback error of its pages is reported to this descriptor whoever met it first.
+    /// Linux reports such an error once to each open file that was open when it happened
+    /// (and to the first one opened after, while nobody has seen it): a WAL opened afresh
+    /// for each fsync would miss the error that a `vaultd approve` in its own process, or
+    /// SQLite's own fsync, had already been told of.
+    kept: Option<(std::fs::File, (u64, u64))>,
 }
 
 impl WalSync {
@@ -687,15 +704,39 @@ impl WalSync {
         counts.wal_syncs.fetch_add(1, Ordering::SeqCst);
         let mut wal = path.as_os_str().to_owned();
         wal.push("-wal");
-        #[cfg(test)]
-        let opened = if counts.fail_wal_opens.load(Ordering::SeqCst) {
-            Err(std::io::Error::from_raw_os_error(libc::EMFILE))
-        } else {
-            std::fs::File::open(&wal)
+        let identity = |m: &std::fs::Metadata| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
         };
-        #[cfg(not(test))]
-        let opened = std::fs::File::open(&wal);
-        let wal = match opened {
+        // The one kept, while it is still the file at the path (SQLite reuses its WAL; a
+        // removed one is made anew).
+        let current = std::fs::metadata(&wal).map(|m| identity(&m));
+        let kept = self
+            .kept
+            .take()
+            .filter(|(_, id)| current.as_ref().ok() == Some(id));
+        #[cfg(test)]
+        let kept = kept.filter(|_| !counts.fail_wal_opens.load(Ordering::SeqCst));
+        let opened = match kept {
+            Some(kept) => Ok(kept),
+            None => {
+                #[cfg(test)]
+                counts.wal_opens.fetch_add(1, Ordering::SeqCst);
+                #[cfg(test)]
+                let opened = if counts.fail_wal_opens.load(Ordering::SeqCst) {
+                    Err(std::io::Error::from_raw_os_error(libc::EMFILE))
+                } else {
+                    std::fs::File::open(&wal)
+                };
+                #[cfg(not(test))]
+                let opened = std::fs::File::open(&wal);
+                opened.and_then(|f| {
+                    let id = identity(&f.metadata()?);
+                    Ok((f, id))
+                })
+            }
+        };
+        let (wal, id) = match opened {
             Ok(wal) => wal,
             // No WAL: checkpointed and removed, and a checkpoint fsyncs the database.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -754,6 +795,7 @@ impl WalSync {
         };
         #[cfg(not(test))]
         let synced = wal.sync_data();
+        self.kept = Some((wal, id));
         if let Err(e) = synced {
             tracing::error!(path = %path.display(), "journal: cannot fsync the WAL: {e}");
             self.lost = true;
@@ -987,13 +1029,7 @@ mod tests {
         let synced = || journal.writer.wal_syncs();
         let at_start = synced();
         for id in ["c-1", "c-2", "c-3"] {
-            // One note at a time: the writer idle before each (busy, every group fsyncs).
-            std::thread::sleep(Duration::from_millis(5));
-            let committed = journal
-                .call_finished_later(run, &search_ok(id), false)
-                .await
-                .unwrap();
-            journal.settle(committed).unwrap(); // committed: readers see it
+            outcome_alone(&journal, run, id).await;
             assert_eq!(synced(), at_start, "no fsync for a commit nobody waits on");
         }
         journal.flush().unwrap();
@@ -1022,6 +1058,43 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(synced(), at_start + 3, "fsynced once idle for a linger");
+    }
+
+    /// Records call `id`'s outcome, nobody waiting for it to be durable, one note at a
+    /// time (the writer idle before it: busy, every group fsyncs), and waits until readers
+    /// see it.
+    async fn outcome_alone(journal: &Journal, run: crate::journal::RunId, id: &str) {
+        std::thread::sleep(Duration::from_millis(5));
+        let committed = journal
+            .call_finished_later(run, &search_ok(id), false)
+            .await
+            .unwrap();
+        journal.settle(committed).unwrap();
+    }
+
+    /// The writer's own fsyncs of the WAL go through one descriptor, kept open from the
+    /// first: Linux reports a writeback error to each file open when it happened, and a WAL
+    /// opened afresh for each fsync would not hear of one another process saw first.
+    #[tokio::test]
+    async fn the_writer_fsyncs_the_wal_through_one_descriptor_it_keeps() {
+        let (_dir, journal) = fresh_journal();
+        journal.writer.set_linger(Duration::from_secs(3600)); // no idle fsync meanwhile
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let (syncs, opens) = (journal.writer.wal_syncs(), journal.writer.wal_opens());
+        for id in ["c-1", "c-2", "c-3"] {
+            outcome_alone(&journal, run, id).await;
+            journal.flush().unwrap();
+        }
+        assert_eq!(
+            journal.writer.wal_syncs(),
+            syncs + 3,
+            "three fsyncs by the writer"
+        );
+        assert!(
+            journal.writer.wal_opens() <= opens + 1,
+            "the WAL was opened {} times for them",
+            journal.writer.wal_opens() - opens
+        );
     }
 
     /// A journal with a run of a.md, whose outcome c-1 committed without an fsync: the writer
