@@ -553,11 +553,16 @@ pub(crate) mod tests {
                 d.drop_note(State::NeedsAction, "a.md", r#"{"z": 1}"#)
             });
             d.wait_for("a.md in Failed", &|| d.in_state(State::Failed, "a.md"));
+            // Its move is recorded after the rename (flushes only now: each is a write, and
+            // the failing one is counted from the start).
+            d.wait_for("a.md's move recorded", &|| {
+                d.journal.flush().unwrap();
+                d.events_of("a.md", "move") >= 1
+            });
             let text = std::fs::read_to_string(d.vault.folder(State::Failed).join("a.md")).unwrap();
             assert_eq!(text.matches("tool_result").count(), 1, "{text}");
             assert!(text.contains("INVALID_PARAMS"), "{text}");
             // The failed commit took the first claim with it: the journal knows the second.
-            d.journal.flush().unwrap();
             assert!(d.a_run_was_lost(), "{:?}", d.journal.run_ids());
             assert_eq!(d.events_of("a.md", "claim"), 1);
             assert_eq!(d.events_of("a.md", "move"), 1);
