@@ -11,6 +11,9 @@ use std::sync::Arc;
 pub(super) fn serve(g: &GlobalArgs, mode: Mode, runner: RunnerArgs) -> Result<i32> {
     let (config, redactor, runtime) = start(g)?;
     let (grace, lock) = (config.shutdown_grace, config.vault.join(".vaultd.lock"));
+    // A stop for a failed fsync of the journal gets the backstop a signal's stop gets.
+    let storage_lock = lock.clone();
+    daemon::on_storage_stop(move || exit_if_shutdown_hangs(grace, storage_lock.clone()));
     let outcome = runtime.block_on(async move {
         let signal = shutdown_signal();
         let shutdown = async move {

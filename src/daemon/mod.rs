@@ -93,6 +93,17 @@ pub enum DaemonError {
     StorageLost { path: PathBuf, why: String },
 }
 
+/// Called once `run` stops by itself after a failed fsync of the journal, as a signal's
+/// shutdown future is: the command arms its backstop for a stop that hangs (a dying disk
+/// can hold the last folder fsyncs) there.
+static ON_STORAGE_STOP: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>> =
+    std::sync::OnceLock::new();
+
+/// Sets what [`ON_STORAGE_STOP`] calls (the first setting stays).
+pub fn on_storage_stop(f: impl Fn() + Send + Sync + 'static) {
+    let _ = ON_STORAGE_STOP.set(Box::new(f));
+}
+
 /// `run` watches until shut down; `once` processes everything pending and returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -598,6 +609,9 @@ impl Daemon {
                         tracing::error!(
                             "stopping: an fsync of the journal failed; the running notes finish first"
                         );
+                        if let Some(backstop) = ON_STORAGE_STOP.get() {
+                            backstop();
+                        }
                         break;
                     }
                 }
