@@ -294,15 +294,29 @@ pub fn main() -> i32 {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => 0,
         Err(e) => {
+            let code = exit_code(&e);
             // vaultd's own multi-line messages (every unknown config key on its own line)
             // keep their lines; continuation lines are indented, so no text from a file or a
             // path can pass for a line of its own.
             let message = format!("{e:#}");
             let lines: Vec<String> = message.lines().map(escape_controls).collect();
             eprintln!("vaultd: {}", lines.join("\n  "));
-            2
+            code
         }
     }
+}
+
+/// The status an error exits with: 75 (`EX_TEMPFAIL`) when the daemon stopped for a failed
+/// fsync of its journal (start it again: systemd's `Restart=on-failure` does), 2 for every
+/// other error.
+fn exit_code(e: &anyhow::Error) -> i32 {
+    let storage_lost = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<crate::daemon::DaemonError>(),
+            Some(crate::daemon::DaemonError::StorageLost { .. })
+        )
+    });
+    if storage_lost { 75 } else { 2 }
 }
 
 /// Output into a closed pipe (`vaultd log | head`) ends the process quietly, as `cat` does:
@@ -613,4 +627,24 @@ fn print_catalog_ages(
 
 fn open_journal(config: &Config) -> Result<crate::journal::Journal> {
     Ok(crate::state::open_journal(config)?)
+}
+
+#[cfg(test)]
+mod exit_tests {
+    use super::*;
+
+    /// A stop for a failed fsync of the journal has a status of its own, so a service
+    /// manager's log and a script can tell it from a bad config (2).
+    #[test]
+    fn a_stop_for_a_failed_fsync_exits_75_other_errors_2() {
+        let lost = anyhow::Error::from(crate::daemon::DaemonError::StorageLost {
+            path: "/state/journal.sqlite".into(),
+            why: "an fsync of the WAL failed".into(),
+        });
+        assert_eq!(exit_code(&lost), 75);
+        assert_eq!(exit_code(&lost.context("vaultd run")), 75);
+        assert_eq!(exit_code(&anyhow::anyhow!("bad config")), 2);
+        let locked = anyhow::Error::from(crate::daemon::DaemonError::Locked("held".into()));
+        assert_eq!(exit_code(&locked), 2);
+    }
 }
