@@ -703,13 +703,11 @@ impl WalSync {
             return Err(WalSync::lost_error());
         }
         counts.wal_syncs.fetch_add(1, Ordering::SeqCst);
-        let mut wal = path.as_os_str().to_owned();
-        wal.push("-wal");
-        let identity = wal_identity;
+        let wal = wal_path(path);
         // The one kept, while it is still the file at the path (SQLite reuses its WAL; a
         // removed one is made anew). A path that cannot be looked at now (a stale handle, an
         // I/O error) keeps it: reopening would lose what it has yet to report.
-        let current = std::fs::metadata(&wal).map(|m| identity(&m));
+        let current = std::fs::metadata(&wal).map(|m| wal_identity(&m));
         let kept = self.kept.take().filter(|(_, id)| match &current {
             Ok(now) => now == id,
             Err(e) => e.kind() != std::io::ErrorKind::NotFound,
@@ -730,7 +728,7 @@ impl WalSync {
                 #[cfg(not(test))]
                 let opened = std::fs::File::open(&wal);
                 opened.and_then(|f| {
-                    let id = identity(&f.metadata()?);
+                    let id = wal_identity(&f.metadata()?);
                     Ok((f, id))
                 })
             }
@@ -808,9 +806,7 @@ impl WalSync {
     /// Opens the WAL of the journal at `path` and keeps it, where there is one: from the
     /// writer's start, so that no writeback error before its first fsync goes unheard.
     fn keep_open(&mut self, path: &std::path::Path) {
-        let mut wal = path.as_os_str().to_owned();
-        wal.push("-wal");
-        if let Ok(file) = std::fs::File::open(&wal)
+        if let Ok(file) = std::fs::File::open(wal_path(path))
             && let Ok(meta) = file.metadata()
         {
             self.kept = Some((file, wal_identity(&meta)));
@@ -821,6 +817,13 @@ impl WalSync {
     fn lost_error() -> Failure {
         Failure::Sql(fsync_error("an fsync of the WAL failed"))
     }
+}
+
+/// The WAL of the journal at `path`.
+fn wal_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    wal.into()
 }
 
 /// A file's (device, inode).
@@ -1253,11 +1256,7 @@ mod tests {
                 .unwrap();
         }
         assert!(journal.writer.checkpoints() > before, "checkpointed");
-        let wal = {
-            let mut p = journal.path().as_os_str().to_owned();
-            p.push("-wal");
-            std::path::PathBuf::from(p)
-        };
+        let wal = crate::journal::writer::wal_path(journal.path());
         assert!(wal.exists());
         journal.writer.fail_checkpoints(true);
         for i in 0..super::CHECKPOINT_EVERY {
