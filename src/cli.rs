@@ -309,7 +309,7 @@ pub fn main() -> i32 {
 /// The status an error exits with: 75 (`EX_TEMPFAIL`) when the daemon stopped for a failed
 /// fsync of its journal (start it again: systemd's `Restart=on-failure` does), 2 for every
 /// other error.
-fn exit_code(e: &anyhow::Error) -> i32 {
+pub(crate) fn exit_code(e: &anyhow::Error) -> i32 {
     let storage_lost = e.chain().any(|c| {
         matches!(
             c.downcast_ref::<crate::daemon::DaemonError>(),

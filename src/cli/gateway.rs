@@ -38,32 +38,22 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
         ),
     };
     let (grace, lock) = (config.shutdown_grace, config.vault.join(".vaultd.lock"));
+    // A stop of this process's daemon for a failed fsync of the journal gets the backstop a
+    // signal's stop gets, as under `vaultd run`.
+    let storage_lock = lock.clone();
+    daemon::on_storage_stop(move || exit_if_shutdown_hangs(grace, storage_lock.clone()));
     let outcome: Result<()> = runtime.block_on(async move {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let own_daemon = if daemon::running_daemon(&config.vault).is_none() {
             let (cfg, redactor) = (config.clone(), redactor.clone());
             let (ready, started) = tokio::sync::oneshot::channel();
-            let task = tokio::spawn(async move {
-                let until = async {
-                    let _ = stopped.await;
-                };
-                let result =
-                    daemon::run_vault(cfg, Mode::Run, false, false, redactor, Some(ready), until)
-                        .await;
-                match &result {
-                    Err(daemon::DaemonError::Locked(_)) => tracing::info!(
-                        "another vaultd took the vault first: the gateway is its client"
-                    ),
-                    Err(e) => tracing::error!("the gateway's daemon stopped: {e}"),
-                    Ok(()) => {}
-                }
-                result
+            let own = OwnDaemon::spawn(|until| {
+                daemon::run_vault(cfg, Mode::Run, false, false, redactor, Some(ready), until)
             });
             // Its MCP servers up and their tools registered before the first `tools/list`;
             // a daemon that stops (another took the vault) or takes too long is not waited for.
             let _ = tokio::time::timeout(DAEMON_START, started).await;
             tracing::info!(vault = %config.vault.display(), "no vaultd ran on the vault: the gateway runs one");
-            Some(task)
+            Some(own)
         } else {
             tracing::info!(vault = %config.vault.display(), "a vaultd runs on the vault: the gateway is its client");
             None
@@ -85,48 +75,171 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
             },
         );
         let signal = shutdown_signal();
-        match listen {
-            None => {
-                let service = gateway
-                    .serve(rmcp::transport::stdio())
-                    .await
-                    .context("the MCP client's handshake failed")?;
-                tokio::select! {
-                    ended = service.waiting() => {
-                        if let Err(e) = ended {
-                            tracing::warn!("the MCP session ended: {e}");
+        let session = async move {
+            match listen {
+                None => {
+                    let service = gateway
+                        .serve(rmcp::transport::stdio())
+                        .await
+                        .context("the MCP client's handshake failed")?;
+                    tokio::select! {
+                        ended = service.waiting() => {
+                            if let Err(e) = ended {
+                                tracing::warn!("the MCP session ended: {e}");
+                            }
                         }
+                        () = signal => exit_if_shutdown_hangs(grace, lock),
                     }
-                    () = signal => exit_if_shutdown_hangs(grace, lock),
+                }
+                Some(listen) => {
+                    let shown = args.listen.clone().unwrap_or_default();
+                    crate::gateway::http::serve(
+                        gateway,
+                        listen,
+                        token,
+                        |at| tracing::info!("vaultd mcp serve: listening on {at}"),
+                        async move {
+                            signal.await;
+                            exit_if_shutdown_hangs(grace, lock);
+                        },
+                    )
+                    .await
+                    .with_context(|| format!("cannot listen on {shown}"))?;
                 }
             }
-            Some(listen) => {
-                let shown = args.listen.clone().unwrap_or_default();
-                crate::gateway::http::serve(
-                    gateway,
-                    listen,
-                    token,
-                    |at| tracing::info!("vaultd mcp serve: listening on {at}"),
-                    async move {
-                        signal.await;
-                        exit_if_shutdown_hangs(grace, lock);
-                    },
-                )
-                .await
-                .with_context(|| format!("cannot listen on {shown}"))?;
-            }
-        }
-        let _ = stop.send(());
-        if let Some(task) = own_daemon {
-            match task.await.context("the gateway's daemon panicked")? {
-                // Another gateway or `vaultd run` took the vault first: this one was its client.
-                Err(daemon::DaemonError::Locked(_)) | Ok(()) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
+            Ok(())
+        };
+        beside(session, own_daemon).await
     });
     runtime.shutdown_timeout(SHUTDOWN_LEFTOVERS);
     outcome?;
     Ok(0)
+}
+
+/// The daemon a gateway runs in its own process when none ran on the vault.
+pub(crate) struct OwnDaemon {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), daemon::DaemonError>>,
+}
+
+impl OwnDaemon {
+    /// Runs `run(until)` as a task, `until` resolving when [`beside`] stops it.
+    fn spawn<F>(run: impl FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> F) -> Self
+    where
+        F: Future<Output = Result<(), daemon::DaemonError>> + Send + 'static,
+    {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let until = Box::pin(async {
+            let _ = stopped.await;
+        });
+        OwnDaemon {
+            stop,
+            task: tokio::spawn(run(until)),
+        }
+    }
+}
+
+/// Runs the gateway's `session` until it ends, then stops `own` (the gateway's own daemon) and
+/// returns how the session ended, or else how the daemon did. A daemon that stops by itself
+/// ends the session first: the gateway has no daemon left to run its calls (they would all
+/// get `NO_DAEMON`), and the error it stopped with (a failed fsync of the journal: exit 75,
+/// for a service manager to start it again) is this process's. One that found the vault taken
+/// by another vaultd leaves the session running: the gateway is that daemon's client.
+pub(crate) async fn beside(
+    session: impl Future<Output = Result<()>>,
+    own: Option<OwnDaemon>,
+) -> Result<()> {
+    let Some(OwnDaemon { stop, mut task }) = own else {
+        return session.await;
+    };
+    tokio::pin!(session);
+    let ended = tokio::select! {
+        ended = &mut session => ended,
+        stopped = &mut task => {
+            let stopped = stopped.context("the gateway's daemon panicked")?;
+            match stopped {
+                Err(daemon::DaemonError::Locked(_)) => {
+                    tracing::info!("another vaultd took the vault first: the gateway is its client");
+                    return session.await;
+                }
+                Err(e) => {
+                    tracing::error!("the gateway's daemon stopped: {e}; the MCP session ends");
+                    return Err(e.into());
+                }
+                Ok(()) => return session.await,
+            }
+        }
+    };
+    let _ = stop.send(());
+    match task.await.context("the gateway's daemon panicked")? {
+        Err(daemon::DaemonError::Locked(_)) | Ok(()) => {}
+        Err(e) => {
+            tracing::error!("the gateway's daemon stopped: {e}");
+            ended?;
+            return Err(e.into());
+        }
+    }
+    ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::storage::tests::{InProcess, call_of};
+    use crate::tools::Effect;
+    use crate::vault::State;
+
+    /// The gateway's own daemon stops by itself after a failed fsync of the journal (review 3
+    /// of the fourteenth pass: the gateway kept serving, every call answered `NO_DAEMON`):
+    /// the MCP session ends, its client sees the connection close, and the gateway ends with
+    /// the daemon's `StorageLost` (exit 75).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gateway_whose_daemon_stops_for_a_failed_fsync_ends_its_session_with_that_error() {
+        let tools = [
+            ("look", Effect::ReadOnly, None, true),
+            ("send", Effect::ExternalSideEffect, None, true),
+        ];
+        let mut d = InProcess::start_with("", &tools);
+        let gateway = Gateway::new(
+            d.vault.clone(),
+            d.config.gateway.clone(),
+            crate::journal::Journal::open(&d.config.state_dir).unwrap(),
+            Box::new(|| Ok(Vec::new())),
+            Limits {
+                session_budget: 100,
+                max_note_bytes: d.config.max_note_bytes,
+            },
+        );
+        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+        let session = async move {
+            let service = gateway.serve(server_io).await?;
+            service.waiting().await?;
+            Ok(())
+        };
+        let (stop, task) = d.hand_over();
+        let own = OwnDaemon { stop, task };
+        let served = tokio::spawn(beside(session, Some(own)));
+        let client = ().serve(client_io).await.expect("the client's handshake");
+        let offered = client.list_all_tools().await.expect("tools/list");
+        assert!(offered.is_empty(), "{offered:?}");
+
+        tokio::task::block_in_place(|| {
+            d.lose_fsync_from_the_claim_of(&|| {
+                let to = d.vault.folder(State::NeedsAction).join("s.md");
+                std::fs::write(to, format!("# s\n{}", call_of("send", r#"{"q": "x"}"#))).unwrap();
+            });
+        });
+        let ended = tokio::time::timeout(Duration::from_secs(60), served)
+            .await
+            .expect("the gateway ended once its daemon stopped")
+            .unwrap();
+        let e = ended.expect_err("the gateway ends with the daemon's error");
+        assert_eq!(crate::cli::exit_code(&e), 75, "{e:#}");
+        assert!(format!("{e:#}").contains("cannot be made durable"), "{e:#}");
+        // Its client sees the session end.
+        tokio::time::timeout(Duration::from_secs(10), client.waiting())
+            .await
+            .expect("the client saw its session close")
+            .ok();
+    }
 }

@@ -361,7 +361,7 @@ pub(crate) mod tests {
     pub(crate) struct InProcess {
         _dir: tempfile::TempDir,
         pub(crate) vault: Vault,
-        config: crate::config::Config,
+        pub(crate) config: crate::config::Config,
         pub(crate) journal: std::sync::Arc<crate::journal::Journal>,
         stop: tokio::sync::oneshot::Sender<()>,
         daemon: tokio::task::JoinHandle<Result<(), crate::daemon::DaemonError>>,
@@ -488,6 +488,37 @@ pub(crate) mod tests {
             arrive();
         }
 
+        /// Its daemon's stop and task, for a caller that runs it from now on (the gateway's
+        /// `beside`): [`stop`](Self::stop) and [`restart`](Self::restart) no longer reach it.
+        #[allow(clippy::type_complexity)]
+        pub(crate) fn hand_over(
+            &mut self,
+        ) -> (
+            tokio::sync::oneshot::Sender<()>,
+            tokio::task::JoinHandle<Result<(), crate::daemon::DaemonError>>,
+        ) {
+            let (stop, _) = tokio::sync::oneshot::channel();
+            (
+                std::mem::replace(&mut self.stop, stop),
+                std::mem::replace(&mut self.daemon, tokio::spawn(async { Ok(()) })),
+            )
+        }
+
+        /// Lets a warm-up note through, then makes every fsync of the journal fail from the
+        /// group of the claim record of the note `arrive` drops (the claim itself commits: it
+        /// waits only for that) on. A note that calls an external side effect then has its
+        /// start refused, and the daemon stops by itself with `StorageLost`.
+        pub(crate) fn lose_fsync_from_the_claim_of(&self, arrive: &dyn Fn()) {
+            self.drop_note(State::NeedsAction, "warm.md", r#"{"z": 1}"#);
+            self.wait_for("warm.md moved and recorded", &|| {
+                self.journal.flush().unwrap();
+                self.events_of("warm.md", "move") == 1
+            });
+            self.journal
+                .lose_fsync_before_write(self.journal.writes_sent() + 1);
+            arrive();
+        }
+
         /// Whether a run was lost: its id is missing from the journal's runs.
         fn a_run_was_lost(&self) -> bool {
             let ids = self.journal.run_ids();
@@ -589,16 +620,7 @@ pub(crate) mod tests {
             std::fs::write(to, format!("# s\n{}", call_of("send", r#"{"q": "x"}"#))).unwrap();
         };
         tokio::task::block_in_place(|| {
-            d.drop_note(State::NeedsAction, "warm.md", r#"{"z": 1}"#);
-            d.wait_for("warm.md moved and recorded", &|| {
-                d.journal.flush().unwrap();
-                d.events_of("warm.md", "move") == 1
-            });
-            // From the group of s.md's claim record on (the claim itself commits: it waits
-            // only for that).
-            d.journal
-                .lose_fsync_before_write(d.journal.writes_sent() + 1);
-            send_note(&d);
+            d.lose_fsync_from_the_claim_of(&|| send_note(&d));
             // Claimed (moved away, then recorded), paused, then back: in that order.
             d.wait_for("s.md back in Needs_Action, claiming paused", &|| {
                 d.events_of("s.md", "claim") == 1
