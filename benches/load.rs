@@ -1008,7 +1008,7 @@ fn idle(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
     if let Some(share) = symbol_order_matched(bin) {
         metrics.push(
             metric("start-up symbol list found in the binary", share, "%")
-                .target(">= 90 (release)", |v| v >= 90.0),
+                .target(">= 99.5 (release)", |v| v >= 99.5),
         );
     }
     metrics
@@ -1018,7 +1018,11 @@ fn idle(bin: &Path, rt: &tokio::runtime::Runtime, sizes: Sizes) -> Vec<Metric> {
 /// by side, `build.rs`) names functions the binary has. The list goes stale as the code
 /// changes, silently: each start-up function it misses brings 64 KiB of code around it into
 /// the resident set (idle RSS had grown from 9.6 to 15.6 MiB with 62 % found, BENCHMARKS.md,
-/// ninth pass). `scripts/symbol-order` remakes it. None without `nm` or the list.
+/// ninth pass; and from 9.2 to 10.4–10.9 MiB with 99.1 %, 34 names missing: fat LTO numbers
+/// the local copies of a function `name.1234` afresh at each build, and a generic function's
+/// hash moves with its type arguments). A list just made finds 99.9–100 % in the binary it was
+/// made from; below 99.5 %, remake it with `scripts/symbol-order`. It cannot see a start-up
+/// function the list never had (new code): idle RSS does. None without `nm` or the list.
 fn symbol_order_matched(bin: &Path) -> Option<f64> {
     let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/symbol-order.txt");
     let list = std::fs::read_to_string(list).ok()?;
