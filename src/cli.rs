@@ -287,8 +287,8 @@ pub fn main() -> i32 {
         ONE_SHOT.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     let outcome = dispatch(cli);
-    // Whatever ended the command (an error before its daemon task finished, say: the
-    // gateway's handshake), the moves the flusher has yet to fsync are durable before exit.
+    // Whatever ended the command (an error before its daemon task finished, say), the moves
+    // the flusher has yet to fsync are durable before exit.
     crate::files::flush_folders();
     match outcome {
         Ok(code) => code,

@@ -58,24 +58,24 @@ pub(super) fn serve(g: &GlobalArgs, args: ServeArgs) -> Result<i32> {
             tracing::info!(vault = %config.vault.display(), "a vaultd runs on the vault: the gateway is its client");
             None
         };
-        let journal = crate::state::open_journal(&config)?;
-        let list: ListTools = {
-            let config = config.clone();
-            Box::new(move || super::tools::runnable(&config).map_err(|e| format!("{e:#}")))
-        };
-        let vault = Vault::new(config.vault.clone(), config.folders.clone());
-        let gateway = Gateway::new(
-            vault,
-            config.gateway.clone(),
-            journal,
-            list,
-            Limits {
-                session_budget: config.guard.note_budget,
-                max_note_bytes: config.max_note_bytes,
-            },
-        );
         let signal = shutdown_signal();
         let session = async move {
+            let journal = crate::state::open_journal(&config)?;
+            let list: ListTools = {
+                let config = config.clone();
+                Box::new(move || super::tools::runnable(&config).map_err(|e| format!("{e:#}")))
+            };
+            let vault = Vault::new(config.vault.clone(), config.folders.clone());
+            let gateway = Gateway::new(
+                vault,
+                config.gateway.clone(),
+                journal,
+                list,
+                Limits {
+                    session_budget: config.guard.note_budget,
+                    max_note_bytes: config.max_note_bytes,
+                },
+            );
             match listen {
                 None => {
                     let service = gateway
@@ -140,11 +140,12 @@ impl OwnDaemon {
 }
 
 /// Runs the gateway's `session` until it ends, then stops `own` (the gateway's own daemon) and
-/// returns how the session ended, or else how the daemon did. A daemon that stops by itself
-/// ends the session first: the gateway has no daemon left to run its calls (they would all
-/// get `NO_DAEMON`), and the error it stopped with (a failed fsync of the journal: exit 75,
-/// for a service manager to start it again) is this process's. One that found the vault taken
-/// by another vaultd leaves the session running: the gateway is that daemon's client.
+/// returns how they ended. A daemon that stops by itself with an error ends the session
+/// first: the gateway has no daemon left to run its calls (they would all get `NO_DAEMON`),
+/// and the error is this process's (a failed fsync of the journal: exit 75, for a service
+/// manager to start it again; a daemon that could not start: 2). One that found the vault
+/// taken by another vaultd leaves the session running: the gateway is that daemon's client.
+/// (`run` ends without an error only when stopped, which only this function does.)
 pub(crate) async fn beside(
     session: impl Future<Output = Result<()>>,
     own: Option<OwnDaemon>,
@@ -172,14 +173,17 @@ pub(crate) async fn beside(
     };
     let _ = stop.send(());
     match task.await.context("the gateway's daemon panicked")? {
-        Err(daemon::DaemonError::Locked(_)) | Ok(()) => {}
+        Err(daemon::DaemonError::Locked(_)) | Ok(()) => ended,
+        // The daemon's error first: the status it gives (75 for a failed fsync) is what a
+        // service manager acts on.
         Err(e) => {
+            if let Err(session) = ended {
+                tracing::error!("{session:#}");
+            }
             tracing::error!("the gateway's daemon stopped: {e}");
-            ended?;
-            return Err(e.into());
+            Err(e.into())
         }
     }
-    ended
 }
 
 #[cfg(test)]
@@ -189,17 +193,14 @@ mod tests {
     use crate::tools::Effect;
     use crate::vault::State;
 
-    /// The gateway's own daemon stops by itself after a failed fsync of the journal (review 3
-    /// of the fourteenth pass: the gateway kept serving, every call answered `NO_DAEMON`):
-    /// the MCP session ends, its client sees the connection close, and the gateway ends with
-    /// the daemon's `StorageLost` (exit 75).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_gateway_whose_daemon_stops_for_a_failed_fsync_ends_its_session_with_that_error() {
+    /// A daemon in this process with a `send` tool (an external side effect), and a gateway
+    /// over its vault, as `serve` makes one.
+    fn daemon_and_gateway() -> (InProcess, Gateway) {
         let tools = [
             ("look", Effect::ReadOnly, None, true),
             ("send", Effect::ExternalSideEffect, None, true),
         ];
-        let mut d = InProcess::start_with("", &tools);
+        let d = InProcess::start_with("", &tools);
         let gateway = Gateway::new(
             d.vault.clone(),
             d.config.gateway.clone(),
@@ -210,25 +211,22 @@ mod tests {
                 max_note_bytes: d.config.max_note_bytes,
             },
         );
-        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
-        let session = async move {
-            let service = gateway.serve(server_io).await?;
-            service.waiting().await?;
-            Ok(())
-        };
-        let (stop, task) = d.hand_over();
-        let own = OwnDaemon { stop, task };
-        let served = tokio::spawn(beside(session, Some(own)));
-        let client = ().serve(client_io).await.expect("the client's handshake");
-        let offered = client.list_all_tools().await.expect("tools/list");
-        assert!(offered.is_empty(), "{offered:?}");
+        (d, gateway)
+    }
 
+    /// Fails the journal's fsyncs from the claim of a note calling `send` on: the daemon
+    /// refuses its start and stops by itself with `StorageLost`.
+    fn lose_the_disk(d: &InProcess) {
         tokio::task::block_in_place(|| {
             d.lose_fsync_from_the_claim_of(&|| {
                 let to = d.vault.folder(State::NeedsAction).join("s.md");
                 std::fs::write(to, format!("# s\n{}", call_of("send", r#"{"q": "x"}"#))).unwrap();
             });
         });
+    }
+
+    /// How `beside` ended: with the daemon's `StorageLost`, exit 75.
+    async fn ended_with_storage_lost(served: tokio::task::JoinHandle<Result<()>>) {
         let ended = tokio::time::timeout(Duration::from_secs(60), served)
             .await
             .expect("the gateway ended once its daemon stopped")
@@ -236,10 +234,74 @@ mod tests {
         let e = ended.expect_err("the gateway ends with the daemon's error");
         assert_eq!(crate::cli::exit_code(&e), 75, "{e:#}");
         assert!(format!("{e:#}").contains("cannot be made durable"), "{e:#}");
+    }
+
+    /// The gateway's own daemon stops by itself after a failed fsync of the journal (review 3
+    /// of the fourteenth pass: the gateway kept serving, every call answered `NO_DAEMON`):
+    /// the MCP session ends, its client sees the connection close, and the gateway ends with
+    /// the daemon's `StorageLost` (exit 75).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gateway_whose_daemon_stops_for_a_failed_fsync_ends_its_session_with_that_error() {
+        let (mut d, gateway) = daemon_and_gateway();
+        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+        let session = async move {
+            let service = gateway.serve(server_io).await?;
+            service.waiting().await?;
+            Ok(())
+        };
+        let (stop, task) = d.hand_over();
+        let served = tokio::spawn(beside(session, Some(OwnDaemon { stop, task })));
+        let client = ().serve(client_io).await.expect("the client's handshake");
+        let offered = client.list_all_tools().await.expect("tools/list");
+        assert!(offered.is_empty(), "{offered:?}");
+
+        lose_the_disk(&d);
+        ended_with_storage_lost(served).await;
         // Its client sees the session end.
         tokio::time::timeout(Duration::from_secs(10), client.waiting())
             .await
             .expect("the client saw its session close")
             .ok();
+    }
+
+    /// The same over `--listen unix:PATH`: the HTTP server ends too, and its socket is
+    /// removed (the serving future is dropped, not shut down, so the removal is its drop's).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http_gateway_whose_daemon_stops_ends_and_removes_its_socket() {
+        let (mut d, gateway) = daemon_and_gateway();
+        let socket = d.config.state_dir.join("gateway.sock");
+        let (ready, bound) = tokio::sync::oneshot::channel();
+        let session = {
+            let socket = socket.clone();
+            async move {
+                crate::gateway::http::serve(
+                    gateway,
+                    Listen::Unix(socket),
+                    None,
+                    |at| {
+                        let _ = ready.send(at);
+                    },
+                    std::future::pending(),
+                )
+                .await?;
+                Ok(())
+            }
+        };
+        let (stop, task) = d.hand_over();
+        let served = tokio::spawn(beside(session, Some(OwnDaemon { stop, task })));
+        let at = tokio::time::timeout(Duration::from_secs(10), bound)
+            .await
+            .expect("the gateway listens")
+            .unwrap();
+        assert!(at.starts_with("unix:"), "{at}");
+        assert!(socket.exists(), "the socket is there while it serves");
+
+        lose_the_disk(&d);
+        ended_with_storage_lost(served).await;
+        assert!(
+            !socket.exists(),
+            "the socket was left at {}",
+            socket.display()
+        );
     }
 }

@@ -148,12 +148,22 @@ pub async fn serve(
                 std::fs::remove_file(&path)?;
             }
             let listener = bind_owner_only(&path)?;
+            let _unlink = RemoveOnDrop(&path);
             ready(format!("unix:{} (endpoint /mcp)", path.display()));
             accept_until!(listener, shutdown, handle);
-            let _ = std::fs::remove_file(&path);
         }
     }
     Ok(())
+}
+
+/// Removes the socket at its path however serving ends: by `shutdown`, or by this future
+/// being dropped (`vaultd mcp serve` whose own daemon stopped).
+struct RemoveOnDrop<'a>(&'a std::path::Path);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
 }
 
 /// A unix socket at `path` that only its owner may connect to, from its first moment: bound
