@@ -149,23 +149,36 @@ impl Runner {
             .run_unrecorded(run, note, note_id, call, spend, permit, before_run)
             .await;
         let (result, committed) = match result {
-            Unrecorded::Recorded(result) => (result, None),
+            Unrecorded::Recorded(result) => {
+                return Ran {
+                    result,
+                    committed: None,
+                };
+            }
             Unrecorded::Ran(result) => {
                 let committed = self
                     .journal
                     .call_finished_later(run, &result, !read_only)
                     .await;
-                if let Err(e) = &committed {
-                    tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}");
-                }
-                (result, committed.ok())
+                (result, committed)
+            }
+            Unrecorded::Stopped(result) => {
+                let committed = self
+                    .journal
+                    .call_not_run_later(run, &result, !read_only)
+                    .await;
+                (result, committed)
             }
         };
+        if let Err(e) = &committed {
+            tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}");
+        }
+        let committed = committed.ok();
         Ran { result, committed }
     }
 
-    /// [`run_call`](Self::run_call) up to its outcome's record: a call that ran (or that
-    /// `before_run` stopped after its start) is returned unrecorded; one refused before it
+    /// [`run_call`](Self::run_call) up to its outcome's record: a call that ran, or that
+    /// `before_run` stopped after its start, is returned unrecorded; one refused before it
     /// started is recorded already.
     #[allow(clippy::too_many_arguments)]
     async fn run_unrecorded(
@@ -224,7 +237,7 @@ impl Runner {
                 self.breakers.release_trial(&circuit);
             }
             drop(permit);
-            return Unrecorded::Ran(CallResult::failed_now(
+            return Unrecorded::Stopped(CallResult::failed_now(
                 call_id,
                 name,
                 CallError::new(
@@ -353,6 +366,9 @@ enum Unrecorded {
     Recorded(CallResult),
     /// The tool ran: its outcome is for the caller to record.
     Ran(CallResult),
+    /// Started, then stopped before its tool ran (`before_run`): its outcome is for the
+    /// caller to record, as not run.
+    Stopped(CallResult),
 }
 
 fn rate_windows(limit: crate::config::RateLimit) -> Vec<RateWindow> {

@@ -609,6 +609,19 @@ mod tests {
         )
     }
 
+    /// `act` alone, limited to one call an hour.
+    fn one_act_an_hour() -> InProcess {
+        let limit = crate::config::RateLimit {
+            per_hour: Some(1),
+            per_day: None,
+        };
+        let tools = crate::tools::idle::registry_limited(
+            &[("act", Effect::ExternalSideEffect, None, true)],
+            limit,
+        );
+        InProcess::start_with_registry("", tools)
+    }
+
     /// A note with one call to `tool`.
     fn drop_call(d: &InProcess, name: &str, tool: &str) -> String {
         let text = format!("# {name}\n\n{}", call_of(tool, r#"{"q": "x"}"#));
@@ -666,15 +679,7 @@ mod tests {
     /// in In_Progress unwritten.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_copy_whose_side_effect_is_refused_before_its_start_gets_its_own_id_and_results() {
-        let limit = crate::config::RateLimit {
-            per_hour: Some(1),
-            per_day: None,
-        };
-        let tools = crate::tools::idle::registry_limited(
-            &[("act", Effect::ExternalSideEffect, None, true)],
-            limit,
-        );
-        let d = InProcess::start_with_registry("", tools);
+        let d = one_act_an_hour();
         tokio::task::block_in_place(|| {
             drop_call(&d, "orig.md", "act");
             d.wait_for("orig.md in Failed", &|| {
@@ -696,6 +701,55 @@ mod tests {
             let own = crate::note::frontmatter_property(&text, "tool_note").unwrap();
             assert_ne!(own, id, "{text}");
             assert!(text.contains("RATE_LIMITED"), "{text}");
+        });
+        d.stop().await;
+    }
+
+    /// A call the stamp stopped after its start record (its note was moved away) did not run:
+    /// its start counts against neither the tool's rate limit nor the note's budget. With a
+    /// limit of one call an hour, the next note's call runs (without the mark, it got
+    /// `RATE_LIMITED` for a call that never ran).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_stopped_before_its_run_gives_back_its_rate_limit_slot() {
+        let d = one_act_an_hour();
+        let done = d.vault.folder(State::Done).join("gone.md");
+        let to = done.clone();
+        before_stamp::set("gone.md", move |path| std::fs::rename(path, &to).unwrap());
+        tokio::task::block_in_place(|| {
+            drop_call(&d, "gone.md", "act");
+            d.wait_for("gone.md's run abandoned", &|| {
+                d.journal.flush().unwrap();
+                d.journal.open_runs().unwrap().is_empty() && d.events_of("gone.md", "call_end") == 1
+            });
+            let since = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+            let used = d.journal.rate_use("act", since, since).unwrap();
+            assert_eq!(used.last_hour, 0, "a call that did not run used no slot");
+            let log = d.journal.log(&Default::default()).unwrap();
+            let gone = log
+                .iter()
+                .find(|e| e.note.ends_with("gone.md") && e.event == "call_end")
+                .unwrap();
+            assert!(
+                gone.detail
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("did not run"),
+                "{gone:?}"
+            );
+
+            drop_call(&d, "next.md", "act");
+            d.wait_for("next.md in Failed", &|| {
+                d.in_state(State::Failed, "next.md")
+            });
+            let next =
+                std::fs::read_to_string(d.vault.folder(State::Failed).join("next.md")).unwrap();
+            assert!(!next.contains("RATE_LIMITED"), "{next}");
+            assert!(
+                next.contains("not run") && !next.contains("did not run"),
+                "the idle tool ran (its own failure): {next}"
+            );
+            let used = d.journal.rate_use("act", since, since).unwrap();
+            assert_eq!(used.last_hour, 1, "the call that ran used its slot");
         });
         d.stop().await;
     }

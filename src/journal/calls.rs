@@ -96,6 +96,31 @@ impl Journal {
         durable: bool,
     ) -> Result<Committed, JournalError> {
         let outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
+        self.outcome_later(run, outcome, durable).await
+    }
+
+    /// [`call_finished_later`](Self::call_finished_later) for a call stopped after its start
+    /// record and before its tool ran (the identity stamp it waited for failed:
+    /// `runner::BeforeRun`): its start then counts against neither its rate limit nor its
+    /// note's budget. The outcome stays with the start, so a copy of the note gets it, not
+    /// `UNKNOWN_OUTCOME` (docs/design.md §9.10).
+    pub async fn call_not_run_later(
+        &self,
+        run: RunId,
+        result: &CallResult,
+        durable: bool,
+    ) -> Result<Committed, JournalError> {
+        let mut outcome = EncodedOutcome::new(result).map_err(|e| attach(self.path(), e))?;
+        outcome.not_run = true;
+        self.outcome_later(run, outcome, durable).await
+    }
+
+    async fn outcome_later(
+        &self,
+        run: RunId,
+        outcome: EncodedOutcome,
+        durable: bool,
+    ) -> Result<Committed, JournalError> {
         let wait = if durable {
             Wait::Recorded
         } else {
@@ -194,7 +219,7 @@ impl Journal {
             let n: i64 = query_one(
                 tx,
                 "SELECT count(*) FROM calls c JOIN runs r ON r.id = c.run_id
-                 WHERE r.note_id = ?1 AND c.started_at_ms IS NOT NULL",
+                 WHERE r.note_id = ?1 AND c.started_at_ms IS NOT NULL AND c.not_run IS NULL",
                 params![note_id],
                 |r| r.get(0),
             )?;
@@ -230,6 +255,9 @@ pub(super) struct EncodedOutcome {
     duration_ms: u64,
     /// A vault change to confirm in the same transaction (docs/design.md §11.3).
     undo: Option<UndoRecord>,
+    /// The call was stopped after its start and before its tool ran: its start is marked
+    /// (`calls.not_run`), and counts against neither its rate limit nor its note's budget.
+    not_run: bool,
 }
 
 impl EncodedOutcome {
@@ -249,6 +277,7 @@ impl EncodedOutcome {
             ended_ms: to_ms(result.ended_at),
             duration_ms: result.duration_ms(),
             undo,
+            not_run: false,
         })
     }
 }
@@ -274,19 +303,36 @@ pub(super) fn record_outcome(
     .optional()?;
     let unfinished = newest.and_then(|(id, open)| open.then_some(id));
     match unfinished {
-        Some(id) => exec(
-            tx,
-            "UPDATE calls SET ended_at_ms = ?1, result_json = ?2, error_code = ?3
-             WHERE id = ?4",
-            params![ended, stored, error_code, id],
-        )?,
-        None => exec(
-            tx,
-            "INSERT INTO calls (run_id, call_id, tool, ended_at_ms, result_json, error_code)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![run, result.call_id, result.name, ended, stored, error_code],
-        )?,
-    };
+        Some(id) => {
+            exec(
+                tx,
+                "UPDATE calls SET ended_at_ms = ?1, result_json = ?2, error_code = ?3
+                 WHERE id = ?4",
+                params![ended, stored, error_code, id],
+            )?;
+            // A statement of its own: one that set `not_run` for every outcome would rewrite
+            // the rate limits' index entry (it holds the column) of every call.
+            if result.not_run {
+                exec(
+                    tx,
+                    "UPDATE calls SET not_run = 1 WHERE id = ?1",
+                    params![id],
+                )?;
+                // The writer's counts held this start: they are counted again when next asked.
+                if let Some(rates) = tx.rates {
+                    rates.borrow_mut().clear();
+                }
+            }
+        }
+        None => {
+            exec(
+                tx,
+                "INSERT INTO calls (run_id, call_id, tool, ended_at_ms, result_json, error_code)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![run, result.call_id, result.name, ended, stored, error_code],
+            )?;
+        }
+    }
     if let Some(record) = &result.undo {
         undo::confirm(tx, &result.call_id, &note, &result.name, record)?;
     }
@@ -511,6 +557,57 @@ mod tests {
     use crate::call::{CallError, CallResult, ErrorCode};
     use crate::journal::testing::*;
     use crate::journal::*;
+
+    /// A call stopped after its start and before its tool ran is marked: its start counts
+    /// against neither the rate limit nor the note's budget, and its outcome stays with it,
+    /// for a copy of the note to get (§9.10). Another start of the same tool still counts.
+    #[tokio::test]
+    async fn a_call_stopped_before_its_run_counts_against_no_limit_and_keeps_its_outcome() {
+        let (_dir, journal) = fresh_journal();
+        let run = journal
+            .begin_note_run("In_Progress/a.md", Some("n-a"), None, None)
+            .unwrap();
+        let params = serde_json::json!({});
+        for id in ["c-stopped", "c-ran"] {
+            journal
+                .call_started(
+                    run,
+                    id,
+                    "send_notification",
+                    Effect::ExternalSideEffect,
+                    &params,
+                )
+                .unwrap();
+        }
+        let stopped = CallResult::failed_now(
+            "c-stopped",
+            "send_notification",
+            CallError::new(
+                ErrorCode::ExecutionError,
+                "send_notification did not run: …",
+            ),
+        );
+        let committed = journal
+            .call_not_run_later(run, &stopped, true)
+            .await
+            .unwrap();
+        journal.settle(committed).unwrap();
+        let since = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        let used = journal.rate_use("send_notification", since, since).unwrap();
+        assert_eq!(
+            (used.last_hour, used.last_day),
+            (1, 1),
+            "the start that ran counts"
+        );
+        assert_eq!(journal.calls_started_for_note("n-a").unwrap(), 1);
+        let calls = journal.note_calls("n-a").unwrap();
+        let kept = calls.iter().find(|c| c.call_id == "c-stopped").unwrap();
+        assert!(kept.started_at.is_some(), "{kept:?}");
+        assert!(
+            matches!(kept.progress, CallProgress::Finished(_)),
+            "{kept:?}"
+        );
+    }
 
     /// A `read_only` outcome is queued and returned at once, while the writer is busy; it is
     /// in the journal once settled (the write back settles it before the note's move).

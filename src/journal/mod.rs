@@ -148,7 +148,7 @@
 //!
 //! `once` and `run` wait for the last round before they exit (`files::flush_folders`).
 //!
-//! # Tables (schema version 6, kept in `PRAGMA user_version`)
+//! # Tables (schema version 7, kept in `PRAGMA user_version`)
 //! - `runs`: one claim of one note, from the rename into In_Progress to the move out of it.
 //!   `note` is the note's *current* path, so recovery finds it where it now is; `note_id` is
 //!   the note's identity (its `tool_note` property, docs/design.md §9.2) and `claimed_from` the path it
@@ -161,7 +161,8 @@
 //!   Calls are keyed by (note id, call id) through their run: what a note's call did is known
 //!   whatever path the note has now.
 //! - `calls`: one row per start (or per outcome recorded without a start: validation, policy,
-//!   quota, rate limit). Rate limits count rows with a `started_at_ms`. A call run again in the
+//!   quota, rate limit). Rate limits and note budgets count rows with a `started_at_ms` and no
+//!   `not_run` (version 7: a start stopped before its tool ran, `runner::BeforeRun`). A call run again in the
 //!   same run (a `read_only` call after a crash) gets a new row; the newest row per call id is
 //!   its progress.
 //! - `events`: what `vaultd log` shows, in order.

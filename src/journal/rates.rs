@@ -145,7 +145,8 @@ impl Journal {
         self.read(|tx| {
             let oldest: Option<i64> = query_one(
                 tx,
-                "SELECT min(started_at_ms) FROM calls WHERE tool = ?1 AND started_at_ms >= ?2",
+                "SELECT min(started_at_ms) FROM calls
+                 WHERE tool = ?1 AND started_at_ms >= ?2 AND not_run IS NULL",
                 params![tool, to_ms(since)],
                 |r| r.get(0),
             )?;
@@ -169,13 +170,14 @@ impl Journal {
     }
 }
 
+/// The starts of a tool since a time that its rate limits count: read from the index
+/// `calls_by_tool` alone, which holds the `not_run` mark (schema version 7; `schema.rs`
+/// checks the plan).
+pub(super) const COUNT_SINCE: &str = "SELECT count(*) FROM calls
+     WHERE tool = ?1 AND started_at_ms >= ?2 AND not_run IS NULL";
+
 pub(super) fn count_since(tx: &Tx<'_>, tool: &str, since_ms: i64) -> rusqlite::Result<u64> {
-    let n: i64 = query_one(
-        tx,
-        "SELECT count(*) FROM calls WHERE tool = ?1 AND started_at_ms >= ?2",
-        params![tool, since_ms],
-        |r| r.get(0),
-    )?;
+    let n: i64 = query_one(tx, COUNT_SINCE, params![tool, since_ms], |r| r.get(0))?;
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
@@ -200,7 +202,7 @@ pub(super) fn window_reset(
     let offset = i64::try_from(used - window.max).unwrap_or(i64::MAX);
     let leaving: Option<i64> = query_one(
         tx,
-        "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2
+        "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2 AND not_run IS NULL
              ORDER BY started_at_ms LIMIT 1 OFFSET ?3",
         params![tool, since, offset],
         |r| r.get(0),
@@ -465,7 +467,7 @@ impl RateCache {
 fn load(conn: &Connection, tool: &str, since: i64, max: u64) -> rusqlite::Result<Starts> {
     let limit = i64::try_from(max).unwrap_or(i64::MAX);
     let mut stmt = conn.prepare_cached(
-        "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2
+        "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2 AND not_run IS NULL
          ORDER BY started_at_ms DESC LIMIT ?3",
     )?;
     let mut at = stmt

@@ -76,6 +76,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // ends (`forget_claimed_texts`).
     "ALTER TABLE runs ADD COLUMN claimed_text TEXT;
     CREATE INDEX runs_claimed_text ON runs (ended_at_ms) WHERE claimed_text IS NOT NULL;",
+    // Version 7: a call stopped after its start record and before its tool ran (the identity
+    // stamp it waited for failed: `runner::BeforeRun`) is marked, and counts against neither
+    // its rate limit nor its note's budget. The rate limits' index holds the mark, so that
+    // they still count from the index alone.
+    "ALTER TABLE calls ADD COLUMN not_run INTEGER;
+    DROP INDEX calls_by_tool;
+    CREATE INDEX calls_by_tool ON calls (tool, started_at_ms, not_run);",
 ];
 
 /// Plans fixed when a statement is prepared, not redone for its bound values (SQLite's query
@@ -179,6 +186,32 @@ mod tests {
         };
         assert!(
             plan.iter().any(|step| step.contains("runs_left_behind")),
+            "{plan:?}"
+        );
+    }
+
+    /// The rate limits count starts from their index alone (version 7 added `not_run` to
+    /// it), not by reading the row of every call of the tool.
+    #[test]
+    fn rate_limits_count_starts_from_their_index() {
+        let (_dir, journal) = fresh_journal();
+        let conn = journal.reader();
+        let mut st = conn
+            .prepare(&format!(
+                "EXPLAIN QUERY PLAN {}",
+                crate::journal::rates::COUNT_SINCE
+            ))
+            .unwrap();
+        let plan: Vec<String> = st
+            .query_map(rusqlite::params!["send_notification", 0i64], |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("COVERING INDEX calls_by_tool")),
             "{plan:?}"
         );
     }
