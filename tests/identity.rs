@@ -648,7 +648,11 @@ async fn an_old_format_journal_is_migrated_in_place_and_recovery_uses_it() {
     let version: i64 = db
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6, "migrated to the newest schema");
+    assert_eq!(
+        version,
+        vaultd::journal::SCHEMA_VERSION,
+        "migrated to the newest schema"
+    );
     let with_id: i64 = db
         .query_row(
             "SELECT count(*) FROM runs WHERE note_id IS NOT NULL",

@@ -712,29 +712,33 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_stopped_before_its_run_gives_back_its_rate_limit_slot() {
         let d = one_act_an_hour();
-        let done = d.vault.folder(State::Done).join("gone.md");
+        let done = d.vault.folder(State::Done).join("stopped.md");
         let to = done.clone();
-        before_stamp::set("gone.md", move |path| std::fs::rename(path, &to).unwrap());
+        before_stamp::set("stopped.md", move |path| {
+            std::fs::rename(path, &to).unwrap()
+        });
         tokio::task::block_in_place(|| {
-            drop_call(&d, "gone.md", "act");
-            d.wait_for("gone.md's run abandoned", &|| {
+            drop_call(&d, "stopped.md", "act");
+            d.wait_for("stopped.md's run abandoned", &|| {
                 d.journal.flush().unwrap();
-                d.journal.open_runs().unwrap().is_empty() && d.events_of("gone.md", "call_end") == 1
+                d.journal.open_runs().unwrap().is_empty()
+                    && d.events_of("stopped.md", "call_end") == 1
             });
             let since = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
             let used = d.journal.rate_use("act", since, since).unwrap();
             assert_eq!(used.last_hour, 0, "a call that did not run used no slot");
             let log = d.journal.log(&Default::default()).unwrap();
-            let gone = log
+            let stopped = log
                 .iter()
-                .find(|e| e.note.ends_with("gone.md") && e.event == "call_end")
+                .find(|e| e.note.ends_with("stopped.md") && e.event == "call_end")
                 .unwrap();
             assert!(
-                gone.detail
+                stopped
+                    .detail
                     .as_deref()
                     .unwrap_or_default()
                     .contains("did not run"),
-                "{gone:?}"
+                "{stopped:?}"
             );
 
             drop_call(&d, "next.md", "act");

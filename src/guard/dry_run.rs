@@ -421,6 +421,7 @@ mod tests {
             recorded: None,
             started_at: Some(SystemTime::UNIX_EPOCH),
             note: "Done/n.md".into(),
+            not_run: false,
         };
         let finished = CallResult {
             call_id: ids[0].clone(),

@@ -39,6 +39,9 @@ pub struct JournalCall {
     pub started_at: Option<SystemTime>,
     /// The current path of the note of the run it started in (for "already sent … from").
     pub note: String,
+    /// Its newest start was stopped before its tool ran (`runner::BeforeRun`): it did
+    /// nothing, and counts against no rate limit or budget.
+    pub not_run: bool,
 }
 
 impl Journal {
@@ -203,7 +206,7 @@ impl Journal {
         self.read(|tx| {
             let mut stmt = tx.prepare_cached(
                 "SELECT c.call_id, c.tool, c.effect, c.result_json, c.written_at_ms,
-                        c.started_at_ms, r.note
+                        c.started_at_ms, r.note, c.not_run
                  FROM calls c JOIN runs r ON r.id = c.run_id
                  WHERE r.note_id = ?1 ORDER BY c.id",
             )?;
@@ -430,7 +433,7 @@ pub(super) fn insert_start(
 pub(super) fn run_calls(tx: &Tx<'_>, run: RunId) -> Result<Vec<JournalCall>, Failure> {
     let mut stmt = tx.prepare_cached(
         "SELECT c.call_id, c.tool, c.effect, c.result_json, c.written_at_ms, c.started_at_ms,
-                r.note
+                r.note, c.not_run
          FROM calls c JOIN runs r ON r.id = c.run_id WHERE c.run_id = ?1 ORDER BY c.id",
     )?;
     let rows = stmt.query_map(params![run], call_row)?;
@@ -445,6 +448,7 @@ pub(super) type CallRow = (
     Option<i64>,
     Option<i64>,
     String,
+    Option<i64>,
 );
 
 pub(super) fn call_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CallRow> {
@@ -456,6 +460,7 @@ pub(super) fn call_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<CallRow> {
         r.get(4)?,
         r.get(5)?,
         r.get(6)?,
+        r.get(7)?,
     ))
 }
 
@@ -465,7 +470,7 @@ pub(super) fn collect_calls(
 ) -> Result<Vec<JournalCall>, Failure> {
     let mut calls: Vec<JournalCall> = Vec::new();
     for row in rows {
-        let (call_id, tool, effect, result, written, started, note) = row?;
+        let (call_id, tool, effect, result, written, started, note, not_run) = row?;
         let effect = match effect.as_deref() {
             None => Effect::ReadOnly,
             Some(text) => Effect::parse(text)
@@ -487,6 +492,7 @@ pub(super) fn collect_calls(
             recorded,
             started_at: started.map(from_ms),
             note,
+            not_run: not_run.is_some(),
         };
         match calls.iter_mut().find(|c| c.call_id == call.call_id) {
             Some(earlier) => *earlier = call,

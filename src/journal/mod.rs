@@ -194,6 +194,9 @@ pub mod undo;
 mod writer;
 
 pub use approvals::Decision;
+
+/// The journal's schema version (`PRAGMA user_version` of a journal this vaultd opened).
+pub const SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
 pub use calls::{CallProgress, JournalCall};
 pub use events::{LogEntry, LogFilter, RecentFailure};
 pub use rates::{RateUse, RateWindow, StartAdmission};

@@ -230,7 +230,8 @@ fn window_ms(window: RateWindow) -> i64 {
 ///   every start this writer inserts ([`RateCache::started`], called by `insert_start`);
 /// - whatever the writer rolls back (a failed job, a failed commit) empties it
 ///   ([`RateCache::clear`]), and so does a commit by another process (`PRAGMA data_version`,
-///   checked at the start of every group, when the group holds the write lock);
+///   checked at the start of every group, when the group holds the write lock), and a start
+///   marked `not_run` (`calls::record_outcome`: it no longer counts);
 /// - a clock stepped back past a window's start reloads that window.
 #[derive(Default)]
 pub(super) struct RateCache {
@@ -249,7 +250,7 @@ pub(super) struct RateCache {
 /// even if each start ahead of it takes a slot, the window is not full. A count only
 /// overstates a window as time passes (starts leave it); this writer's inserts update it;
 /// whatever voids the writer's cache (a rollback, a commit by another process seen at the
-/// next group) voids the counts, and the writer decides alone until it has counted again. What a kill can cost is what it costs a queued
+/// next group, a start marked `not_run`) voids the counts, and the writer decides alone until it has counted again. What a kill can cost is what it costs a queued
 /// `read_only` start (the module doc of `journal`): a call that ran and is counted only when
 /// recovery runs it again. A window near its limit is left to the writer, exact as before.
 #[derive(Default)]
@@ -746,6 +747,35 @@ mod tests {
                 &[window],
             )
             .unwrap()
+    }
+
+    /// The writer's window held the start; once the start is marked `not_run` the window
+    /// is counted again, and the slot is free for the next call.
+    #[tokio::test]
+    async fn a_start_marked_not_run_frees_its_slot_in_the_writers_window() {
+        use crate::call::{CallError, CallResult, ErrorCode};
+        let (_dir, journal) = fresh_journal();
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let window = hourly(1);
+        assert_eq!(admit(&journal, run, "c-1", window), StartAdmission::Started);
+        assert!(
+            matches!(
+                admit(&journal, run, "c-2", window),
+                StartAdmission::RateLimited { .. }
+            ),
+            "the window is full"
+        );
+        let stopped = CallResult::failed_now(
+            "c-1",
+            "search_web",
+            CallError::new(ErrorCode::ExecutionError, "search_web did not run: …"),
+        );
+        let committed = journal
+            .call_not_run_later(run, &stopped, true)
+            .await
+            .unwrap();
+        journal.settle(committed).unwrap();
+        assert_eq!(admit(&journal, run, "c-3", window), StartAdmission::Started);
     }
 
     #[test]

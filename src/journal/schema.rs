@@ -81,7 +81,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // its rate limit nor its note's budget. The rate limits' index holds the mark, so that
     // they still count from the index alone.
     "ALTER TABLE calls ADD COLUMN not_run INTEGER;
-    DROP INDEX calls_by_tool;
+    DROP INDEX IF EXISTS calls_by_tool;
     CREATE INDEX calls_by_tool ON calls (tool, started_at_ms, not_run);",
 ];
 

@@ -376,10 +376,17 @@ fn recorded(facts: &Facts, registry: &Registry, call_id: &str, name: &str) -> Re
                 .started_at
                 .map(crate::call::rfc3339_seconds)
                 .unwrap_or_default();
-            Recorded::HoldAsCopy(format!(
-                "this call already ran at {when} from {} (this note looks like an old copy of it)",
-                r.note
-            ))
+            Recorded::HoldAsCopy(if r.not_run {
+                format!(
+                    "this call was started at {when} from {} and stopped before it ran (this note looks like an old copy of it)",
+                    r.note
+                )
+            } else {
+                format!(
+                    "this call already ran at {when} from {} (this note looks like an old copy of it)",
+                    r.note
+                )
+            })
         }
         Some(_) => Recorded::Nothing,
         // §9.12: the journal that knew this note was lost; it may have run. Held, never run
@@ -657,6 +664,7 @@ mod tests {
             recorded: None,
             started_at: Some(SystemTime::UNIX_EPOCH),
             note: "Done/old.md".to_string(),
+            not_run: false,
         }
     }
 
@@ -954,6 +962,30 @@ mod tests {
         };
         assert!(held.reason.contains("already ran at"), "{}", held.reason);
         assert!(held.reason.contains("Done/old.md"), "{}", held.reason);
+    }
+
+    /// A start the stamp stopped before its tool ran did nothing: the old copy is still held
+    /// (a person decides), and the reason says the call did not run there.
+    #[test]
+    fn an_old_copy_of_a_call_stopped_before_it_ran_is_held_saying_so() {
+        let text = call("look", "a");
+        let id = ids(&text).remove(0);
+        let mut facts = Facts {
+            stale: Some(false),
+            ..Facts::default()
+        };
+        let mut stopped = record(&id, Effect::ExternalSideEffect, CallProgress::Written);
+        stopped.not_run = true;
+        facts.prior.insert(id.clone(), stopped);
+        let p = plan_of(&text, &rules(), &facts);
+        let Step::Ask(held) = &p.steps[0].1 else {
+            panic!("{:?}", p.steps)
+        };
+        assert!(
+            held.reason.contains("stopped before it ran") && !held.reason.contains("already ran"),
+            "{}",
+            held.reason
+        );
     }
 
     #[test]
