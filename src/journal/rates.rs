@@ -202,8 +202,9 @@ pub(super) fn window_reset(
     let offset = i64::try_from(used - window.max).unwrap_or(i64::MAX);
     let leaving: Option<i64> = query_one(
         tx,
-        "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2 AND not_run IS NULL
-             ORDER BY started_at_ms LIMIT 1 OFFSET ?3",
+        "SELECT started_at_ms FROM calls
+         WHERE tool = ?1 AND started_at_ms >= ?2 AND not_run IS NULL
+         ORDER BY started_at_ms LIMIT 1 OFFSET ?3",
         params![tool, since, offset],
         |r| r.get(0),
     )
@@ -468,7 +469,8 @@ impl RateCache {
 fn load(conn: &Connection, tool: &str, since: i64, max: u64) -> rusqlite::Result<Starts> {
     let limit = i64::try_from(max).unwrap_or(i64::MAX);
     let mut stmt = conn.prepare_cached(
-        "SELECT started_at_ms FROM calls WHERE tool = ?1 AND started_at_ms >= ?2 AND not_run IS NULL
+        "SELECT started_at_ms FROM calls
+         WHERE tool = ?1 AND started_at_ms >= ?2 AND not_run IS NULL
          ORDER BY started_at_ms DESC LIMIT ?3",
     )?;
     let mut at = stmt

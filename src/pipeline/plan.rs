@@ -376,17 +376,15 @@ fn recorded(facts: &Facts, registry: &Registry, call_id: &str, name: &str) -> Re
                 .started_at
                 .map(crate::call::rfc3339_seconds)
                 .unwrap_or_default();
-            Recorded::HoldAsCopy(if r.not_run {
-                format!(
-                    "this call was started at {when} from {} and stopped before it ran (this note looks like an old copy of it)",
-                    r.note
-                )
+            let (what, stopped) = if r.not_run {
+                ("was started", " and stopped before it ran")
             } else {
-                format!(
-                    "this call already ran at {when} from {} (this note looks like an old copy of it)",
-                    r.note
-                )
-            })
+                ("already ran", "")
+            };
+            Recorded::HoldAsCopy(format!(
+                "this call {what} at {when} from {}{stopped} (this note looks like an old copy of it)",
+                r.note
+            ))
         }
         Some(_) => Recorded::Nothing,
         // §9.12: the journal that knew this note was lost; it may have run. Held, never run
