@@ -142,6 +142,8 @@ struct Counts {
     /// Checkpoints the writer ran that worked.
     checkpoints: AtomicU64,
     linger_ms: AtomicU64,
+    /// How long the queue must stay empty before a due checkpoint runs (`CHECKPOINT_IDLE`).
+    checkpoint_idle_ms: AtomicU64,
     /// Jobs numbered for the thread's queue (one `try_enqueue` then drops on a full queue too).
     #[cfg(test)]
     sent: AtomicU64,
@@ -174,6 +176,9 @@ impl Default for Counts {
             checkpoints: AtomicU64::new(0),
             linger_ms: AtomicU64::new(
                 u64::try_from(crate::files::FLUSH_LINGER.as_millis()).unwrap_or(50),
+            ),
+            checkpoint_idle_ms: AtomicU64::new(
+                u64::try_from(CHECKPOINT_IDLE.as_millis()).unwrap_or(20),
             ),
             #[cfg(test)]
             sent: AtomicU64::new(0),
@@ -300,6 +305,13 @@ impl Writer {
     pub(super) fn set_linger(&self, linger: std::time::Duration) {
         let ms = u64::try_from(linger.as_millis()).unwrap_or(u64::MAX);
         self.counts.linger_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// How long the queue must stay empty before a due checkpoint runs, from the next wait on.
+    #[cfg(test)]
+    pub(super) fn set_checkpoint_idle(&self, idle: std::time::Duration) {
+        let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+        self.counts.checkpoint_idle_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Runs `f` in the writer's next group transaction and returns its answer once `wait`
@@ -505,15 +517,36 @@ fn write_groups(
         tracing::warn!("journal: cannot turn SQLite's automatic checkpoint off: {e}");
     }
     let mut since_checkpoint = 0u32;
+    // A checkpoint is due (`CHECKPOINT_EVERY` groups since the last) and waits for the queue
+    // to stay empty for `CHECKPOINT_IDLE`, or for `CHECKPOINT_LATEST` groups.
+    let mut checkpoint_due = false;
     loop {
         let waiting_since = std::time::Instant::now();
-        // Commits not durable yet: flushed once the queue has been idle for a linger.
-        let first = if sync.behind {
-            let linger = std::time::Duration::from_millis(counts.linger_ms.load(Ordering::SeqCst));
-            match queue.recv_timeout(linger) {
+        let ms = |a: &AtomicU64| std::time::Duration::from_millis(a.load(Ordering::SeqCst));
+        // Commits not durable yet: flushed once the queue has been idle for a linger. A due
+        // checkpoint: run once it has been idle for `CHECKPOINT_IDLE`, between notes rather
+        // than in front of the next write of the note at work (BENCHMARKS.md, issue 31).
+        let first = if sync.behind || checkpoint_due {
+            let linger = ms(&counts.linger_ms);
+            let wait = match (checkpoint_due, sync.behind) {
+                (true, true) => linger.min(ms(&counts.checkpoint_idle_ms)),
+                (true, false) => ms(&counts.checkpoint_idle_ms),
+                _ => linger,
+            };
+            match queue.recv_timeout(wait) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts) {
+                    if checkpoint_due {
+                        checkpoint_due = false;
+                        try_checkpoint(
+                            conn,
+                            path,
+                            counts,
+                            storage,
+                            &mut sync,
+                            &mut since_checkpoint,
+                        );
+                    } else if let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts) {
                         storage.note_error(&e);
                     }
                     continue;
@@ -598,20 +631,19 @@ fn write_groups(
         since_checkpoint += 1;
         // Not after a failed fsync (SQLite's at this group's commit included): what it would
         // copy may be lost; the WAL then grows with the few writes that still commit.
-        if since_checkpoint >= CHECKPOINT_EVERY && !sync.lost && !storage.until_restart() {
-            match checkpoint(conn, counts) {
-                // A reader held part of it back: tried again after the next group.
-                Ok(false) => {}
-                Ok(true) => since_checkpoint = 0,
-                Err(e) => {
-                    since_checkpoint = 0;
-                    if fsync_failed(&e) {
-                        sync.lost = true;
-                    }
-                    storage.note_error(&e);
-                    tracing::warn!(path = %path.display(), "journal: checkpoint failed: {e}");
-                }
-            }
+        checkpoint_due =
+            since_checkpoint >= CHECKPOINT_EVERY && !sync.lost && !storage.until_restart();
+        if checkpoint_due && since_checkpoint >= CHECKPOINT_LATEST {
+            // Never idle for long (under load): now, as the groups keep coming.
+            checkpoint_due = false;
+            try_checkpoint(
+                conn,
+                path,
+                counts,
+                storage,
+                &mut sync,
+                &mut since_checkpoint,
+            );
         }
     }
     if sync.behind
@@ -624,6 +656,49 @@ fn write_groups(
 /// Groups between the writer's checkpoints: SQLite's automatic one came at 1,000 WAL pages,
 /// about 60 groups of a note's writes.
 const CHECKPOINT_EVERY: u32 = 64;
+
+/// How long the queue must stay empty before a due checkpoint runs. A checkpoint takes a few
+/// milliseconds (the database's fsync among them), and a write queued meanwhile waits for it:
+/// run at once after the 64th group, it came just before the next write of the note at work
+/// for about one lone note in 25. A note's own writes come a call apart; 20 ms of quiet is
+/// almost always between notes (or during a slow call, which it does not delay).
+const CHECKPOINT_IDLE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Groups by which a due checkpoint runs however busy the queue. Under load, or with notes
+/// coming back to back, the queue is never empty for `CHECKPOINT_IDLE`: the checkpoint then
+/// runs little later than it did at once, since a later one copies a longer WAL and keeps the
+/// write behind it waiting longer (at twice `CHECKPOINT_EVERY`, drop-to-Done p99 of notes
+/// 4 ms apart went from 15–22 ms to 22–38 ms, BENCHMARKS.md).
+const CHECKPOINT_LATEST: u32 = CHECKPOINT_EVERY + 8;
+
+/// Runs a checkpoint and takes in its outcome: a failed fsync in it is one like any other.
+/// None after a failed fsync (noted since the checkpoint fell due, too): what it would copy
+/// may be lost.
+fn try_checkpoint(
+    conn: &Connection,
+    path: &std::path::Path,
+    counts: &Counts,
+    storage: &StorageHealth,
+    sync: &mut WalSync,
+    since_checkpoint: &mut u32,
+) {
+    if sync.lost || storage.until_restart() {
+        return;
+    }
+    match checkpoint(conn, counts) {
+        // A reader held part of it back: tried again after the next group.
+        Ok(false) => {}
+        Ok(true) => *since_checkpoint = 0,
+        Err(e) => {
+            *since_checkpoint = 0;
+            if fsync_failed(&e) {
+                sync.lost = true;
+            }
+            storage.note_error(&e);
+            tracing::warn!(path = %path.display(), "journal: checkpoint failed: {e}");
+        }
+    }
+}
 
 /// Copies the WAL's commits into the database without waiting for readers (`PASSIVE`); its
 /// fsyncs' failures are returned, not dropped. True when it copied every commit.
@@ -1242,9 +1317,19 @@ mod tests {
         assert_eq!(journal.writer.wal_syncs(), before + 1);
     }
 
+    /// Polls `cond` every millisecond for up to 10 s; true once it holds.
+    fn within_10s(cond: impl Fn() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !cond() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        cond()
+    }
+
     /// SQLite's automatic checkpoint is off on the writer's connection (it drops its errors);
-    /// the writer checkpoints every `CHECKPOINT_EVERY` groups itself, and a checkpoint whose
-    /// fsync fails is a failed fsync like any other: claiming pauses until a restart.
+    /// the writer checkpoints every `CHECKPOINT_EVERY` groups itself (once its queue is idle),
+    /// and a checkpoint whose fsync fails is a failed fsync like any other: claiming pauses
+    /// until a restart.
     #[test]
     fn the_writer_checkpoints_itself_and_hears_a_failed_fsync() {
         let (_dir, journal) = shared_journal();
@@ -1255,16 +1340,66 @@ mod tests {
                 .call_finished(run, &search_ok(&format!("c-{i}")))
                 .unwrap();
         }
-        assert!(journal.writer.checkpoints() > before, "checkpointed");
+        assert!(
+            within_10s(|| journal.writer.checkpoints() > before),
+            "checkpointed"
+        );
         let wal = crate::journal::writer::wal_path(journal.path());
         assert!(wal.exists());
         journal.writer.fail_checkpoints(true);
         for i in 0..super::CHECKPOINT_EVERY {
             let _ = journal.call_finished(run, &search_ok(&format!("d-{i}")));
         }
-        let why = journal.storage_failure().expect("claiming pauses");
+        assert!(
+            within_10s(|| journal.storage_failure().is_some()),
+            "claiming pauses"
+        );
+        let why = journal.storage_failure().unwrap();
         assert!(why.contains("restart vaultd"), "{why}");
         assert!(journal.begin_run("In_Progress/b.md").is_err());
+    }
+
+    /// A due checkpoint waits for the queue to stay empty (`CHECKPOINT_IDLE`), so that it does
+    /// not come between a lone note's writes; groups that keep coming get one by
+    /// `CHECKPOINT_LATEST` all the same.
+    #[test]
+    fn a_due_checkpoint_waits_for_a_quiet_queue_or_for_the_latest_group() {
+        let (_dir, journal) = shared_journal();
+        // Never quiet enough: only the latest group can bring the checkpoint (nor any idle
+        // fsync of the WAL, whose wait a due checkpoint shares).
+        journal
+            .writer
+            .set_checkpoint_idle(Duration::from_secs(3600));
+        journal.writer.set_linger(Duration::from_secs(3600));
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        let groups = || journal.writer.groups();
+        let before = journal.writer.checkpoints();
+        let mut i = 0;
+        let mut write = || {
+            i += 1;
+            journal
+                .call_finished(run, &search_ok(&format!("c-{i}")))
+                .unwrap();
+        };
+        // Up to the latest group but one: due since `CHECKPOINT_EVERY`, never run.
+        while groups() < u64::from(super::CHECKPOINT_LATEST) - 1 {
+            write();
+        }
+        assert!(groups() > u64::from(super::CHECKPOINT_EVERY), "due");
+        assert_eq!(journal.writer.checkpoints(), before, "put off");
+        write();
+        write(); // queued behind the checkpoint of the group before it
+        assert_eq!(journal.writer.checkpoints(), before + 1, "at the latest");
+        // Due again, and quiet: it runs with no write after it.
+        journal.writer.set_checkpoint_idle(Duration::from_millis(1));
+        let from = groups();
+        while groups() < from + u64::from(super::CHECKPOINT_EVERY) {
+            write();
+        }
+        assert!(
+            within_10s(|| journal.writer.checkpoints() == before + 2),
+            "run once the queue was quiet"
+        );
     }
 
     /// A group that comes right after another commit fsyncs (under load, that fsync gathers the
