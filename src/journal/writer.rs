@@ -139,7 +139,7 @@ struct Counts {
     groups: AtomicU64,
     /// fsyncs of the WAL: by a durable group's commit, or by the writer itself.
     wal_syncs: AtomicU64,
-    /// Checkpoints the writer ran that worked.
+    /// Checkpoints the writer ran without an error (ones a reader held back included).
     checkpoints: AtomicU64,
     linger_ms: AtomicU64,
     /// How long the queue must stay empty before a due checkpoint runs (`CHECKPOINT_IDLE`).
@@ -512,7 +512,7 @@ fn write_groups(
     sync.keep_open(path);
     // SQLite's automatic checkpoint runs inside a commit and drops its error, a failed fsync
     // among them (which Linux reports once: the next fsync would not say it). This thread
-    // checkpoints instead, every `CHECKPOINT_EVERY` groups, and hears it.
+    // checkpoints instead, after `CHECKPOINT_EVERY` groups once its queue is quiet, and hears it.
     if let Err(e) = conn.pragma_update(None, "wal_autocheckpoint", 0) {
         tracing::warn!("journal: cannot turn SQLite's automatic checkpoint off: {e}");
     }
@@ -523,9 +523,10 @@ fn write_groups(
     loop {
         let waiting_since = std::time::Instant::now();
         let ms = |a: &AtomicU64| std::time::Duration::from_millis(a.load(Ordering::SeqCst));
-        // Commits not durable yet: flushed once the queue has been idle for a linger. A due
-        // checkpoint: run once it has been idle for `CHECKPOINT_IDLE`, between notes rather
-        // than in front of the next write of the note at work (BENCHMARKS.md, issue 31).
+        // Commits not durable yet: flushed once the queue has been idle for a linger (or
+        // sooner, with a due checkpoint). A due checkpoint: run once it has been idle for
+        // `CHECKPOINT_IDLE`, between notes rather than in front of the next write of the
+        // note at work (BENCHMARKS.md, issue 31).
         let first = if sync.behind || checkpoint_due {
             let linger = ms(&counts.linger_ms);
             let wait = match (checkpoint_due, sync.behind) {
@@ -546,7 +547,12 @@ fn write_groups(
                             &mut sync,
                             &mut since_checkpoint,
                         );
-                    } else if let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts) {
+                    }
+                    // Not left to a full linger after the checkpoint: the flush is promised
+                    // within one (a checkpoint held back by a reader fsyncs nothing).
+                    if sync.behind
+                        && let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts)
+                    {
                         storage.note_error(&e);
                     }
                     continue;
@@ -645,6 +651,17 @@ fn write_groups(
                 &mut since_checkpoint,
             );
         }
+    }
+    // A due checkpoint is not left to SQLite's at close, which drops its errors.
+    if checkpoint_due {
+        try_checkpoint(
+            conn,
+            path,
+            counts,
+            storage,
+            &mut sync,
+            &mut since_checkpoint,
+        );
     }
     if sync.behind
         && let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts)
@@ -1399,6 +1416,37 @@ mod tests {
         assert!(
             within_10s(|| journal.writer.checkpoints() == before + 2),
             "run once the queue was quiet"
+        );
+    }
+
+    /// Commits made without an fsync are flushed within a linger of quiet: a due checkpoint,
+    /// whose shorter wait comes first, does not push the flush a whole linger further.
+    #[test]
+    fn a_due_checkpoint_does_not_put_off_the_flush_of_commits_without_an_fsync() {
+        let (_dir, journal) = shared_journal();
+        journal
+            .writer
+            .set_checkpoint_idle(Duration::from_secs(3600));
+        let run = journal.begin_run("In_Progress/a.md").unwrap();
+        for i in 0..super::CHECKPOINT_EVERY {
+            journal
+                .call_finished(run, &search_ok(&format!("c-{i}")))
+                .unwrap();
+        }
+        // Due now. The next group commits without an fsync (a note alone, nobody waits), and
+        // a flush of it after its linger would not come within this test.
+        journal.writer.set_linger(Duration::from_secs(3600));
+        journal.writer.set_checkpoint_idle(Duration::from_millis(1));
+        journal.set_one_note(true);
+        let (checkpoints, synced) = (journal.writer.checkpoints(), journal.writer.wal_syncs());
+        start_search(&journal, run, "not-waited-for");
+        assert!(
+            within_10s(|| journal.writer.checkpoints() > checkpoints),
+            "the due checkpoint ran once the queue was quiet"
+        );
+        assert!(
+            within_10s(|| journal.writer.wal_syncs() > synced),
+            "and the commit without an fsync was flushed with it"
         );
     }
 
