@@ -537,24 +537,9 @@ fn write_groups(
             match queue.recv_timeout(wait) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Timeout) => {
-                    if checkpoint_due {
-                        checkpoint_due = false;
-                        try_checkpoint(
-                            conn,
-                            path,
-                            counts,
-                            storage,
-                            &mut sync,
-                            &mut since_checkpoint,
-                        );
-                    }
-                    // Not left to a full linger after the checkpoint: the flush is promised
-                    // within one (a checkpoint held back by a reader fsyncs nothing).
-                    if sync.behind
-                        && let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts)
-                    {
-                        storage.note_error(&e);
-                    }
+                    let due = std::mem::take(&mut checkpoint_due);
+                    let state = (&mut sync, &mut since_checkpoint);
+                    when_quiet(conn, path, counts, storage, state, due);
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -653,15 +638,24 @@ fn write_groups(
         }
     }
     // A due checkpoint is not left to SQLite's at close, which drops its errors.
+    let state = (&mut sync, &mut since_checkpoint);
+    when_quiet(conn, path, counts, storage, state, checkpoint_due);
+}
+
+/// What the writer does once its queue is quiet, and at its end: a due checkpoint, then the
+/// flush of the commits made without an fsync. The flush is promised within a linger of
+/// quiet, so it is not left to a further one after the checkpoint (which fsyncs nothing
+/// when a reader held it back).
+fn when_quiet(
+    conn: &Connection,
+    path: &std::path::Path,
+    counts: &Counts,
+    storage: &StorageHealth,
+    (sync, since_checkpoint): (&mut WalSync, &mut u32),
+    checkpoint_due: bool,
+) {
     if checkpoint_due {
-        try_checkpoint(
-            conn,
-            path,
-            counts,
-            storage,
-            &mut sync,
-            &mut since_checkpoint,
-        );
+        try_checkpoint(conn, path, counts, storage, sync, since_checkpoint);
     }
     if sync.behind
         && let Err(Failure::Sql(e)) = sync.flush_wal(conn, path, counts)
