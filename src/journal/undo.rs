@@ -11,12 +11,17 @@
 //! the numbered migrations, so it merges with other schema work; the `note_id` column is
 //! added in place to a journal made before it (see [`ensure_schema`]).
 //!
-//! A change is recorded twice: *prepared* in its own transaction just before the file is
+//! A change is recorded twice: *prepared* in its own transaction before the file is
 //! written (a write-ahead record: a kill between the write and the outcome still leaves an
 //! undoable change), then *confirmed* — replaced by what was really written — in the same
 //! transaction as the call's outcome (`record_outcome`). Undo always compares the file with
 //! the recorded post-image hash first, so a prepared change that never reached the disk is
-//! refused, never applied.
+//! refused, never applied. An edit or a new file may be written and fsynced beside its target
+//! while the prepared record commits ([`Journal::undo_prepare_later`]): it takes the
+//! target's place (a rename, or a link) only once the record is durable
+//! ([`Journal::undo_prepared`]). A kill or a power loss at any point leaves the target as it
+//! was, or changed with its undo data on disk; a kill before the rename also leaves the
+//! hidden temp file (`.{name}.vaultd-{pid}-{n}.tmp`), as a kill during any vault write did.
 
 use super::{Failure, Journal, JournalError, Tx, exec, from_ms, now_ms, query_one};
 use crate::call::{UndoRecord, VaultChange};
@@ -84,6 +89,10 @@ pub struct UndoEntry {
     pub changes: Vec<VaultChange>,
 }
 
+/// A write-ahead undo record queued by [`Journal::undo_prepare_later`], not yet known durable.
+#[derive(Debug)]
+pub struct UndoPrepared(super::writer::Later<i64>);
+
 /// A note's identity for undo: its path below its state folder (`In_Progress/a/b.md` ->
 /// `a/b.md`), which stays the same while the note moves between state folders.
 pub fn note_key(note: &str) -> String {
@@ -106,6 +115,32 @@ impl Journal {
         let (call_id, note, tool) = (call_id.to_owned(), note.to_owned(), tool.to_owned());
         let changes = changes.to_vec();
         self.write(move |tx| insert_record(tx, &call_id, &note, &tool, "prepared", &changes))
+    }
+
+    /// [`undo_prepare`](Self::undo_prepare) queued, not waited for: the caller writes its
+    /// new file meanwhile (the journal's fsync and the file's overlap) and calls
+    /// [`undo_prepared`](Self::undo_prepared) before that file takes the old one's place.
+    pub fn undo_prepare_later(
+        &self,
+        call_id: &str,
+        note: &str,
+        tool: &str,
+        changes: &[VaultChange],
+    ) -> Result<UndoPrepared, JournalError> {
+        let (call_id, note, tool) = (call_id.to_owned(), note.to_owned(), tool.to_owned());
+        let changes = changes.to_vec();
+        self.writer
+            .submit_later_blocking(super::Wait::Durable, move |tx| {
+                insert_record(tx, &call_id, &note, &tool, "prepared", &changes)
+            })
+            .map(UndoPrepared)
+            .map_err(|e| self.failed(e))
+    }
+
+    /// Waits until the record [`undo_prepare_later`](Self::undo_prepare_later) queued is
+    /// durable. Returns its id.
+    pub fn undo_prepared(&self, prepared: UndoPrepared) -> Result<i64, JournalError> {
+        prepared.0.wait().map_err(|e| self.failed(e))
     }
 
     /// Records a change made outside the runner (`vaultd undo`): prepared and confirmed in

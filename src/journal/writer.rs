@@ -360,6 +360,20 @@ impl Writer {
         Ok(Later(answer))
     }
 
+    /// [`submit_later`](Self::submit_later) for a caller on a blocking thread: queued at once
+    /// (waiting for room when the queue is full), answered when the caller asks.
+    pub(super) fn submit_later_blocking<T: Send + 'static>(
+        &self,
+        wait: Wait,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<Later<T>, Failure> {
+        let (reply, answer) = sync_channel::<Result<T, Failure>>(1);
+        self.send(answering(wait, f, move |r| {
+            let _ = reply.send(r);
+        }))?;
+        Ok(Later(answer))
+    }
+
     /// Queues `job` without blocking an async worker (backpressure waits in the blocking pool).
     async fn send_async(&self, #[allow(unused_mut)] mut job: Job) -> Result<(), Failure> {
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;

@@ -49,7 +49,20 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// temp file is dropped and `build` runs again on the new content, so the other writer's
 /// change is kept. When `build` changes nothing, nothing is written.
 pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
-    update(None, path, build, Durable::Now, &mut || {}, None)
+    update(None, path, build, Durable::Now, &mut || Ok(()), None)
+}
+
+/// [`update_note`] that calls `ready` once its temp file is written and fsynced, before the
+/// note is replaced, and writes nothing if it fails (its error is the write's): a vault
+/// tool's edit, which waits there for its write-ahead undo record to be durable
+/// (`Journal::undo_prepared`), so that the journal's fsync and the temp file's overlap.
+/// `ready` may be called on each attempt; it is the caller's to do its work once.
+pub fn update_note_when_ready(
+    path: &Path,
+    build: impl Fn(&str) -> String,
+    ready: &mut dyn FnMut() -> io::Result<()>,
+) -> Result<String, WriteError> {
+    update(None, path, build, Durable::Now, ready, None)
 }
 
 /// [`update_note`] for a note below the vault `root` (the daemon's writes into state folders,
@@ -62,7 +75,7 @@ pub fn update_note_beneath(
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, Durable::Now, &mut || {}, None)
+    update(Some(root), path, build, Durable::Now, &mut || Ok(()), None)
 }
 
 /// [`update_note_beneath`] that calls `before_rename` once its temp file is written and
@@ -94,7 +107,11 @@ pub fn update_note_settling(
     } else {
         Durable::Now
     };
-    update(Some(root), path, build, durable, before_rename, last_seen)
+    let mut ready = || {
+        before_rename();
+        Ok(())
+    };
+    update(Some(root), path, build, durable, &mut ready, last_seen)
 }
 
 /// [`update_note_beneath`] without an fsync of its own: neither the temp file nor the folder
@@ -116,7 +133,7 @@ pub fn update_note_unsynced(
         path,
         build,
         Durable::Soon,
-        &mut || {},
+        &mut || Ok(()),
         last_seen,
     )
 }
@@ -152,7 +169,7 @@ fn update(
     path: &Path,
     build: impl Fn(&str) -> String,
     durable: Durable,
-    before_rename: &mut dyn FnMut(),
+    before_rename: &mut dyn FnMut() -> io::Result<()>,
     last_seen: Option<&str>,
 ) -> Result<String, WriteError> {
     // After a writer was caught in the rename (see below): what we wrote, and their text.
@@ -200,7 +217,10 @@ fn update(
         let drop_temp = || {
             let _ = folder.remove(file_name(&temp));
         };
-        before_rename();
+        if let Err(source) = before_rename() {
+            drop_temp();
+            return Err(io_error(path, source));
+        }
         // From the check to the rename, other writers are kept out (see `Guard`); a note
         // changed meanwhile — saved in place, or a save renamed over it — starts us over on
         // its version.

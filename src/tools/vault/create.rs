@@ -4,8 +4,8 @@
 use super::paths::Access;
 use super::set_properties::check_keys;
 use super::{
-    Planned, ToolDef, VaultCall, VaultContext, changed, conflict, create_file, execution, param,
-    path_and_hash, prepare, refuse_look_alike, sha256_hex,
+    Planned, ToolDef, VaultCall, VaultContext, WriteAhead, changed, conflict,
+    create_file_when_ready, execution, param, path_and_hash, refuse_look_alike, sha256_hex,
 };
 use crate::call::{CallError, ToolOutput, VaultChange};
 use crate::note::frontmatter::set_json;
@@ -44,12 +44,13 @@ pub fn run(context: &VaultContext, call: &VaultCall) -> Result<ToolOutput, CallE
         before: None,
         after_sha256: Some(sha256_hex(text.as_bytes())),
     };
-    prepare(context, call, "vault_create", std::slice::from_ref(&change))?;
-    create_file(&note.abs, text.as_bytes()).map_err(|e| {
+    let mut ahead = WriteAhead::queue(context, call, "vault_create", std::slice::from_ref(&change))?;
+    let created = create_file_when_ready(&note.abs, text.as_bytes(), || ahead.durable());
+    created.map_err(|e| {
         if e.kind() == std::io::ErrorKind::AlreadyExists {
             conflict(format!("`{}` already exists", note.rel))
         } else {
-            execution(format!("cannot create `{}`: {e}", note.rel))
+            ahead.or(execution(format!("cannot create `{}`: {e}", note.rel)))
         }
     })?;
     Ok(changed(

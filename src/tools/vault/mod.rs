@@ -458,7 +458,57 @@ pub(crate) fn prepare(
     journal(context)?
         .undo_prepare(&call.call_id, &call.note, tool, changes)
         .map(|_| ())
-        .map_err(|e| execution(format!("the journal could not record the undo data: {e}")))
+        .map_err(undo_not_recorded)
+}
+
+/// [`prepare`] queued: the caller writes its new file meanwhile and calls
+/// [`durable`](WriteAhead::durable) before that file takes its place. Nothing in the vault
+/// changes before then, so the record still comes first; only the two fsyncs overlap.
+pub(crate) struct WriteAhead<'c> {
+    journal: &'c Journal,
+    queued: Option<crate::journal::undo::UndoPrepared>,
+    failed: Option<CallError>,
+}
+
+impl<'c> WriteAhead<'c> {
+    pub(crate) fn queue(
+        context: &'c VaultContext,
+        call: &VaultCall,
+        tool: &str,
+        changes: &[VaultChange],
+    ) -> Result<Self, CallError> {
+        let journal = journal(context)?;
+        let queued = journal
+            .undo_prepare_later(&call.call_id, &call.note, tool, changes)
+            .map_err(undo_not_recorded)?;
+        Ok(WriteAhead {
+            journal,
+            queued: Some(queued),
+            failed: None,
+        })
+    }
+
+    /// Waits (once) until the record is durable; every later call answers the same.
+    pub(crate) fn durable(&mut self) -> std::io::Result<()> {
+        if let Some(queued) = self.queued.take()
+            && let Err(e) = self.journal.undo_prepared(queued)
+        {
+            self.failed = Some(undo_not_recorded(e));
+        }
+        match &self.failed {
+            Some(e) => Err(std::io::Error::other(e.message.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The error to give for a write that failed: the record's, when that is why.
+    pub(crate) fn or(self, other: CallError) -> CallError {
+        self.failed.unwrap_or(other)
+    }
+}
+
+fn undo_not_recorded(e: crate::journal::JournalError) -> CallError {
+    execution(format!("the journal could not record the undo data: {e}"))
 }
 
 /// The output of a state change: `data` plus the undo record the runner commits with the
@@ -486,7 +536,7 @@ pub(crate) fn edit_note(
 ) -> Result<(VaultChange, String), CallError> {
     let first = read_text(note)?;
     let planned = edit(&first)?;
-    prepare(
+    let mut ahead = WriteAhead::queue(
         context,
         call,
         tool,
@@ -497,24 +547,29 @@ pub(crate) fn edit_note(
         }],
     )?;
     let seen = std::sync::Mutex::new((first, None::<CallError>));
-    let written = crate::note::write::update_note(&note.abs, |current| {
-        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.0 = current.to_string();
-        match edit(current) {
-            Ok(new) => {
-                seen.1 = None;
-                new
+    let mut ready = || ahead.durable();
+    let written = crate::note::update_note_when_ready(
+        &note.abs,
+        |current| {
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            seen.0 = current.to_string();
+            match edit(current) {
+                Ok(new) => {
+                    seen.1 = None;
+                    new
+                }
+                // The note changed under us so that the edit no longer applies: write nothing.
+                Err(e) => {
+                    seen.1 = Some(e);
+                    current.to_string()
+                }
             }
-            // The note changed under us so that the edit no longer applies: write nothing.
-            Err(e) => {
-                seen.1 = Some(e);
-                current.to_string()
-            }
-        }
-    })
-    .map_err(|e| match e {
+        },
+        &mut ready,
+    );
+    let written = written.map_err(|e| match e {
         crate::note::write::WriteError::Gone(_) => not_found(&note.rel),
-        other => execution(other.to_string()),
+        other => ahead.or(execution(other.to_string())),
     })?;
     let (before, error) = seen.into_inner().unwrap_or_else(|p| p.into_inner());
     if let Some(e) = error {
@@ -536,6 +591,16 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// beside it (fsynced), hard-linked into place (which fails if the name is taken), then
 /// removed. Missing parent folders are created.
 pub(crate) fn create_file(abs: &Path, bytes: &[u8]) -> Result<(), std::io::Error> {
+    create_file_when_ready(abs, bytes, || Ok(()))
+}
+
+/// [`create_file`] that calls `ready` once the temp file is written and fsynced, before it is
+/// linked into place, and creates nothing if it fails ([`WriteAhead::durable`]).
+pub(crate) fn create_file_when_ready(
+    abs: &Path,
+    bytes: &[u8],
+    ready: impl FnOnce() -> std::io::Result<()>,
+) -> Result<(), std::io::Error> {
     let dir = abs.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let name = abs
@@ -554,6 +619,7 @@ pub(crate) fn create_file(abs: &Path, bytes: &[u8]) -> Result<(), std::io::Error
             .open(&temp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
+        ready()?;
         std::fs::hard_link(&temp, abs)
     })();
     let _ = std::fs::remove_file(&temp);

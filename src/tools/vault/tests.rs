@@ -799,3 +799,125 @@ async fn a_state_change_outcome_is_left_for_the_write_back_to_settle() {
         "its outcome is in the journal once settled"
     );
 }
+
+/// The hidden temp files of note writes (`.{name}.vaultd-{pid}-{n}.tmp`) in `dir`.
+fn temp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && n.ends_with(".tmp"))
+        .collect()
+}
+
+/// Runs the vault tool `name` directly (no start record: only its own journal write) on a
+/// task of its own.
+fn spawn_tool(
+    f: &Fixture,
+    call_id: &'static str,
+    name: &'static str,
+    params: Value,
+) -> tokio::task::JoinHandle<Result<crate::call::ToolOutput, crate::call::CallError>> {
+    let registry = f.runner.registry.clone();
+    tokio::spawn(async move {
+        let params = params.as_object().unwrap().clone();
+        let tool = registry.get(name).unwrap();
+        tool.tool
+            .run(ToolCall {
+                call_id,
+                note: NOTE,
+                note_id: "n-000000000001",
+                parameters: &params,
+                deadline: std::time::Instant::now() + std::time::Duration::from_secs(30),
+                answer: None,
+            })
+            .await
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vault_write_is_made_ready_while_its_undo_record_commits_and_lands_only_after() {
+    // The write-ahead record's commit and the new file's write and fsync overlap; the file
+    // takes its place only once the record is durable. A held writer keeps the record from
+    // committing: the temp file appears meanwhile, the vault does not change.
+    let f = fixture();
+    f.write("Agent/log.md", "# Log\n");
+    let agent = f.root.join("Agent");
+    for (call_id, name, params, target) in [
+        (
+            "w1",
+            "vault_append",
+            json!({ "path": "Agent/log.md", "text": "- one" }),
+            "Agent/log.md",
+        ),
+        (
+            "w2",
+            "vault_create",
+            json!({ "path": "Agent/new.md", "content": "# New\n" }),
+            "Agent/new.md",
+        ),
+    ] {
+        let before = std::fs::read_to_string(f.root.join(target)).ok();
+        let (release, holder) = f.journal.hold_writer();
+        let call = spawn_tool(&f, call_id, name, params);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while temp_files(&agent).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: no temp file was written while its undo record waited to commit"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert_eq!(
+            std::fs::read_to_string(f.root.join(target)).ok(),
+            before,
+            "{name} changed the vault before its undo record was durable"
+        );
+        assert!(!call.is_finished());
+        release.send(()).unwrap();
+        tokio::task::spawn_blocking(move || holder.join().unwrap())
+            .await
+            .unwrap();
+        call.await.unwrap().unwrap();
+        assert_ne!(std::fs::read_to_string(f.root.join(target)).ok(), before);
+        assert_eq!(f.journal.undo_entries_for_call(call_id).unwrap().len(), 1);
+        assert!(temp_files(&agent).is_empty());
+    }
+    assert_eq!(f.read("Agent/log.md"), "# Log\n- one\n");
+    assert_eq!(f.read("Agent/new.md"), "# New\n");
+}
+
+#[tokio::test]
+async fn a_vault_write_whose_undo_record_cannot_commit_changes_nothing() {
+    let f = fixture();
+    f.write("Agent/log.md", "# Log\n");
+    let agent = f.root.join("Agent");
+    for (call_id, name, params) in [
+        (
+            "f1",
+            "vault_append",
+            json!({ "path": "Agent/log.md", "text": "- one" }),
+        ),
+        (
+            "f2",
+            "vault_create",
+            json!({ "path": "Agent/new.md", "content": "# New\n" }),
+        ),
+    ] {
+        // The tool's one journal write is the next one sent: its group's commit fails.
+        f.journal.fail_commit_of_write(f.journal.writes_sent() + 1);
+        let e = spawn_tool(&f, call_id, name, params)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            e.message.contains("could not record the undo data"),
+            "{name}: {e:?}"
+        );
+        assert!(temp_files(&agent).is_empty(), "{name} left its temp file");
+        assert!(f.journal.undo_entries_for_call(call_id).unwrap().is_empty());
+    }
+    assert_eq!(f.read("Agent/log.md"), "# Log\n");
+    assert!(!f.exists("Agent/new.md"));
+}
