@@ -701,6 +701,11 @@ impl Journal {
 #[derive(Debug)]
 pub struct Committed(writer::Later<()>);
 
+/// A write-ahead undo record queued by [`Journal::undo_prepare_later`], not yet known durable:
+/// [`Journal::undo_prepared`] waits for it.
+#[derive(Debug)]
+pub struct UndoPrepared(writer::Later<i64>);
+
 fn attach(path: &Path, failure: Failure) -> JournalError {
     match failure {
         Failure::Sql(source) => JournalError::Sqlite {

@@ -23,7 +23,7 @@
 //! was, or changed with its undo data on disk; a kill before the rename also leaves the
 //! hidden temp file (`.{name}.vaultd-{pid}-{n}.tmp`), as a kill during any vault write did.
 
-use super::{Failure, Journal, JournalError, Tx, exec, from_ms, now_ms, query_one};
+use super::{Failure, Journal, JournalError, Tx, UndoPrepared, exec, from_ms, now_ms, query_one};
 use crate::call::{UndoRecord, VaultChange};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::time::SystemTime;
@@ -88,10 +88,6 @@ pub struct UndoEntry {
     pub at: SystemTime,
     pub changes: Vec<VaultChange>,
 }
-
-/// A write-ahead undo record queued by [`Journal::undo_prepare_later`], not yet known durable.
-#[derive(Debug)]
-pub struct UndoPrepared(super::writer::Later<i64>);
 
 /// A note's identity for undo: its path below its state folder (`In_Progress/a/b.md` ->
 /// `a/b.md`), which stays the same while the note moves between state folders.

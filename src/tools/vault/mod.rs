@@ -466,7 +466,7 @@ pub(crate) fn prepare(
 /// changes before then, so the record still comes first; only the two fsyncs overlap.
 pub(crate) struct WriteAhead<'c> {
     journal: &'c Journal,
-    queued: Option<crate::journal::undo::UndoPrepared>,
+    queued: Option<crate::journal::UndoPrepared>,
     failed: Option<CallError>,
 }
 
