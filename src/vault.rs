@@ -571,29 +571,39 @@ impl Vault {
     /// Deletes the temp files `stale` recognises in every state folder (beside notes, never
     /// in hidden folders or through symlinks). Returns how many went.
     pub fn remove_temp_files(&self, stale: impl Fn(&str) -> bool) -> usize {
-        fn sweep(dir: &Path, stale: &dyn Fn(&str) -> bool, n: &mut usize) {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                return;
-            };
-            for entry in entries.flatten() {
-                let Ok(ft) = entry.file_type() else { continue };
-                let name = entry.file_name();
-                if ft.is_dir() && !is_hidden(&name) {
-                    sweep(&entry.path(), stale, n);
-                } else if ft.is_file()
-                    && name.to_str().is_some_and(stale)
-                    && std::fs::remove_file(entry.path()).is_ok()
-                {
-                    *n += 1;
-                }
+        let folders: Vec<PathBuf> = State::ALL.iter().map(|s| self.folder(*s)).collect();
+        remove_temp_files_below(&folders, stale)
+    }
+}
+
+/// Deletes the temp files `stale` recognises below each of `folders` (never in hidden
+/// folders or through symlinks; a folder that is itself a symlink is skipped). Returns how
+/// many went.
+pub fn remove_temp_files_below(folders: &[PathBuf], stale: impl Fn(&str) -> bool) -> usize {
+    fn sweep(dir: &Path, stale: &dyn Fn(&str) -> bool, n: &mut usize) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(ft) = entry.file_type() else { continue };
+            let name = entry.file_name();
+            if ft.is_dir() && !is_hidden(&name) {
+                sweep(&entry.path(), stale, n);
+            } else if ft.is_file()
+                && name.to_str().is_some_and(stale)
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                *n += 1;
             }
         }
-        let mut n = 0;
-        for s in State::ALL {
-            sweep(&self.folder(s), &stale, &mut n);
-        }
-        n
     }
+    let mut n = 0;
+    for folder in folders {
+        if std::fs::symlink_metadata(folder).is_ok_and(|m| m.is_dir()) {
+            sweep(folder, &stale, &mut n);
+        }
+    }
+    n
 }
 
 fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) {

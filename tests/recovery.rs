@@ -546,12 +546,26 @@ async fn a_note_unknown_to_the_journal_in_in_progress_is_finished_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn temp_files_of_an_interrupted_write_are_swept_at_start() {
     let server = SearxServer::start(Duration::ZERO).await;
-    let vault = TestVault::new(&server.base_url(), "");
+    // The vault tools may write under Agent/ and into Projects/*/log.md.
+    let vault = TestVault::new(
+        &server.base_url(),
+        "[tools.vault]\nwrite = [\"Agent/**\", \"Projects/*/log.md\"]\n",
+    );
     let stale = [
         "In_Progress/.a.md.vaultd-4000000-3.tmp",
         "Done/sub/.b.md.vaultd-4000001-0.tmp",
+        // A vault tool's edit killed before its file took the note's place.
+        "Agent/.log.md.vaultd-4000002-7.tmp",
+        "Agent/deep/.x.md.vaultd-4000002-8.tmp",
+        "Projects/launch/.log.md.vaultd-4000002-9.tmp",
     ];
-    let kept = ["Needs_Action/.a.md.tmp", "Done/.c.md.vaultd-notes.tmp"];
+    let kept = [
+        "Needs_Action/.a.md.tmp",
+        "Done/.c.md.vaultd-notes.tmp",
+        // Outside where the vault tools write: not theirs to sweep.
+        "Notes/.n.md.vaultd-4000003-1.tmp",
+        "Agent/.hidden/.h.md.vaultd-4000003-2.tmp",
+    ];
     for f in stale.iter().chain(&kept) {
         let p = vault.root.join(f);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();

@@ -240,8 +240,12 @@ impl Daemon {
         self: &Arc<Self>,
         tasks: &mut JoinSet<()>,
     ) -> Result<(), DaemonError> {
-        // Temp files of writes a killed daemon never finished (the note itself is intact).
-        let swept = self.vault.remove_temp_files(note::write::is_stale_temp);
+        // Temp files of writes a killed daemon never finished (the note itself is intact):
+        // note writes in the state folders, and vault tools' writes where they may write
+        // (a vault edit's new file waits there for its undo record: journal/undo.rs).
+        let roots = self.live().config.tools.vault.write_roots();
+        let swept = self.vault.remove_temp_files(note::write::is_stale_temp)
+            + crate::vault::remove_temp_files_below(&roots, note::write::is_stale_temp);
         if swept > 0 {
             tracing::info!(swept, "removed temp files of interrupted writes");
         }

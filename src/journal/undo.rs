@@ -21,7 +21,8 @@
 //! target's place (a rename, or a link) only once the record is durable
 //! ([`Journal::undo_prepared`]). A kill or a power loss at any point leaves the target as it
 //! was, or changed with its undo data on disk; a kill before the rename also leaves the
-//! hidden temp file (`.{name}.vaultd-{pid}-{n}.tmp`), as a kill during any vault write did.
+//! hidden temp file (`.{name}.vaultd-{pid}-{n}.tmp`), which the next start removes
+//! (`daemon/recover.rs`, below the `write` globs' folders).
 
 use super::{Failure, Journal, JournalError, Tx, UndoPrepared, exec, from_ms, now_ms, query_one};
 use crate::call::{UndoRecord, VaultChange};

@@ -201,6 +201,37 @@ impl VaultToolsConfig {
         out
     }
 
+    /// The folders the vault tools may write below: each `write` glob's leading folders, up
+    /// to its first pattern (a glob naming one file: its folder). Where a killed write left its
+    /// temp file, for the sweep at start-up. Empty when the tools are off.
+    pub fn write_roots(&self) -> Vec<PathBuf> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        let mut roots: Vec<PathBuf> = Vec::new();
+        for glob in &self.write {
+            let parts: Vec<&str> = glob.split('/').filter(|p| !p.is_empty()).collect();
+            let mut fixed: Vec<&str> = parts
+                .iter()
+                .copied()
+                .take_while(|p| !p.contains(['*', '?', '[', '{']))
+                .collect();
+            if fixed.len() == parts.len() {
+                fixed.pop();
+            }
+            let root = fixed
+                .iter()
+                .fold(self.root.clone(), |dir, part| dir.join(part));
+            if !roots.contains(&root) {
+                roots.push(root);
+            }
+        }
+        // A root below another is swept with it.
+        let all = roots.clone();
+        roots.retain(|r| !all.iter().any(|o| o != r && r.starts_with(o)));
+        roots
+    }
+
     pub fn path_policy(&self) -> PathPolicy {
         let names: Vec<&str> = self.reserved.iter().map(String::as_str).collect();
         PathPolicy::new(self.root.clone(), &names, &self.read, &self.write)

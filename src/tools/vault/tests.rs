@@ -921,3 +921,27 @@ async fn a_vault_write_whose_undo_record_cannot_commit_changes_nothing() {
     assert_eq!(f.read("Agent/log.md"), "# Log\n");
     assert!(!f.exists("Agent/new.md"));
 }
+
+#[test]
+fn write_roots_are_each_globs_leading_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let roots = |write: &[&str]| {
+        config(
+            &root,
+            RawVault {
+                write: Some(write.iter().map(|g| g.to_string()).collect()),
+                ..RawVault::default()
+            },
+            Vec::new(),
+        )
+        .write_roots()
+    };
+    assert_eq!(roots(&["Agent/**"]), [root.join("Agent")]);
+    assert_eq!(
+        roots(&["Projects/*/log.md", "Agent/inbox.md", "Agent/sub/**"]),
+        [root.join("Projects"), root.join("Agent")]
+    );
+    assert_eq!(roots(&["**/*.md", "Agent/**"]), vec![root.clone()]);
+    assert!(roots(&[]).is_empty());
+}
