@@ -109,9 +109,7 @@ impl Journal {
         tool: &str,
         changes: &[VaultChange],
     ) -> Result<i64, JournalError> {
-        let (call_id, note, tool) = (call_id.to_owned(), note.to_owned(), tool.to_owned());
-        let changes = changes.to_vec();
-        self.write(move |tx| insert_record(tx, &call_id, &note, &tool, "prepared", &changes))
+        self.undo_prepared(self.undo_prepare_later(call_id, note, tool, changes)?)
     }
 
     /// [`undo_prepare`](Self::undo_prepare) queued, not waited for: the caller writes its

@@ -574,21 +574,10 @@ async fn a_write_whose_outcome_was_never_recorded_is_still_undoable() {
     // all the journal has. Run the tool directly, as the runner would, and record nothing.
     let f = fixture();
     f.write("Agent/a.md", "before\n");
-    let params = json!({ "path": "Agent/a.md", "text": "after" })
-        .as_object()
-        .unwrap()
-        .clone();
-    let tool = f.runner.registry.get("vault_append").unwrap();
-    tool.tool
-        .run(ToolCall {
-            call_id: "k1",
-            note: NOTE,
-            note_id: "n-000000000001",
-            parameters: &params,
-            deadline: std::time::Instant::now() + std::time::Duration::from_secs(5),
-            answer: None,
-        })
+    let params = json!({ "path": "Agent/a.md", "text": "after" });
+    spawn_tool(&f, "k1", "vault_append", params)
         .await
+        .unwrap()
         .unwrap();
     assert_eq!(f.read("Agent/a.md"), "before\nafter\n");
     let entries = f.journal.undo_entries_for_call("k1").unwrap();
