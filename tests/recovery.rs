@@ -552,19 +552,19 @@ async fn temp_files_of_an_interrupted_write_are_swept_at_start() {
         "[tools.vault]\nwrite = [\"Agent/**\", \"Projects/*/log.md\"]\n",
     );
     let stale = [
-        "In_Progress/.a.md.vaultd-4000000-3.tmp",
-        "Done/sub/.b.md.vaultd-4000001-0.tmp",
+        "In_Progress/.a.md.vaultd-4900000-3.tmp",
+        "Done/sub/.b.md.vaultd-4900001-0.tmp",
         // A vault tool's edit killed before its file took the note's place.
-        "Agent/.log.md.vaultd-4000002-7.tmp",
-        "Agent/deep/.x.md.vaultd-4000002-8.tmp",
-        "Projects/launch/.log.md.vaultd-4000002-9.tmp",
+        "Agent/.log.md.vaultd-4900002-7.tmp",
+        "Agent/deep/.x.md.vaultd-4900002-8.tmp",
+        "Projects/launch/.log.md.vaultd-4900002-9.tmp",
     ];
     let kept = [
         "Needs_Action/.a.md.tmp",
         "Done/.c.md.vaultd-notes.tmp",
         // Outside where the vault tools write: not theirs to sweep.
-        "Notes/.n.md.vaultd-4000003-1.tmp",
-        "Agent/.hidden/.h.md.vaultd-4000003-2.tmp",
+        "Notes/.n.md.vaultd-4900003-1.tmp",
+        "Agent/.hidden/.h.md.vaultd-4900003-2.tmp",
     ];
     for f in stale.iter().chain(&kept) {
         let p = vault.root.join(f);

@@ -243,9 +243,17 @@ impl Daemon {
         // Temp files of writes a killed daemon never finished (the note itself is intact):
         // note writes in the state folders, and vault tools' writes where they may write
         // (a vault edit's new file waits there for its undo record: journal/undo.rs).
-        let roots = self.live().config.tools.vault.write_roots();
-        let swept = self.vault.remove_temp_files(note::write::is_stale_temp)
-            + crate::vault::remove_temp_files_below(&roots, note::write::is_stale_temp);
+        // A walk of folders (all of the vault for `write = ["**"]`): off the async workers.
+        let (vault, tools) = (self.vault.clone(), self.live().config.tools.vault.clone());
+        let swept = tokio::task::spawn_blocking(move || {
+            vault.remove_temp_files(note::write::is_stale_temp)
+                + crate::vault::remove_temp_files_below(
+                    &tools.write_roots(),
+                    note::write::is_stale_temp,
+                )
+        })
+        .await
+        .expect("the sweep does not panic");
         if swept > 0 {
             tracing::info!(swept, "removed temp files of interrupted writes");
         }

@@ -622,9 +622,11 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(temp)
 }
 
-/// True for a temp file of [`update_note`] (`.{name}.vaultd-{pid}-{n}.tmp`) written by
-/// another process than this one: a daemon killed mid-write left it. Only the daemon holding
-/// the vault lock calls this, so no other live vaultd is writing it.
+/// True for a temp file of [`update_note`] (`.{name}.vaultd-{pid}-{n}.tmp`) written by a
+/// process that no longer runs: a daemon, or a `vaultd` command, killed mid-write left it. The
+/// daemon holding the vault lock calls this at start; a command running beside it (`vaultd
+/// undo`, `approve`) may be writing one now, and its pid is alive (Linux's `/proc`; where that
+/// is missing, none is taken to be).
 pub fn is_stale_temp(file_name: &str) -> bool {
     let Some(inner) = file_name
         .strip_prefix('.')
@@ -639,7 +641,10 @@ pub fn is_stale_temp(file_name: &str) -> bool {
         return false;
     };
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    digits(pid) && digits(n) && pid != std::process::id().to_string()
+    digits(pid)
+        && digits(n)
+        && pid != std::process::id().to_string()
+        && !Path::new("/proc").join(pid).exists()
 }
 
 /// The folder of the note at `path`, opened once for one write: below the vault `root` without
@@ -820,10 +825,21 @@ mod tests {
 
     #[test]
     fn stale_temp_files_are_recognised_and_nothing_else() {
-        assert!(is_stale_temp(".a.md.vaultd-4000000-7.tmp"));
-        assert!(is_stale_temp(".x.vaultd-y.md.vaultd-12-0.tmp"));
+        assert!(is_stale_temp(".a.md.vaultd-4999998-7.tmp"));
+        // Pids above Linux's largest (2^22) never run.
+        assert!(is_stale_temp(".x.vaultd-y.md.vaultd-4999999-0.tmp"));
         let ours = temp_path(Path::new("/v/a.md"));
         assert!(!is_stale_temp(&ours.file_name().unwrap().to_string_lossy()));
+        // A live process's (a `vaultd undo` beside the daemon): it may be writing it now.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let live = format!(".a.md.vaultd-{}-0.tmp", child.id());
+        assert!(!is_stale_temp(&live));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(is_stale_temp(&live), "its process is gone");
         for other in [
             ".a.md.tmp",
             "a.md",

@@ -202,27 +202,37 @@ impl VaultToolsConfig {
     }
 
     /// The folders the vault tools may write below: each `write` glob's leading folders, up
-    /// to its first pattern (a glob naming one file: its folder). Where a killed write left its
-    /// temp file, for the sweep at start-up. Empty when the tools are off.
+    /// to its first pattern (a glob naming one file: its folder; `**` or `{a,b}/…`: the whole
+    /// vault). Where a killed write left its temp file, for the sweep at start-up. Only folders
+    /// inside the vault reached without a symlink (a glob with `..` names none). Empty when the
+    /// tools are off.
     pub fn write_roots(&self) -> Vec<PathBuf> {
         if !self.enabled {
             return Vec::new();
         }
+        let Ok(vault) = self.root.canonicalize() else {
+            return Vec::new();
+        };
         let mut roots: Vec<PathBuf> = Vec::new();
         for glob in &self.write {
-            let parts: Vec<&str> = glob.split('/').filter(|p| !p.is_empty()).collect();
+            let parts: Vec<&str> = glob
+                .split('/')
+                .filter(|p| !p.is_empty() && *p != ".")
+                .collect();
             let mut fixed: Vec<&str> = parts
                 .iter()
                 .copied()
                 .take_while(|p| !p.contains(['*', '?', '[', '{']))
                 .collect();
-            if fixed.len() == parts.len() {
+            if fixed.len() == parts.len() && !glob.ends_with('/') {
                 fixed.pop();
             }
-            let root = fixed
-                .iter()
-                .fold(self.root.clone(), |dir, part| dir.join(part));
-            if !roots.contains(&root) {
+            if fixed.contains(&"..") {
+                continue;
+            }
+            let root = fixed.iter().fold(vault.clone(), |dir, part| dir.join(part));
+            // A symlink on the way resolves elsewhere: not swept.
+            if root.canonicalize().is_ok_and(|c| c == root) && !roots.contains(&root) {
                 roots.push(root);
             }
         }
@@ -633,6 +643,13 @@ pub(crate) fn create_file_when_ready(
     ready: impl FnOnce() -> std::io::Result<()>,
 ) -> Result<(), std::io::Error> {
     let dir = abs.parent().unwrap_or(Path::new("."));
+    // Missing folders are part of the change: made only once `ready` said it may happen.
+    let mut ready = Some(ready);
+    if !dir.is_dir()
+        && let Some(ready) = ready.take()
+    {
+        ready()?;
+    }
     std::fs::create_dir_all(dir)?;
     let name = abs
         .file_name()
@@ -650,7 +667,9 @@ pub(crate) fn create_file_when_ready(
             .open(&temp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        ready()?;
+        if let Some(ready) = ready.take() {
+            ready()?;
+        }
         std::fs::hard_link(&temp, abs)
     })();
     let _ = std::fs::remove_file(&temp);

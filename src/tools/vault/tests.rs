@@ -893,6 +893,11 @@ async fn a_vault_write_whose_undo_record_cannot_commit_changes_nothing() {
             "vault_create",
             json!({ "path": "Agent/new.md", "content": "# New\n" }),
         ),
+        (
+            "f3",
+            "vault_create",
+            json!({ "path": "Agent/made/for/it.md", "content": "# New\n" }),
+        ),
     ] {
         // The tool's one journal write is the next one sent: its group's commit fails.
         f.journal.fail_commit_of_write(f.journal.writes_sent() + 1);
@@ -909,12 +914,19 @@ async fn a_vault_write_whose_undo_record_cannot_commit_changes_nothing() {
     }
     assert_eq!(f.read("Agent/log.md"), "# Log\n");
     assert!(!f.exists("Agent/new.md"));
+    // Not even the folders a new note would have needed.
+    assert!(!f.exists("Agent/made"));
 }
 
 #[test]
-fn write_roots_are_each_globs_leading_folders() {
+fn write_roots_are_each_globs_leading_folders_inside_the_vault() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_path_buf();
+    let root = dir.path().canonicalize().unwrap().join("vault");
+    for d in ["Agent/sub", "Projects", "Shared"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::create_dir_all(dir.path().join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("elsewhere"), root.join("Link")).unwrap();
     let roots = |write: &[&str]| {
         config(
             &root,
@@ -932,5 +944,11 @@ fn write_roots_are_each_globs_leading_folders() {
         [root.join("Projects"), root.join("Agent")]
     );
     assert_eq!(roots(&["**/*.md", "Agent/**"]), vec![root.clone()]);
+    assert_eq!(
+        roots(&["./Agent/", "/Projects/**"]),
+        [root.join("Agent"), root.join("Projects")]
+    );
     assert!(roots(&[]).is_empty());
+    // Never outside the vault: not above it, not through a symlink, not a folder that is missing.
+    assert!(roots(&["../**", "Shared/../../x/**", "Link/**", "Missing/**"]).is_empty());
 }
