@@ -568,10 +568,16 @@ fn set_aside_original(name: &OsStr) -> Option<&OsStr> {
 }
 
 impl Vault {
-    /// Deletes the temp files `stale` recognises in every state folder (beside notes, never
-    /// in hidden folders or through symlinks). Returns how many went.
-    pub fn remove_temp_files(&self, stale: impl Fn(&str) -> bool) -> usize {
-        let folders: Vec<PathBuf> = State::ALL.iter().map(|s| self.folder(*s)).collect();
+    /// Deletes the temp files `stale` recognises in every state folder and below each of
+    /// `also` (beside notes, never in hidden folders or through symlinks); a state folder
+    /// below one of `also` is walked once, with it. Returns how many went.
+    pub fn remove_temp_files(&self, also: &[PathBuf], stale: impl Fn(&str) -> bool) -> usize {
+        let mut folders: Vec<PathBuf> = State::ALL
+            .iter()
+            .map(|s| self.folder(*s))
+            .filter(|f| !also.iter().any(|a| f.starts_with(a)))
+            .collect();
+        folders.extend_from_slice(also);
         remove_temp_files_below(&folders, stale)
     }
 }
@@ -579,7 +585,7 @@ impl Vault {
 /// Deletes the temp files `stale` recognises below each of `folders` (never in hidden
 /// folders or through symlinks; a folder that is itself a symlink is skipped). Returns how
 /// many went.
-pub fn remove_temp_files_below(folders: &[PathBuf], stale: impl Fn(&str) -> bool) -> usize {
+fn remove_temp_files_below(folders: &[PathBuf], stale: impl Fn(&str) -> bool) -> usize {
     fn sweep(dir: &Path, stale: &dyn Fn(&str) -> bool, n: &mut usize) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;

@@ -246,11 +246,7 @@ impl Daemon {
         // A walk of folders (all of the vault for `write = ["**"]`): off the async workers.
         let (vault, tools) = (self.vault.clone(), self.live().config.tools.vault.clone());
         let swept = tokio::task::spawn_blocking(move || {
-            vault.remove_temp_files(note::write::is_stale_temp)
-                + crate::vault::remove_temp_files_below(
-                    &tools.write_roots(),
-                    note::write::is_stale_temp,
-                )
+            vault.remove_temp_files(&tools.write_roots(), note::write::is_stale_temp)
         })
         .await
         .expect("the sweep does not panic");
