@@ -5,7 +5,7 @@
 use crate::call::{CallError, CallResult, ErrorCode};
 use crate::guard::BreakerConfig;
 use crate::guard::breaker::{Breakers, Gate, circuit_key};
-use crate::journal::{Committed, Journal, RateWindow, RunId, StartAdmission};
+use crate::journal::{ClaimTicket, Committed, Journal, RateWindow, RunId, RunRef, StartAdmission};
 use crate::results::ResultStore;
 use crate::secret::Redactor;
 use crate::tools::{Effect, Registry, ToolCall, ValidCall};
@@ -13,6 +13,56 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The run a call goes under: known, or still being claimed. A note whose calls are all
+/// fresh `read_only` ones starts them while its claim record is on its way through the
+/// journal's writer (`Daemon::begin_and_execute`): a start is queued behind that record and
+/// names its run by the record's ticket; what is recorded after the tool ran waits for the
+/// id ("The claim" in `journal/mod.rs`).
+#[derive(Clone, Debug)]
+pub enum RunOf {
+    Known(RunId),
+    Claiming {
+        ticket: ClaimTicket,
+        /// `Some(Some(id))` once the claim record ran, `Some(None)` when it failed.
+        id: tokio::sync::watch::Receiver<Option<Option<RunId>>>,
+    },
+}
+
+impl From<RunId> for RunOf {
+    fn from(run: RunId) -> RunOf {
+        RunOf::Known(run)
+    }
+}
+
+impl RunOf {
+    /// For a write queued now: the id once known, else the claim record's ticket (the
+    /// writer runs that record first).
+    fn for_writer(&self) -> RunRef {
+        match self {
+            RunOf::Known(run) => RunRef::Known(*run),
+            RunOf::Claiming { ticket, id } => match *id.borrow() {
+                Some(Some(run)) => RunRef::Known(run),
+                _ => RunRef::Claimed(*ticket),
+            },
+        }
+    }
+
+    /// The run's id once its claim record ran; `None` when that record failed: nothing is
+    /// recorded under it then (the daemon puts the note back, `Daemon::unclaim`).
+    async fn id(&self) -> Option<RunId> {
+        match self {
+            RunOf::Known(run) => Some(*run),
+            RunOf::Claiming { id, .. } => {
+                let mut id = id.clone();
+                id.wait_for(Option::is_some)
+                    .await
+                    .ok()
+                    .and_then(|v| (*v).flatten())
+            }
+        }
+    }
+}
 
 /// What a call that is not `read_only` waits for between its durable start record and its
 /// tool's run: done once, by the first such call of a run to get there, and then answered to
@@ -136,7 +186,7 @@ impl Runner {
     #[allow(clippy::too_many_arguments)]
     pub async fn run_call(
         &self,
-        run: RunId,
+        run: impl Into<RunOf>,
         note: &str,
         note_id: &str,
         call: &ValidCall,
@@ -145,16 +195,30 @@ impl Runner {
         before_run: Option<&BeforeRun>,
     ) -> Ran {
         let read_only = call.effect() == Effect::ReadOnly;
+        let run = run.into();
         let result = self
-            .run_unrecorded(run, note, note_id, call, spend, permit, before_run)
+            .run_unrecorded(&run, note, note_id, call, spend, permit, before_run)
             .await;
-        let (result, committed) = match result {
+        let (result, run) = match result {
             Unrecorded::Recorded(result) => {
                 return Ran {
                     result,
                     committed: None,
                 };
             }
+            unrecorded => match run.id().await {
+                Some(run) => (unrecorded, run),
+                // Its claim record failed: nothing of the note is recorded, and it goes back.
+                None => {
+                    return Ran {
+                        result: unrecorded.into_result(),
+                        committed: None,
+                    };
+                }
+            },
+        };
+        let (result, committed) = match result {
+            Unrecorded::Recorded(_) => unreachable!("returned above"),
             Unrecorded::Ran(result) => {
                 let committed = self
                     .journal
@@ -183,7 +247,7 @@ impl Runner {
     #[allow(clippy::too_many_arguments)]
     async fn run_unrecorded(
         &self,
-        run: RunId,
+        run: &RunOf,
         note: &str,
         note_id: &str,
         call: &ValidCall,
@@ -216,7 +280,7 @@ impl Runner {
                     }
                 }
                 return Unrecorded::Recorded(
-                    self.record(run, CallResult::failed_now(call_id, name, e))
+                    self.record_under(run, CallResult::failed_now(call_id, name, e))
                         .await,
                 );
             }
@@ -293,7 +357,7 @@ impl Runner {
     /// not started, with the call's result (a RATE_LIMITED one recorded).
     async fn record_start(
         &self,
-        run: RunId,
+        run: &RunOf,
         call: &ValidCall,
         spend: Option<&str>,
     ) -> Result<(), CallResult> {
@@ -302,7 +366,15 @@ impl Runner {
         let redacted = self.redact_value(Value::Object(call.parameters.clone()));
         let admitted = self
             .journal
-            .call_started_within_async(run, call_id, name, call.effect(), &redacted, &limits, spend)
+            .call_started_within_async(
+                run.for_writer(),
+                call_id,
+                name,
+                call.effect(),
+                &redacted,
+                &limits,
+                spend,
+            )
             .await;
         let error = match admitted {
             Ok(StartAdmission::Started) => return Ok(()),
@@ -318,8 +390,17 @@ impl Runner {
             }
         };
         Err(self
-            .record(run, CallResult::failed_now(call_id, name, error))
+            .record_under(run, CallResult::failed_now(call_id, name, error))
             .await)
+    }
+
+    /// [`record`](Self::record) under `run` once its id is known; nothing when its claim
+    /// record failed.
+    async fn record_under(&self, run: &RunOf, result: CallResult) -> CallResult {
+        match run.id().await {
+            Some(run) => self.record(run, result).await,
+            None => result,
+        }
     }
 
     /// Records a call's outcome in the journal (also for calls that never started, so
@@ -358,6 +439,14 @@ pub struct Ran {
     pub result: CallResult,
     /// The outcome of a call that ran, queued: settle it before its result block replaces the note.
     pub committed: Option<Committed>,
+}
+
+impl Unrecorded {
+    fn into_result(self) -> CallResult {
+        match self {
+            Unrecorded::Recorded(r) | Unrecorded::Ran(r) | Unrecorded::Stopped(r) => r,
+        }
+    }
 }
 
 /// What [`Runner::run_unrecorded`] returns.

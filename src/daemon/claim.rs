@@ -287,6 +287,9 @@ impl Daemon {
         // outcome, say), however soon after another commit: none of the fsyncs that gather
         // the writes of many notes in one commit on its way to Done.
         self.journal.set_one_note(self.note_slots.one_note());
+        // A note with only `read_only` calls may start them before its claim record has run
+        // (`execute_while_claiming`): their starts name its run by this ticket.
+        let ticket = keep.is_none().then(|| self.journal.claim_ticket());
         let (began, prepared) = {
             let mut began = std::pin::pin!(self.journal.begin_claim_async(
                 &note,
@@ -296,6 +299,7 @@ impl Daemon {
                 left_key.as_deref(),
                 sha.as_deref(),
                 keep,
+                ticket,
             ));
             // Polled once, the record is on its way to the journal's writer; the run's facts
             // and plan are made meanwhile (nothing of them is recorded under the run), and the
@@ -310,9 +314,18 @@ impl Daemon {
             let prepared = text
                 .zip(parsed)
                 .map(|(text, parsed)| self.prepare(ident, pass, &live, text.to_owned(), parsed));
-            match sent {
-                Poll::Ready(began) => (began, prepared),
-                Poll::Pending => (began.await, prepared),
+            match (sent, prepared, ticket) {
+                (Poll::Ready(began), prepared, _) => (began, prepared),
+                (Poll::Pending, Some(Ok(prepared)), Some(ticket))
+                    if Daemon::starts_before_claim(&prepared, pass, &ident.note_id) =>
+                {
+                    return self
+                        .execute_while_claiming(
+                            claimed, &from, left, pass, ident, live, prepared, ticket, began,
+                        )
+                        .await;
+                }
+                (Poll::Pending, prepared, _) => (began.await, prepared),
             }
         };
         let text_kept = keep.is_some();
@@ -343,7 +356,7 @@ impl Daemon {
     /// Undoes a claim the journal could not record (§9.12). A link claim's first name still
     /// holds the note: the In_Progress name goes, and the first name is kept (not dropped when
     /// the grace ends); a renamed note is moved back into the folder it came from.
-    async fn unclaim(&self, claimed: &Path, from: &str, left: Option<&LeftBehind>) {
+    pub(crate) async fn unclaim(&self, claimed: &Path, from: &str, left: Option<&LeftBehind>) {
         if let Some(l) = left {
             self.arrivals.leave_first_name(l);
         }

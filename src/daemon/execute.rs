@@ -13,7 +13,7 @@ use crate::guard::hold_alert::HeldSummary;
 use crate::note::{ParsedNote, parse_note};
 use crate::pipeline::next_state::{Ending, next_state, outcome_reason, place_as_written};
 use crate::pipeline::plan::{self, Facts, Step};
-use crate::runner::{BeforeRun, Ran};
+use crate::runner::{BeforeRun, Ran, RunOf};
 use crate::tools::Effect;
 use crate::vault::State;
 use std::collections::{HashMap, HashSet};
@@ -181,15 +181,115 @@ impl Daemon {
         self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
         let calls = self
-            .start_calls(&note, &plan.steps, &with_start, before_run)
+            .start_calls(
+                note.run.into(),
+                &note.live,
+                &note.path,
+                &note.ident.note_id,
+                &plan.steps,
+                &with_start,
+                before_run,
+            )
             .await;
-        let ran: HashSet<String> = plan
-            .steps
+        self.finish_calls(&note, &text, &parsed, plan.steps, calls, &in_note)
+            .await
+    }
+
+    /// A note whose calls all run now and are `read_only`, with nothing to stamp, spend or
+    /// wait for before them ([`Daemon::starts_before_claim`]): its calls start while its
+    /// claim record (`claiming`, polled once: queued in the journal's writer) is on its way,
+    /// their starts queued behind it under its `ticket` ("The claim" in `journal/mod.rs`).
+    /// A claim record that fails stops them and puts the note back, as when nothing started.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn execute_while_claiming(
+        self: &Arc<Self>,
+        claimed: &Path,
+        from: &str,
+        left: Option<&crate::vault::LeftBehind>,
+        pass: Pass,
+        ident: &mut Identity,
+        live: Arc<reload::Live>,
+        prepared: Prepared,
+        ticket: crate::journal::ClaimTicket,
+        claiming: std::pin::Pin<
+            &mut impl Future<Output = Result<crate::journal::RunId, crate::journal::JournalError>>,
+        >,
+    ) -> Result<(), DaemonError> {
+        let Prepared {
+            text,
+            parsed,
+            in_note,
+            rules,
+            plan,
+            ..
+        } = prepared;
+        self.report_left_pending(claimed, plan.left_pending, rules.max_calls)
+            .await;
+        let (known, id) = tokio::sync::watch::channel(None);
+        let calls = self
+            .start_calls(
+                RunOf::Claiming { ticket, id },
+                &live,
+                claimed,
+                &ident.note_id,
+                &plan.steps,
+                &HashMap::new(),
+                None,
+            )
+            .await;
+        let began = claiming.await;
+        let _ = known.send(Some(began.as_ref().ok().copied()));
+        let run = match began {
+            Ok(run) => run,
+            Err(e) => {
+                for call in calls.iter().flatten() {
+                    call.abort();
+                }
+                self.unclaim(claimed, from, left).await;
+                return Err(e.into());
+            }
+        };
+        tracing::debug!(note = %self.vault.relative(claimed), note_id = %ident.note_id, "claimed");
+        let note = NoteRun {
+            run,
+            path: claimed.to_path_buf(),
+            pass,
+            ident: std::mem::take(ident),
+            live,
+            text_kept: false,
+        };
+        self.finish_calls(&note, &text, &parsed, plan.steps, calls, &in_note)
+            .await
+    }
+
+    /// Whether the calls of `prepared` may start before its claim record has run
+    /// ([`execute_while_claiming`](Self::execute_while_claiming)): a fresh note whose every
+    /// call runs now and is `read_only` ([`stamp_at_claim`] false), no decision to spend, and
+    /// no other note's id to replace.
+    pub(crate) fn starts_before_claim(prepared: &Prepared, pass: Pass, note_id: &str) -> bool {
+        !stamp_at_claim(&prepared.plan, pass, &prepared.facts)
+            && prepared.plan.spend.is_empty()
+            && crate::note::frontmatter_property(&prepared.text, "tool_note")
+                .is_none_or(|id| id == note_id)
+    }
+
+    /// The calls of `steps` started (`calls`): their results gathered, written into the note,
+    /// and the note moved on.
+    async fn finish_calls(
+        &self,
+        note: &NoteRun,
+        text: &str,
+        parsed: &ParsedNote,
+        steps: Vec<(String, Step)>,
+        calls: Vec<Option<JoinHandle<Ran>>>,
+        in_note: &[String],
+    ) -> Result<(), DaemonError> {
+        let ran: HashSet<String> = steps
             .iter()
             .filter(|(_, step)| matches!(step, Step::Run(_)))
             .map(|(call_id, _)| call_id.clone())
             .collect();
-        let outcome = self.gather(&note, &text, plan.steps, calls).await?;
+        let outcome = self.gather(note, text, steps, calls).await?;
         if outcome
             .results
             .iter()
@@ -198,9 +298,9 @@ impl Daemon {
             // The journal's storage failed, not the note (docs/design.md §9.12). The outcomes
             // of the calls that ran are waited for before their results are written.
             self.settle_outcomes(outcome.committed).await;
-            return self.wait_for_storage(&note, &ran, outcome.results).await;
+            return self.wait_for_storage(note, &ran, outcome.results).await;
         }
-        self.write_and_move(&note, &text, &parsed, outcome, &in_note)
+        self.write_and_move(note, text, parsed, outcome, in_note)
             .await
     }
 
@@ -350,14 +450,17 @@ impl Daemon {
     /// Starts every call that may run, each with its worker permit taken before its task is
     /// spawned. Vault changes (`state_change`) of one note run one after another in call
     /// order, so a note can create a note and then append to it.
+    #[allow(clippy::too_many_arguments)]
     async fn start_calls(
         &self,
-        run_of: &NoteRun,
+        run: RunOf,
+        live: &Arc<reload::Live>,
+        path: &Path,
+        note_id: &str,
         steps: &[(String, Step)],
         spend: &HashMap<String, String>,
         before_run: Option<BeforeRun>,
     ) -> Vec<Option<JoinHandle<Ran>>> {
-        let (live, run) = (&run_of.live, run_of.run);
         let mut handles = Vec::with_capacity(steps.len());
         let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
         for (_, step) in steps {
@@ -372,9 +475,9 @@ impl Daemon {
                 (None, None)
             };
             let permit = live.runner.permit().await;
-            let (live, call) = (live.clone(), call.clone());
-            let note = self.vault.relative(&run_of.path);
-            let note_id = run_of.ident.note_id.clone();
+            let (live, call, run) = (live.clone(), call.clone(), run.clone());
+            let note = self.vault.relative(path);
+            let note_id = note_id.to_string();
             let spend = spend.get(&call.call_id).cloned();
             let before_run = before_run.clone();
             handles.push(Some(tokio::spawn(async move {
@@ -786,6 +889,143 @@ mod tests {
                 "{detail}"
             );
             assert_eq!(std::fs::read_to_string(&done).unwrap(), dropped);
+        });
+        d.stop().await;
+    }
+
+    /// A read-only tool that says when it runs, and answers at once.
+    struct Peek {
+        spec: crate::tools::ToolSpec,
+        ran: std::sync::mpsc::Sender<()>,
+    }
+
+    impl crate::tools::Tool for Peek {
+        fn spec(&self) -> &crate::tools::ToolSpec {
+            &self.spec
+        }
+        fn run<'a>(&'a self, _call: crate::tools::ToolCall<'a>) -> crate::tools::ToolFuture<'a> {
+            let _ = self.ran.send(());
+            Box::pin(async {
+                Ok(crate::call::ToolOutput {
+                    data: serde_json::json!({"seen": true}),
+                    summary: "peeked".into(),
+                    undo: None,
+                })
+            })
+        }
+    }
+
+    /// A daemon with `peek` (read_only): each of its runs is sent on the returned receiver.
+    fn peeking() -> (InProcess, std::sync::mpsc::Receiver<()>) {
+        let (ran, runs) = std::sync::mpsc::channel();
+        let mut tools = crate::tools::Registry::empty();
+        let spec = crate::tools::ToolSpec {
+            name: "peek".into(),
+            description: String::new(),
+            source: crate::tools::Source::Builtin,
+            effect: Effect::ReadOnly,
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": { "q": { "type": "string" } },
+                "additionalProperties": false
+            }),
+        };
+        let policy = crate::tools::Policy {
+            enabled: true,
+            timeout: std::time::Duration::from_secs(5),
+            rate_limit: crate::config::RateLimit::default(),
+            approval: None,
+        };
+        tools.add(Box::new(Peek { spec, ran }), policy).unwrap();
+        (InProcess::start_with_registry("", tools), runs)
+    }
+
+    /// A note whose calls are all read_only starts them while its claim record is still on
+    /// its way through the journal's writer ("The claim" in `journal/mod.rs`): here the
+    /// record holds the writer until the tool has run, which it could not without the early
+    /// start (the call would wait for the record's run id). The start is recorded under the
+    /// record's run, named by its ticket, and the note ends in Done with its result.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_only_call_starts_while_its_claim_record_is_in_the_writer() {
+        let (d, runs) = peeking();
+        let seen = Arc::new(Mutex::new(None));
+        let put = seen.clone();
+        crate::journal::claim_hook::set("early.md", move || {
+            let ran = runs
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .is_ok();
+            *put.lock().unwrap() = Some(ran);
+            Ok(())
+        });
+        tokio::task::block_in_place(|| {
+            drop_call(&d, "early.md", "peek");
+            d.wait_for("early.md in Done", &|| d.in_state(State::Done, "early.md"));
+            assert_eq!(
+                *seen.lock().unwrap(),
+                Some(true),
+                "the tool ran while the claim record held the writer"
+            );
+            let done =
+                std::fs::read_to_string(d.vault.folder(State::Done).join("early.md")).unwrap();
+            assert!(done.contains("peeked"), "{done}");
+            d.wait_for("early.md's move recorded", &|| {
+                d.journal.flush().unwrap();
+                d.events_of("early.md", "move") == 1
+            });
+            assert_eq!(d.events_of("early.md", "claim"), 1);
+            assert_eq!(d.events_of("early.md", "call_start"), 1);
+            assert_eq!(d.events_of("early.md", "call_end"), 1);
+            assert!(d.journal.open_runs().unwrap().is_empty());
+        });
+        d.stop().await;
+    }
+
+    /// A claim record that fails after the note's read_only call started under its ticket:
+    /// the start is refused (recorded under no run), the call's result is dropped, and the
+    /// note goes back to Needs_Action untouched, to be claimed again; that claim runs the call
+    /// again and writes one result.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_only_call_started_under_a_claim_record_that_fails_is_not_recorded() {
+        let (d, runs) = peeking();
+        let runs = Arc::new(Mutex::new(runs));
+        let (first, early) = (runs.clone(), Arc::new(Mutex::new(None)));
+        let put = early.clone();
+        crate::journal::claim_hook::set("back.md", move || {
+            let ran = first
+                .lock()
+                .unwrap()
+                .recv_timeout(std::time::Duration::from_secs(10));
+            *put.lock().unwrap() = Some(ran.is_ok());
+            Err("no space left on device (a test's)".into())
+        });
+        tokio::task::block_in_place(|| {
+            let dropped = drop_call(&d, "back.md", "peek");
+            d.wait_for("back.md in Done", &|| d.in_state(State::Done, "back.md"));
+            assert_eq!(
+                *early.lock().unwrap(),
+                Some(true),
+                "the call started before its claim record ran"
+            );
+            let again = runs
+                .lock()
+                .unwrap()
+                .recv_timeout(std::time::Duration::from_secs(5));
+            assert!(again.is_ok(), "the second claim ran the call again");
+            let done =
+                std::fs::read_to_string(d.vault.folder(State::Done).join("back.md")).unwrap();
+            assert!(
+                done.contains(dropped.trim_end()),
+                "the note as dropped: {done}"
+            );
+            assert_eq!(done.matches("peeked").count(), 1, "one result: {done}");
+            d.wait_for("back.md's move recorded", &|| {
+                d.journal.flush().unwrap();
+                d.events_of("back.md", "move") == 1
+            });
+            // The failed record and the start behind it left nothing in the journal.
+            assert_eq!(d.events_of("back.md", "claim"), 1);
+            assert_eq!(d.events_of("back.md", "call_start"), 1);
+            assert!(d.journal.open_runs().unwrap().is_empty());
         });
         d.stop().await;
     }

@@ -603,6 +603,38 @@ pub(crate) mod tests {
         d.stop().await;
     }
 
+    /// A read_only note's call starts behind its claim record, under the record's ticket
+    /// ("The claim" in `journal/mod.rs`), and that record's group fails to commit (the
+    /// storage fine). The run is lost: the start, the outcome and the move under it are
+    /// refused, none of them lands under another run, and the note's result block stands: it
+    /// ends in Failed (the idle tool's own failure) with one result, the journal holding no
+    /// start for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_only_start_behind_a_claim_whose_commit_failed_is_recorded_under_no_run() {
+        let d = InProcess::start(None);
+        tokio::task::block_in_place(|| {
+            d.fail_nth_write_after(1, &|| {
+                d.drop_note(State::NeedsAction, "r.md", r#"{"q": "x"}"#)
+            });
+            d.wait_for("r.md in Failed", &|| d.in_state(State::Failed, "r.md"));
+            let text = std::fs::read_to_string(d.vault.folder(State::Failed).join("r.md")).unwrap();
+            assert_eq!(text.matches("tool_result").count(), 1, "{text}");
+            assert!(text.contains("not run"), "the tool's own failure: {text}");
+            d.journal.flush().unwrap();
+            assert_eq!(
+                d.journal.run_ids(),
+                vec![1],
+                "warm.md's run alone: r.md's was lost"
+            );
+            assert_eq!(d.events_of("r.md", "claim"), 0);
+            assert_eq!(d.events_of("r.md", "call_start"), 0);
+            // Nor under another run (warm.md's call broke its schema: it never started).
+            let starts = d.journal.log(&Default::default()).unwrap();
+            assert_eq!(starts.iter().filter(|e| e.event == "call_start").count(), 0);
+        });
+        d.stop().await;
+    }
+
     /// An fsync of the journal fails between a note's claim and its side effect's start: the
     /// start is refused before it is recorded (not committed and then answered with an error),
     /// so the call does not run, the note goes back to Needs_Action, and claiming waits for a

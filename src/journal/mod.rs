@@ -70,6 +70,22 @@
 //! shares with the claimed note (`daemon/recover.rs`). The fsync it saved was on every note's
 //! path to Done.
 //!
+//! A note whose calls are all fresh `read_only` ones does not wait even for that: its calls
+//! start while the record is still queued (`Daemon::execute_while_claiming`). The record was
+//! given a ticket ([`ClaimTicket`]) before it was queued, and a start queued behind it names
+//! its run by that ticket ([`RunRef::Claimed`]); the writer runs jobs in order, so the record
+//! has run when the start does, and the writer resolves the ticket to the id the record got
+//! (`writer::GroupRuns`). What is recorded after the tool ran (its outcome) waits for the id.
+//! Nothing here can repeat a side effect: the calls are `read_only`, so what a crash can do is
+//! what it can do to a queued `read_only` start (above): the call runs again. A record that
+//! fails to run names no run, so the start behind it is refused (recorded under no run, never
+//! under another's), the calls are stopped, their results dropped, and the note goes back to
+//! where it was claimed from, as when a record fails before anything started. A record that
+//! ran but whose commit failed is a lost run like any other: the start, the outcome and the
+//! move under it are refused, and the note's result blocks stand (below). What the early
+//! start saves is the writer's round trip for the record (its run and the answer's wake-up)
+//! on every search note's way to Done.
+//!
 //! A commit that fails (a full disk, an I/O error) after the record ran leaves the daemon
 //! with the id of a run the journal does not hold. The writer never gives that id out again,
 //! and refuses every later write under it, even once another process's run has taken it as
@@ -200,7 +216,9 @@ pub const SCHEMA_VERSION: i64 = schema::MIGRATIONS.len() as i64;
 pub use calls::{CallProgress, JournalCall};
 pub use events::{LogEntry, LogFilter, RecentFailure};
 pub use rates::{RateUse, RateWindow, StartAdmission};
-pub use runs::{Claim, LinkClaim, OpenRun, RunId};
+#[cfg(test)]
+pub(crate) use runs::claim_hook;
+pub use runs::{Claim, ClaimTicket, LinkClaim, OpenRun, RunId, RunRef};
 
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
@@ -255,6 +273,8 @@ pub struct Journal {
     /// When this journal was started afresh (`--new-journal`), once read: asked for every new
     /// note (`Daemon::journal_lost`), recorded only before a daemon starts (and by this handle).
     origin: Mutex<Option<Option<std::time::SystemTime>>>,
+    /// The last [`ClaimTicket`] given out.
+    tickets: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Journal {
@@ -416,6 +436,28 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// The run `run` names: a claim record's ticket names the run that record made, once it
+    /// ran in this writer (and was not rolled back); refused before it ran, or outside the
+    /// writer.
+    fn run_of(&self, run: RunRef) -> Result<RunId, Failure> {
+        match run {
+            RunRef::Known(id) => Ok(id),
+            RunRef::Claimed(ticket) => self
+                .runs
+                .and_then(|runs| runs.borrow().claimed_as(ticket))
+                .ok_or_else(|| {
+                    Failure::Other(format!("the claim record of {ticket} was not made"))
+                }),
+        }
+    }
+
+    /// Notes that the claim record of `ticket` made `run` ([`run_of`](Self::run_of)).
+    fn claimed_as(&self, ticket: ClaimTicket, run: RunId) {
+        if let Some(runs) = self.runs {
+            runs.borrow_mut().claimed(ticket, run);
+        }
+    }
+
     /// Refuses a write under a run whose record a failed commit lost: its id may be another
     /// run's by now (see [`writer::GroupRuns`]).
     fn refuse_lost(&self, run: RunId) -> Result<(), Failure> {
@@ -488,6 +530,7 @@ impl Journal {
             reader: Mutex::new(reader),
             room,
             origin: Mutex::new(None),
+            tickets: std::sync::atomic::AtomicU64::new(0),
         })
     }
 

@@ -3,7 +3,7 @@
 
 use super::Wait;
 use super::calls::{insert_start, needs_durable_start};
-use super::{Failure, Journal, JournalError, RunId, Tx, from_ms, now_ms, query_one, to_ms};
+use super::{Failure, Journal, JournalError, RunRef, Tx, from_ms, now_ms, query_one, to_ms};
 use crate::call::Effect;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
@@ -50,14 +50,14 @@ impl Journal {
     /// to check, it is only queued.
     pub fn call_started_within(
         &self,
-        run: RunId,
+        run: impl Into<RunRef>,
         call_id: &str,
         tool: &str,
         effect: Effect,
         params: &Value,
         limits: &[RateWindow],
     ) -> Result<StartAdmission, JournalError> {
-        match self.start_or_admit(run, call_id, tool, effect, params, limits, None)? {
+        match self.start_or_admit(run.into(), call_id, tool, effect, params, limits, None)? {
             None => Ok(StartAdmission::Started),
             Some((Wait::Executed, admit)) => self.write_executed(admit),
             Some((_, admit)) => self.write(admit),
@@ -71,7 +71,7 @@ impl Journal {
     #[allow(clippy::too_many_arguments)]
     pub async fn call_started_within_async(
         &self,
-        run: RunId,
+        run: RunRef,
         call_id: &str,
         tool: &str,
         effect: Effect,
@@ -95,7 +95,7 @@ impl Journal {
     #[allow(clippy::too_many_arguments)]
     fn start_or_admit(
         &self,
-        run: RunId,
+        run: RunRef,
         call_id: &str,
         tool: &str,
         effect: Effect,
@@ -108,7 +108,9 @@ impl Journal {
             let (id, name, text) = (call_id.to_owned(), tool.to_owned(), params.to_string());
             let on_room = self.room.admit(tool, limits, |held| {
                 let insert = move |tx: &Tx<'_>| {
-                    let inserted = insert_start(tx, now, run, &id, &name, effect, &text);
+                    let inserted = tx
+                        .run_of(run)
+                        .and_then(|run| insert_start(tx, now, run, &id, &name, effect, &text));
                     drop(held); // counted now (or rolled back, and the counts with it)
                     inserted
                 };
@@ -491,7 +493,7 @@ enum StartWrite {
 type TxJob<T> = Box<dyn FnOnce(&Tx<'_>) -> Result<T, Failure> + Send>;
 
 fn start_write(
-    run: RunId,
+    run: RunRef,
     call_id: &str,
     tool: &str,
     effect: Effect,
@@ -504,6 +506,7 @@ fn start_write(
     let now = now_ms();
     if !needs_durable_start(effect) && limits.is_empty() {
         return StartWrite::Queued(Box::new(move |tx| {
+            let run = tx.run_of(run)?;
             if let Some(hash) = &spend {
                 super::approvals::spend_approval(tx, &call_id, hash, now)?;
             }
@@ -511,6 +514,7 @@ fn start_write(
         }));
     }
     let admit = move |tx: &Tx<'_>| {
+        let run = tx.run_of(run)?;
         let (call_id, tool, params) = (call_id.as_str(), tool.as_str(), params.as_str());
         if let Some(hash) = &spend {
             super::approvals::spend_approval(tx, call_id, hash, now)?;
@@ -707,7 +711,7 @@ mod tests {
             async move {
                 journal
                     .call_started_within_async(
-                        run,
+                        run.into(),
                         id,
                         "send_notification",
                         Effect::ExternalSideEffect,

@@ -13,6 +13,32 @@ use std::time::SystemTime;
 /// One claim of one note: from the rename into In_Progress to the move out of it.
 pub type RunId = i64;
 
+/// Names the run a claim record makes before its id is known: given out before the record is
+/// queued ([`Journal::claim_ticket`]), so that a `read_only` call's start can be queued
+/// behind it without waiting for the id (see "The claim" in the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClaimTicket(u64);
+
+impl std::fmt::Display for ClaimTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "claim ticket {}", self.0)
+    }
+}
+
+/// The run a write goes under: its id, or the ticket of the claim record that makes it
+/// (resolved by the writer, which runs that record first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunRef {
+    Known(RunId),
+    Claimed(ClaimTicket),
+}
+
+impl From<RunId> for RunRef {
+    fn from(run: RunId) -> RunRef {
+        RunRef::Known(run)
+    }
+}
+
 /// The newest claim made from one path (docs/design.md §9.6): which note it was and where it is now.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
@@ -123,6 +149,7 @@ impl Journal {
             left_behind,
             None,
             None,
+            None,
         ))
     }
 }
@@ -142,6 +169,7 @@ pub struct LinkClaim {
 }
 
 /// The job of a claim's run record (see [`Journal::begin_note_run`]).
+#[allow(clippy::too_many_arguments)]
 fn claim_job(
     note: String,
     note_id: Option<String>,
@@ -150,6 +178,7 @@ fn claim_job(
     left_behind: Option<String>,
     claimed_sha256: Option<String>,
     claimed_text: Option<String>,
+    ticket: Option<ClaimTicket>,
 ) -> impl FnOnce(&Tx<'_>) -> Result<RunId, Failure> + Send + 'static {
     move |tx: &Tx<'_>| {
         let (note, note_id, claimed_from) =
@@ -188,11 +217,26 @@ fn claim_job(
         let run = tx.last_insert_rowid();
         tx.recorded_run(run);
         event(tx, now, "claim", Some(run), note, &EventFields::default())?;
+        #[cfg(test)]
+        claim_hook::call(note)?;
+        // Last: a record that failed before names no run.
+        if let Some(ticket) = ticket {
+            tx.claimed_as(ticket, run);
+        }
         Ok(run)
     }
 }
 
 impl Journal {
+    /// A new ticket for the next claim record ([`begin_claim_async`](Self::begin_claim_async)).
+    pub fn claim_ticket(&self) -> ClaimTicket {
+        ClaimTicket(
+            self.tickets
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1,
+        )
+    }
+
     /// The daemon's claim record, for async callers: [`begin_linked_run`]
     /// (Self::begin_linked_run) when `left_behind` is given, else [`begin_note_run`]
     /// (Self::begin_note_run). Returns once it ran in the writer's transaction, not once it
@@ -213,6 +257,7 @@ impl Journal {
         left_behind: Option<&str>,
         claimed_sha256: Option<&str>,
         claimed_text: Option<&str>,
+        ticket: Option<ClaimTicket>,
     ) -> Result<RunId, JournalError> {
         let wait = match claimed_text {
             Some(_) => Wait::Committed,
@@ -226,6 +271,7 @@ impl Journal {
             left_behind.map(str::to_owned),
             claimed_sha256.map(str::to_owned),
             claimed_text.map(str::to_owned),
+            ticket,
         );
         self.write_async(wait, job).await
     }
@@ -569,5 +615,39 @@ mod tests {
         let problems = journal.problems(10).unwrap();
         assert_eq!(problems.len(), 1);
         assert_eq!(problems[0].note, "In_Progress/gone.md");
+    }
+}
+
+/// Tests: what a claim record does before it names its run, by the note's path, once.
+#[cfg(test)]
+pub(crate) mod claim_hook {
+    use super::Failure;
+    use std::sync::Mutex;
+
+    type Hook = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+    static HOOKS: Mutex<Vec<(String, Hook)>> = Mutex::new(Vec::new());
+
+    /// Runs `hook` in the writer when the claim record of a note whose path ends with
+    /// `file_name` runs; an `Err` fails the record.
+    pub(crate) fn set(file_name: &str, hook: impl FnOnce() -> Result<(), String> + Send + 'static) {
+        HOOKS
+            .lock()
+            .unwrap()
+            .push((file_name.to_string(), Box::new(hook)));
+    }
+
+    pub(super) fn call(note: &str) -> Result<(), Failure> {
+        let hook = {
+            let mut hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+            hooks
+                .iter()
+                .position(|(n, _)| note.ends_with(n.as_str()))
+                .map(|i| hooks.remove(i).1)
+        };
+        match hook {
+            Some(hook) => hook().map_err(Failure::Other),
+            None => Ok(()),
+        }
     }
 }

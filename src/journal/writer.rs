@@ -64,9 +64,34 @@ pub(super) struct GroupRuns {
     lost: std::collections::HashSet<super::RunId>,
     /// The highest id recorded, lost or not.
     highest: super::RunId,
+    /// The runs the newest claim records with a ticket made, newest last: a `read_only`
+    /// start queued behind its claim record names its run by the record's ticket. That start
+    /// is queued by the same note task right after the record, so at most the records of the
+    /// notes in flight come between them: far fewer than [`TICKETS_KEPT`].
+    claimed: std::collections::VecDeque<(super::ClaimTicket, super::RunId)>,
 }
 
+/// How many claim records' tickets the writer remembers ([`GroupRuns`]).
+const TICKETS_KEPT: usize = 1024;
+
 impl GroupRuns {
+    pub(super) fn claimed(&mut self, ticket: super::ClaimTicket, run: super::RunId) {
+        if self.claimed.len() == TICKETS_KEPT {
+            self.claimed.pop_front();
+        }
+        self.claimed.push_back((ticket, run));
+    }
+
+    /// The run the claim record of `ticket` made, if it ran (a lost one included: writes
+    /// under it are refused as under any lost run).
+    pub(super) fn claimed_as(&self, ticket: super::ClaimTicket) -> Option<super::RunId> {
+        self.claimed
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == ticket)
+            .map(|(_, run)| *run)
+    }
+
     pub(super) fn recorded(&mut self, run: super::RunId) {
         self.this_group.push(run);
         self.highest = self.highest.max(run);
@@ -1748,6 +1773,7 @@ mod tests {
             "In_Progress/a.md",
             "n-0123456789ab",
             "Needs_Action/a.md",
+            None,
             None,
             None,
             None,
