@@ -26,6 +26,27 @@ use crate::pipeline::execute::{
     Gathered, asked_a_person, rules, stamp_after_start, stamp_at_claim,
 };
 
+/// A call started by [`Daemon::start_calls`] (a task of its own), or one that ran already.
+pub(crate) enum CallTask {
+    Spawned(JoinHandle<Ran>),
+    Ran(Ran),
+}
+
+impl CallTask {
+    async fn ran(self) -> Result<Ran, tokio::task::JoinError> {
+        match self {
+            CallTask::Spawned(task) => task.await,
+            CallTask::Ran(ran) => Ok(ran),
+        }
+    }
+
+    fn abort(&self) {
+        if let CallTask::Spawned(task) = self {
+            task.abort();
+        }
+    }
+}
+
 /// What a run knows before anything of it is recorded under its run id: the note's text,
 /// parsed, what the journal knew of its calls, and the plan. A claim makes it while its claim
 /// record is on its way to the journal (`begin_and_execute`).
@@ -226,19 +247,47 @@ impl Daemon {
         self.report_left_pending(claimed, plan.left_pending, rules.max_calls)
             .await;
         let (known, id) = tokio::sync::watch::channel(None);
-        let calls = self
-            .start_calls(
-                RunOf::Claiming { ticket, id },
-                &live,
-                claimed,
-                &ident.note_id,
-                &plan.steps,
-                &HashMap::new(),
-                None,
-            )
-            .await;
-        let began = claiming.await;
-        let _ = known.send(Some(began.as_ref().ok().copied()));
+        let run_of = RunOf::Claiming { ticket, id };
+        let (began, calls) = if let [(_, Step::Run(call))] = plan.steps.as_slice() {
+            // One call: run here, beside the claim record's answer, not in a task of its own
+            // (a spawn and a join less on the note's way to Done).
+            let permit = live.runner.permit().await;
+            let (note, note_id) = (self.vault.relative(claimed), ident.note_id.clone());
+            let mut call = std::pin::pin!(
+                live.runner
+                    .run_call(run_of, &note, &note_id, call, None, permit, None)
+            );
+            let mut claiming = claiming;
+            let mut ran = None;
+            let began = loop {
+                tokio::select! {
+                    began = &mut claiming => break began,
+                    r = &mut call, if ran.is_none() => ran = Some(r),
+                }
+            };
+            let _ = known.send(Some(began.as_ref().ok().copied()));
+            let ran = match (&began, ran) {
+                (Err(_), _) => None, // the call is dropped: stopped where it is
+                (Ok(_), Some(ran)) => Some(ran),
+                (Ok(_), None) => Some(call.await),
+            };
+            (began, vec![ran.map(CallTask::Ran)])
+        } else {
+            let calls = self
+                .start_calls(
+                    run_of,
+                    &live,
+                    claimed,
+                    &ident.note_id,
+                    &plan.steps,
+                    &HashMap::new(),
+                    None,
+                )
+                .await;
+            let began = claiming.await;
+            let _ = known.send(Some(began.as_ref().ok().copied()));
+            (began, calls)
+        };
         let run = match began {
             Ok(run) => run,
             Err(e) => {
@@ -281,7 +330,7 @@ impl Daemon {
         text: &str,
         parsed: &ParsedNote,
         steps: Vec<(String, Step)>,
-        calls: Vec<Option<JoinHandle<Ran>>>,
+        calls: Vec<Option<CallTask>>,
         in_note: &[String],
     ) -> Result<(), DaemonError> {
         let ran: HashSet<String> = steps
@@ -460,7 +509,7 @@ impl Daemon {
         steps: &[(String, Step)],
         spend: &HashMap<String, String>,
         before_run: Option<BeforeRun>,
-    ) -> Vec<Option<JoinHandle<Ran>>> {
+    ) -> Vec<Option<CallTask>> {
         let mut handles = Vec::with_capacity(steps.len());
         let mut previous_change: Option<tokio::sync::oneshot::Receiver<()>> = None;
         for (_, step) in steps {
@@ -480,7 +529,7 @@ impl Daemon {
             let note_id = note_id.to_string();
             let spend = spend.get(&call.call_id).cloned();
             let before_run = before_run.clone();
-            handles.push(Some(tokio::spawn(async move {
+            handles.push(Some(CallTask::Spawned(tokio::spawn(async move {
                 if let Some(previous) = after {
                     // Resolves when the previous change finished (its sender dropped).
                     let _ = previous.await;
@@ -499,7 +548,7 @@ impl Daemon {
                     .await;
                 drop(finished);
                 result
-            })));
+            }))));
         }
         handles
     }
@@ -524,7 +573,7 @@ impl Daemon {
         note: &NoteRun,
         text: &str,
         steps: Vec<(String, Step)>,
-        calls: Vec<Option<JoinHandle<Ran>>>,
+        calls: Vec<Option<CallTask>>,
     ) -> Result<Gathered, DaemonError> {
         let (run, ident) = (note.run, &note.ident);
         let mut out = Gathered::default();
@@ -533,7 +582,7 @@ impl Daemon {
         let mut unrecorded: Vec<usize> = Vec::new();
         for ((_, step), call) in steps.into_iter().zip(calls) {
             match (step, call) {
-                (step, Some(h)) => match h.await {
+                (step, Some(h)) => match h.ran().await {
                     Ok(Ran {
                         result: r,
                         committed,
