@@ -199,40 +199,31 @@ impl Runner {
         let result = self
             .run_unrecorded(&run, note, note_id, call, spend, permit, before_run)
             .await;
-        let (result, run) = match result {
+        let (result, not_run) = match result {
             Unrecorded::Recorded(result) => {
                 return Ran {
                     result,
                     committed: None,
                 };
             }
-            unrecorded => match run.id().await {
-                Some(run) => (unrecorded, run),
-                // Its claim record failed: nothing of the note is recorded, and it goes back.
-                None => {
-                    return Ran {
-                        result: unrecorded.into_result(),
-                        committed: None,
-                    };
-                }
-            },
+            Unrecorded::Ran(result) => (result, false),
+            Unrecorded::Stopped(result) => (result, true),
         };
-        let (result, committed) = match result {
-            Unrecorded::Recorded(_) => unreachable!("returned above"),
-            Unrecorded::Ran(result) => {
-                let committed = self
-                    .journal
-                    .call_finished_later(run, &result, !read_only)
-                    .await;
-                (result, committed)
-            }
-            Unrecorded::Stopped(result) => {
-                let committed = self
-                    .journal
-                    .call_not_run_later(run, &result, !read_only)
-                    .await;
-                (result, committed)
-            }
+        let Some(run) = run.id().await else {
+            // Its claim record failed: nothing of the note is recorded, and it goes back.
+            return Ran {
+                result,
+                committed: None,
+            };
+        };
+        let committed = if not_run {
+            self.journal
+                .call_not_run_later(run, &result, !read_only)
+                .await
+        } else {
+            self.journal
+                .call_finished_later(run, &result, !read_only)
+                .await
         };
         if let Err(e) = &committed {
             tracing::error!(call_id = %result.call_id, "journal could not record the outcome: {e}");
@@ -439,14 +430,6 @@ pub struct Ran {
     pub result: CallResult,
     /// The outcome of a call that ran, queued: settle it before its result block replaces the note.
     pub committed: Option<Committed>,
-}
-
-impl Unrecorded {
-    fn into_result(self) -> CallResult {
-        match self {
-            Unrecorded::Recorded(r) | Unrecorded::Ran(r) | Unrecorded::Stopped(r) => r,
-        }
-    }
 }
 
 /// What [`Runner::run_unrecorded`] returns.
