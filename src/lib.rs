@@ -57,6 +57,8 @@ pub mod runner;
 pub mod secret;
 pub mod state;
 pub mod synced;
+#[cfg(test)]
+mod test_hooks;
 pub mod tools;
 pub mod vault;
 pub mod watch;

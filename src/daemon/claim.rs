@@ -831,31 +831,19 @@ pub(crate) type Claimed = Result<Vec<u8>, note::WriteError>;
 /// journal and the note then, or take the note away.
 #[cfg(test)]
 pub(crate) mod before_stamp {
+    use crate::test_hooks::OnceHooks;
     use std::path::Path;
-    use std::sync::Mutex;
 
     type Hook = Box<dyn FnOnce(&Path) + Send>;
 
-    /// File name of the note -> what to do then, once. Tests name their notes apart.
-    static HOOKS: Mutex<Vec<(String, Hook)>> = Mutex::new(Vec::new());
+    static HOOKS: OnceHooks<Hook> = OnceHooks::new();
 
     pub(crate) fn set(file_name: &str, hook: impl FnOnce(&Path) + Send + 'static) {
-        HOOKS
-            .lock()
-            .unwrap()
-            .push((file_name.to_string(), Box::new(hook)));
+        HOOKS.set(file_name, Box::new(hook));
     }
 
     pub(super) fn call(path: &Path) {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let hook = {
-            let mut hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
-            hooks
-                .iter()
-                .position(|(n, _)| n == name)
-                .map(|i| hooks.remove(i).1)
-        };
-        if let Some(hook) = hook {
+        if let Some(hook) = HOOKS.take(path) {
             hook(path);
         }
     }

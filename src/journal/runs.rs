@@ -622,30 +622,21 @@ mod tests {
 #[cfg(test)]
 pub(crate) mod claim_hook {
     use super::Failure;
-    use std::sync::Mutex;
+    use crate::test_hooks::OnceHooks;
+    use std::path::Path;
 
     type Hook = Box<dyn FnOnce() -> Result<(), String> + Send>;
 
-    static HOOKS: Mutex<Vec<(String, Hook)>> = Mutex::new(Vec::new());
+    static HOOKS: OnceHooks<Hook> = OnceHooks::new();
 
-    /// Runs `hook` in the writer when the claim record of a note whose path ends with
-    /// `file_name` runs; an `Err` fails the record.
+    /// Runs `hook` in the writer when the claim record of the note named `file_name` runs;
+    /// an `Err` fails the record.
     pub(crate) fn set(file_name: &str, hook: impl FnOnce() -> Result<(), String> + Send + 'static) {
-        HOOKS
-            .lock()
-            .unwrap()
-            .push((file_name.to_string(), Box::new(hook)));
+        HOOKS.set(file_name, Box::new(hook));
     }
 
     pub(super) fn call(note: &str) -> Result<(), Failure> {
-        let hook = {
-            let mut hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
-            hooks
-                .iter()
-                .position(|(n, _)| note.ends_with(n.as_str()))
-                .map(|i| hooks.remove(i).1)
-        };
-        match hook {
+        match HOOKS.take(Path::new(note)) {
             Some(hook) => hook().map_err(Failure::Other),
             None => Ok(()),
         }
