@@ -26,6 +26,15 @@ use crate::pipeline::execute::{
     Gathered, asked_a_person, rules, stamp_after_start, stamp_at_claim,
 };
 
+/// The results write's temp file while it is made ([`Daemon::temp_ahead`]).
+type TempAhead = Option<JoinHandle<std::io::Result<crate::note::TempFile>>>;
+
+/// A run's calls, started, and the temp file its results go into, on its way.
+struct Started {
+    calls: Vec<Option<CallTask>>,
+    ahead: TempAhead,
+}
+
 /// A call started by [`Daemon::start_calls`] (a task of its own), or one that ran already.
 pub(crate) enum CallTask {
     Spawned(JoinHandle<Ran>),
@@ -201,6 +210,7 @@ impl Daemon {
         self.spend_decisions(alone).await?;
         self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
+        let ahead = self.temp_ahead(&note.path, &plan.steps);
         let calls = self
             .start_calls(
                 note.run.into(),
@@ -212,8 +222,15 @@ impl Daemon {
                 before_run,
             )
             .await;
-        self.finish_calls(&note, &text, &parsed, plan.steps, calls, &in_note)
-            .await
+        self.finish_calls(
+            &note,
+            &text,
+            &parsed,
+            plan.steps,
+            Started { calls, ahead },
+            &in_note,
+        )
+        .await
     }
 
     /// A note whose calls all run now and are `read_only`, with nothing to stamp, spend or
@@ -248,6 +265,7 @@ impl Daemon {
             .await;
         let (known, id) = tokio::sync::watch::channel(None);
         let run_of = RunOf::Claiming { ticket, id };
+        let ahead = self.temp_ahead(claimed, &plan.steps);
         let (began, calls) = if let [(_, Step::Run(call))] = plan.steps.as_slice() {
             // One call: run here, beside the claim record's answer, not in a task of its own
             // (a spawn and a join less on the note's way to Done).
@@ -307,8 +325,30 @@ impl Daemon {
             live,
             text_kept: false,
         };
-        self.finish_calls(&note, &text, &parsed, plan.steps, calls, &in_note)
-            .await
+        self.finish_calls(
+            &note,
+            &text,
+            &parsed,
+            plan.steps,
+            Started { calls, ahead },
+            &in_note,
+        )
+        .await
+    }
+
+    /// The temp file of the results write for the note at `path`, made in the blocking pool
+    /// while its `steps` run ([`crate::note::TempFile`]): the open of its folder and the
+    /// create off the note's way to Done. Only for a note worked on alone, with a call to
+    /// wait for (as [`Daemon::on_this_thread`]): under load the pool's threads have other
+    /// notes' work, and a note waits for its turn, not for its temp file.
+    fn temp_ahead(&self, path: &Path, steps: &[(String, Step)]) -> TempAhead {
+        if !self.note_slots.one_note() || !steps.iter().any(|(_, s)| matches!(s, Step::Run(_))) {
+            return None;
+        }
+        let (root, path) = (self.vault.root().to_path_buf(), path.to_path_buf());
+        Some(tokio::task::spawn_blocking(move || {
+            crate::note::TempFile::beside(&root, &path)
+        }))
     }
 
     /// Whether the calls of `prepared` may start before its claim record has run
@@ -330,9 +370,10 @@ impl Daemon {
         text: &str,
         parsed: &ParsedNote,
         steps: Vec<(String, Step)>,
-        calls: Vec<Option<CallTask>>,
+        started: Started,
         in_note: &[String],
     ) -> Result<(), DaemonError> {
+        let Started { calls, ahead } = started;
         let ran: HashSet<String> = steps
             .iter()
             .filter(|(_, step)| matches!(step, Step::Run(_)))
@@ -349,7 +390,7 @@ impl Daemon {
             self.settle_outcomes(outcome.committed).await;
             return self.wait_for_storage(note, &ran, outcome.results).await;
         }
-        self.write_and_move(note, text, parsed, outcome, in_note)
+        self.write_and_move(note, text, parsed, outcome, in_note, ahead)
             .await
     }
 
@@ -660,6 +701,7 @@ impl Daemon {
         parsed: &ParsedNote,
         outcome: Gathered,
         in_note: &[String],
+        ahead: TempAhead,
     ) -> Result<(), DaemonError> {
         let (run, path, ident) = (note.run, note.path.as_path(), &note.ident);
         let Gathered {
@@ -699,6 +741,12 @@ impl Daemon {
                     in_note,
                     committed,
                     last_seen: text,
+                    // Made long ago, as a rule: the calls ran meanwhile. One that could not be
+                    // made is left to the write itself, which says why.
+                    ahead: match ahead {
+                        Some(made) => made.await.ok().and_then(Result::ok),
+                        None => None,
+                    },
                 },
             )
             .await?
@@ -987,6 +1035,108 @@ mod tests {
         };
         tools.add(Box::new(Peek { spec, ran }), policy).unwrap();
         (InProcess::start_with_registry("", tools), runs)
+    }
+
+    /// A read-only tool that waits (up to 5 s) for a temp file beside its note in
+    /// In_Progress/ and sends its inode (None if none came), then answers.
+    struct SeeTemp {
+        spec: crate::tools::ToolSpec,
+        root: Arc<std::sync::OnceLock<std::path::PathBuf>>,
+        seen: std::sync::mpsc::Sender<Option<u64>>,
+    }
+
+    impl crate::tools::Tool for SeeTemp {
+        fn spec(&self) -> &crate::tools::ToolSpec {
+            &self.spec
+        }
+        fn run<'a>(&'a self, call: crate::tools::ToolCall<'a>) -> crate::tools::ToolFuture<'a> {
+            use std::os::unix::fs::MetadataExt;
+            let note = self.root.get().unwrap().join(call.note);
+            Box::pin(async move {
+                let name = note.file_name().unwrap().to_string_lossy().into_owned();
+                let prefix = format!(".{name}.vaultd-");
+                let mut seen = None;
+                for _ in 0..500 {
+                    seen = std::fs::read_dir(note.parent().unwrap())
+                        .unwrap()
+                        .flatten()
+                        .find(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                        .map(|e| e.metadata().unwrap().ino());
+                    if seen.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                let _ = self.seen.send(seen);
+                Ok(crate::call::ToolOutput {
+                    data: serde_json::json!({"seen": seen.is_some()}),
+                    summary: "looked beside".into(),
+                    undo: None,
+                })
+            })
+        }
+    }
+
+    /// A note worked on alone has its results write's temp file made while its call runs
+    /// (`temp_ahead`: the folder's open and the create off its way to Done), and its results
+    /// are written into that very file: the note in Done is the temp file the tool saw beside
+    /// it, and no temp file is left behind. So for the first, early, path and the second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_notes_results_are_written_into_the_temp_file_made_while_its_call_ran() {
+        use std::os::unix::fs::MetadataExt;
+        let (seen, saw) = std::sync::mpsc::channel();
+        let root = Arc::new(std::sync::OnceLock::new());
+        let mut tools = crate::tools::Registry::empty();
+        let spec = |name: &str, effect| crate::tools::ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            source: crate::tools::Source::Builtin,
+            effect,
+            schema: serde_json::json!({"type": "object"}),
+        };
+        let policy = crate::tools::Policy {
+            enabled: true,
+            timeout: std::time::Duration::from_secs(10),
+            rate_limit: crate::config::RateLimit::default(),
+            approval: None,
+        };
+        for (name, effect) in [
+            ("see", Effect::ReadOnly),
+            ("see_and_act", Effect::ExternalSideEffect),
+        ] {
+            let tool = SeeTemp {
+                spec: spec(name, effect),
+                root: root.clone(),
+                seen: seen.clone(),
+            };
+            tools.add(Box::new(tool), policy.clone()).unwrap();
+        }
+        let d = InProcess::start_with_registry("", tools);
+        root.set(d.vault.root().to_path_buf()).unwrap();
+        tokio::task::block_in_place(|| {
+            for (name, tool) in [("early.md", "see"), ("later.md", "see_and_act")] {
+                drop_call(&d, name, tool);
+                let temp = saw
+                    .recv_timeout(std::time::Duration::from_secs(10))
+                    .unwrap();
+                let temp = temp.unwrap_or_else(|| panic!("{name}: no temp file while it ran"));
+                d.wait_for("the note in Done", &|| d.in_state(State::Done, name));
+                let done = d.vault.folder(State::Done).join(name);
+                assert_eq!(std::fs::metadata(&done).unwrap().ino(), temp, "{name}");
+                assert!(
+                    std::fs::read_to_string(&done)
+                        .unwrap()
+                        .contains("looked beside")
+                );
+                let left: Vec<_> = std::fs::read_dir(d.vault.folder(State::InProgress))
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name())
+                    .collect();
+                assert!(left.is_empty(), "{name}: {left:?}");
+            }
+        });
+        d.stop().await;
     }
 
     /// A note whose calls are all read_only starts them while its claim record is still on

@@ -43,6 +43,8 @@ struct Appender {
     moves_on: bool,
     /// The note's text as the run last saw it (`Ending::last_seen`).
     last_seen: Option<String>,
+    /// Its temp file, made beforehand (`Ending::ahead`).
+    ahead: Option<note::TempFile>,
 }
 
 impl Appender {
@@ -71,6 +73,7 @@ impl Appender {
             self.moves_on,
             before_rename,
             self.last_seen.as_deref(),
+            self.ahead,
         );
         if other_note.get() {
             return Err(note::WriteError::Gone(self.path));
@@ -256,6 +259,7 @@ impl Daemon {
             in_note,
             committed,
             last_seen,
+            ahead,
         } = ending;
         let ids: Vec<String> = results.iter().map(|r| r.call_id.clone()).collect();
         let mut recorded_ids: Vec<String> = ids
@@ -266,6 +270,7 @@ impl Daemon {
         recorded_ids.extend(in_note.iter().filter(|id| !ids.contains(id)).cloned());
         let append = Appender {
             last_seen: Some(last_seen.to_owned()),
+            ahead,
             ..self.appender(path, note_id, results, held, next)
         };
         // Noted before the write's rename, so that its event finds it noted (`on_hint`).
@@ -323,6 +328,7 @@ impl Daemon {
                 .locate(path)
                 .is_some_and(|(here, _)| here != next),
             last_seen: None,
+            ahead: None,
         }
     }
 

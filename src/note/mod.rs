@@ -19,6 +19,6 @@ pub use parse::{
 };
 pub use render::{Block, append_and_set, append_blocks, set_note_id, set_runner, stamp_claim};
 pub use write::{
-    WriteError, read_settled, restore_note, update_note, update_note_beneath, update_note_settling,
-    update_note_unsynced, update_note_when_ready,
+    TempFile, WriteError, read_settled, restore_note, update_note, update_note_beneath,
+    update_note_settling, update_note_unsynced, update_note_when_ready,
 };

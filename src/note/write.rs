@@ -49,7 +49,7 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// temp file is dropped and `build` runs again on the new content, so the other writer's
 /// change is kept. When `build` changes nothing, nothing is written.
 pub fn update_note(path: &Path, build: impl Fn(&str) -> String) -> Result<String, WriteError> {
-    update(None, path, build, Durable::Now, &mut || Ok(()), None)
+    update(None, path, build, Durable::Now, &mut || Ok(()), None, None)
 }
 
 /// [`update_note`] that calls `ready` once its temp file is written and fsynced, before the
@@ -62,7 +62,7 @@ pub fn update_note_when_ready(
     build: impl Fn(&str) -> String,
     ready: &mut dyn FnMut() -> io::Result<()>,
 ) -> Result<String, WriteError> {
-    update(None, path, build, Durable::Now, ready, None)
+    update(None, path, build, Durable::Now, ready, None, None)
 }
 
 /// [`update_note`] for a note below the vault `root` (the daemon's writes into state folders,
@@ -75,7 +75,15 @@ pub fn update_note_beneath(
     path: &Path,
     build: impl Fn(&str) -> String,
 ) -> Result<String, WriteError> {
-    update(Some(root), path, build, Durable::Now, &mut || Ok(()), None)
+    update(
+        Some(root),
+        path,
+        build,
+        Durable::Now,
+        &mut || Ok(()),
+        None,
+        None,
+    )
 }
 
 /// [`update_note_beneath`] that calls `before_rename` once its temp file is written and
@@ -94,6 +102,9 @@ pub fn update_note_beneath(
 /// on the first attempt instead of reading the note again: the check under the lease before
 /// the rename compares it with the note itself, and a note changed since is read and built
 /// on at the next attempt (its temp file written for nothing).
+///
+/// `ahead`, a temp file made beside the note beforehand ([`TempFile::beside`]), is written
+/// into by the first attempt instead of a new one.
 pub fn update_note_settling(
     root: &Path,
     path: &Path,
@@ -101,6 +112,7 @@ pub fn update_note_settling(
     moves_on: bool,
     before_rename: &mut dyn FnMut(),
     last_seen: Option<&str>,
+    ahead: Option<TempFile>,
 ) -> Result<String, WriteError> {
     let durable = if moves_on {
         Durable::ByTheMove
@@ -111,7 +123,15 @@ pub fn update_note_settling(
         before_rename();
         Ok(())
     };
-    update(Some(root), path, build, durable, &mut ready, last_seen)
+    update(
+        Some(root),
+        path,
+        build,
+        durable,
+        &mut ready,
+        last_seen,
+        ahead,
+    )
 }
 
 /// [`update_note_beneath`] without an fsync of its own: neither the temp file nor the folder
@@ -135,6 +155,7 @@ pub fn update_note_unsynced(
         Durable::Soon,
         &mut || Ok(()),
         last_seen,
+        None,
     )
 }
 
@@ -171,6 +192,7 @@ fn update(
     durable: Durable,
     before_rename: &mut dyn FnMut() -> io::Result<()>,
     last_seen: Option<&str>,
+    mut ahead: Option<TempFile>,
 ) -> Result<String, WriteError> {
     // After a writer was caught in the rename (see below): what we wrote, and their text.
     let mut carried: Option<(String, String)> = None;
@@ -199,12 +221,18 @@ fn update(
             }
             return Ok(new);
         }
-        let temp = temp_path(path);
         // Unsynced (`Soon`) only on the text the caller's journal holds (the note as claimed):
         // on any other (a person's edit since), a crash must not leave the note empty, since
         // recovery would put back the claimed text, without the edit.
         let sync = durable != Durable::Soon || kept != Some(base.as_str());
-        let written = write_temp_beside(root, path, &temp, &new, sync);
+        let (temp, written) = match ahead.take().filter(|t| t.is_beside(path)) {
+            Some(made) => (made.temp.clone(), made.fill(&new, sync)),
+            None => {
+                let temp = temp_path(path);
+                let written = write_temp_beside(root, path, &temp, &new, sync);
+                (temp, written)
+            }
+        };
         let folder = match written {
             Ok(folder) => folder,
             Err(source) if guessed && source.kind() == io::ErrorKind::NotFound => {
@@ -304,6 +332,61 @@ fn carried_over(carried: Option<(String, String)>, current: &str, path: &Path) -
             current.to_owned()
         }
         None => current.to_owned(),
+    }
+}
+
+/// A temp file made beside a note ahead of its write, empty, with the note's permissions: a
+/// results write begun while the note's calls still run has its folder opened and its file
+/// created off the note's way to Done ([`update_note_settling`]'s `ahead`). Removed when
+/// dropped unwritten; one left by a crash is swept as any other ([`is_stale_temp`]).
+pub struct TempFile {
+    /// The note it is made for, and its own path beside it.
+    note: PathBuf,
+    temp: PathBuf,
+    /// Its folder and the file, open for writing, until it is filled.
+    made: Option<(crate::beneath::Folder, File)>,
+}
+
+impl TempFile {
+    /// Creates the temp file for the note at `path` below `root`, its folder reached as the
+    /// write reaches it (without a symlink, docs/design.md §9.13).
+    pub fn beside(root: &Path, path: &Path) -> io::Result<TempFile> {
+        let folder = open_folder(Some(root), path)?;
+        let temp = temp_path(path);
+        let file = create_temp(&folder, &temp, path)?;
+        Ok(TempFile {
+            note: path.to_path_buf(),
+            temp,
+            made: Some((folder, file)),
+        })
+    }
+
+    fn is_beside(&self, path: &Path) -> bool {
+        self.note == path
+    }
+
+    /// `new` written into it and (with `sync`) fsynced; its folder, for the rename. Removed
+    /// again if that fails.
+    fn fill(mut self, new: &str, sync: bool) -> io::Result<crate::beneath::Folder> {
+        let (folder, mut file) = self.made.take().expect("a temp file is filled once");
+        let filled = file
+            .write_all(new.as_bytes())
+            .and_then(|()| if sync { file.sync_all() } else { Ok(()) });
+        match filled {
+            Ok(()) => Ok(folder),
+            Err(e) => {
+                let _ = folder.remove(file_name(&self.temp));
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some((folder, _)) = &self.made {
+            let _ = folder.remove(file_name(&self.temp));
+        }
     }
 }
 
@@ -670,16 +753,26 @@ fn write_temp(
     bytes: &[u8],
     sync: bool,
 ) -> io::Result<()> {
-    let mut file = folder.create_new(file_name(temp))?;
-    if let Some(mode) = folder.mode_of(file_name(note)) {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
-    }
+    let mut file = create_temp(folder, temp, note)?;
     file.write_all(bytes)?;
     if sync {
         file.sync_all()?;
     }
     Ok(())
+}
+
+/// The temp file `temp` for `note`, created in `folder` (never over an existing one) with the
+/// note's permissions.
+fn create_temp(folder: &crate::beneath::Folder, temp: &Path, note: &Path) -> io::Result<File> {
+    let file = folder.create_new(file_name(temp))?;
+    if let Some(mode) = folder.mode_of(file_name(note)) {
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) = file.set_permissions(fs::Permissions::from_mode(mode)) {
+            let _ = folder.remove(file_name(temp));
+            return Err(e);
+        }
+    }
+    Ok(file)
 }
 
 /// The folder fsync after a rename, shared with other writers of the same folder
@@ -1025,6 +1118,7 @@ mod tests {
                 }
             },
             None,
+            None,
         );
         assert!(
             written.as_ref().is_err_and(WriteError::is_symlink_refusal),
@@ -1057,6 +1151,38 @@ mod tests {
         );
     }
 
+    /// A temp file made ahead ([`TempFile::beside`]) has the note's permissions and is the
+    /// file the write fills and renames over the note; one made for another note is not
+    /// used, and one dropped unwritten is removed: no temp file is left either way.
+    #[test]
+    fn a_temp_file_made_ahead_is_filled_for_its_own_note_and_removed_otherwise() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let path = note(&dir, "a.md", b"old");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+        let ahead = TempFile::beside(dir.path(), &path).unwrap();
+        let made = dir.path().join(&leftovers(&dir)[0]);
+        let ino = fs::metadata(&made).unwrap().ino();
+        assert_eq!(fs::metadata(&made).unwrap().mode() & 0o777, 0o640);
+        let append_with = |ahead| {
+            let append = |t: &str| format!("{t} + result");
+            update_note_settling(dir.path(), &path, append, true, &mut || {}, None, ahead)
+        };
+        assert_eq!(append_with(Some(ahead)).unwrap(), "old + result");
+        assert_eq!(fs::metadata(&path).unwrap().ino(), ino);
+        assert_eq!(fs::read_to_string(&path).unwrap(), "old + result");
+        assert!(leftovers(&dir).is_empty());
+
+        let other = note(&dir, "b.md", b"other");
+        let ahead = TempFile::beside(dir.path(), &other).unwrap();
+        assert_eq!(append_with(Some(ahead)).unwrap(), "old + result + result");
+        assert!(leftovers(&dir).is_empty());
+
+        drop(TempFile::beside(dir.path(), &path).unwrap());
+        assert!(leftovers(&dir).is_empty());
+        assert_eq!(fs::read_to_string(&other).unwrap(), "other");
+    }
+
     /// The results write's hook (where it waits for its outcomes to be durable) runs once
     /// the new text is in a fsynced temp file and before the note is replaced: a result block
     /// is never in the note before its outcome is in the journal.
@@ -1078,6 +1204,7 @@ mod tests {
                     .collect();
                 seen.push((note_now, temps));
             },
+            None,
             None,
         )
         .unwrap();
@@ -1105,9 +1232,16 @@ mod tests {
         let write = |name: &str, on_disk: &[u8], last_seen: &str| {
             built.borrow_mut().clear();
             let path = note(&dir, name, on_disk);
-            let written =
-                update_note_settling(dir.path(), &path, append, true, &mut || {}, Some(last_seen))
-                    .unwrap();
+            let written = update_note_settling(
+                dir.path(),
+                &path,
+                append,
+                true,
+                &mut || {},
+                Some(last_seen),
+                None,
+            )
+            .unwrap();
             assert_eq!(fs::read_to_string(&path).unwrap(), written);
             (written, built.borrow().clone())
         };
@@ -1136,6 +1270,7 @@ mod tests {
             true,
             &mut || {},
             Some("done"),
+            None,
         )
         .unwrap();
         assert_eq!(written, "changed + result");
@@ -1147,8 +1282,15 @@ mod tests {
         let path = sub.join("d.md");
         fs::write(&path, "old").unwrap();
         fs::remove_dir_all(&sub).unwrap();
-        let written =
-            update_note_settling(dir.path(), &path, append, true, &mut || {}, Some("old"));
+        let written = update_note_settling(
+            dir.path(),
+            &path,
+            append,
+            true,
+            &mut || {},
+            Some("old"),
+            None,
+        );
         assert!(matches!(written, Err(WriteError::Gone(_))), "{written:?}");
     }
 

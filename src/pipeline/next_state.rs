@@ -23,6 +23,8 @@ pub(crate) struct Ending<'a> {
     /// note's without reading it again, unless the note changed since
     /// (`note::update_note_settling`).
     pub last_seen: &'a str,
+    /// The results write's temp file, made while the calls ran (`Daemon::temp_ahead`).
+    pub ahead: Option<crate::note::TempFile>,
 }
 
 /// How appending a run's results into its note went.
