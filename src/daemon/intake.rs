@@ -116,7 +116,7 @@ impl Daemon {
             }
             Hint::Ready(path) => {
                 self.arrivals.arrived(&path);
-                self.dispatch(path);
+                self.dispatch_now(path, tasks);
             }
         }
     }
@@ -197,6 +197,23 @@ impl Daemon {
             .expect("queue lock poisoned")
             .push_back(path);
         self.queued.notify_one();
+    }
+
+    /// [`dispatch`](Self::dispatch) from the intake loop itself: with nothing queued and a
+    /// note slot free, the note's task is spawned here and now, without the trip through the
+    /// queue and the loop's next turn (`next_queued`), which a lone note's time to Done paid.
+    pub(crate) fn dispatch_now(self: &Arc<Self>, path: PathBuf, tasks: &mut JoinSet<()>) {
+        let free = self
+            .nothing_queued()
+            .then(|| self.note_slots.try_take())
+            .flatten();
+        let Some(slot) = free else {
+            return self.dispatch(path);
+        };
+        if self.mark_inflight(&path) {
+            tracing::debug!(note = %self.vault.relative(&path), "started at once");
+            self.start_note_task(slot, path, tasks);
+        }
     }
 
     pub(crate) fn nothing_queued(&self) -> bool {
@@ -713,6 +730,11 @@ impl NoteSlots {
             .acquire_owned()
             .await
             .expect("the note slots are never closed")
+    }
+
+    /// A slot, if one is free now.
+    pub(crate) fn try_take(&self) -> Option<OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
     }
 
     /// Marks one slot as taken ahead, for a note not found yet, until the guard drops.
