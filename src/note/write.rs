@@ -39,8 +39,24 @@ const BACKOFF_MAX: Duration = Duration::from_millis(100);
 /// to the replaced inode. Wait for a quiet moment first.
 const QUIET: Duration = Duration::from_millis(50);
 
+/// Where this process's temp file numbers start: the microseconds since the epoch at their
+/// first use, above every number an earlier process with the same pid gave out (a
+/// container's PID 1, restarted), so that [`is_stale_temp`] knows its leftovers from this
+/// process's own files. A clock set back since makes such a leftover look like ours: it is
+/// kept, and no file of ours is ever taken for a leftover.
+static TEMP_BASE: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2))
+});
 /// Makes temp names unique among the writers of this process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The number of this process's next temp file (`.{name}.vaultd-{pid}-{n}.tmp`: the note
+/// writes here and the vault tools' new files), from [`TEMP_BASE`] up.
+pub(crate) fn next_temp_number() -> u64 {
+    *TEMP_BASE + TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+}
 
 /// Reads the note, computes its new text with `build(current)`, and replaces it atomically.
 /// Returns the text written.
@@ -700,7 +716,7 @@ fn temp_path(path: &Path) -> PathBuf {
     while !name.is_char_boundary(cut) {
         cut -= 1;
     }
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let n = next_temp_number();
     let temp = format!(".{}.vaultd-{}-{n}.tmp", &name[..cut], std::process::id());
     path.with_file_name(temp)
 }
@@ -709,7 +725,9 @@ fn temp_path(path: &Path) -> PathBuf {
 /// process that no longer runs: a daemon, or a `vaultd` command, killed mid-write left it. The
 /// daemon holding the vault lock calls this at start; a command running beside it (`vaultd
 /// undo`, `approve`) may be writing one now, and its pid is alive (Linux's `/proc`; where that
-/// is missing, none is taken to be).
+/// is missing, none is taken to be). One with this process's pid is an earlier process's (the
+/// pid reused, as a container's PID 1 is) when its number is below this process's first
+/// ([`TEMP_BASE`]).
 pub fn is_stale_temp(file_name: &str) -> bool {
     let Some(inner) = file_name
         .strip_prefix('.')
@@ -724,10 +742,13 @@ pub fn is_stale_temp(file_name: &str) -> bool {
         return false;
     };
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    digits(pid)
-        && digits(n)
-        && pid != std::process::id().to_string()
-        && !Path::new("/proc").join(pid).exists()
+    if !digits(pid) || !digits(n) {
+        return false;
+    }
+    if pid == std::process::id().to_string() {
+        return n.parse::<u64>().is_ok_and(|n| n < *TEMP_BASE);
+    }
+    !Path::new("/proc").join(pid).exists()
 }
 
 /// The folder of the note at `path`, opened once for one write: below the vault `root` without
@@ -923,6 +944,14 @@ mod tests {
         assert!(is_stale_temp(".x.vaultd-y.md.vaultd-4999999-0.tmp"));
         let ours = temp_path(Path::new("/v/a.md"));
         assert!(!is_stale_temp(&ours.file_name().unwrap().to_string_lossy()));
+        // An earlier process's with this pid (a container's PID 1, restarted): numbered below
+        // this process's first.
+        let me = std::process::id();
+        let earlier = format!(".a.md.vaultd-{me}-{}.tmp", *TEMP_BASE - 1);
+        assert!(is_stale_temp(&earlier));
+        assert!(is_stale_temp(&format!(".a.md.vaultd-{me}-0.tmp")));
+        let first = format!(".a.md.vaultd-{me}-{}.tmp", *TEMP_BASE);
+        assert!(!is_stale_temp(&first));
         // A live process's (a `vaultd undo` beside the daemon): it may be writing it now.
         let mut child = std::process::Command::new("sleep")
             .arg("30")

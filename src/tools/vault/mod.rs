@@ -74,7 +74,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------------
@@ -626,8 +625,6 @@ pub(crate) fn edit_note(
     ))
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// Creates `abs` with `bytes` atomically and never over an existing file: a hidden temp file
 /// beside it (fsynced), hard-linked into place (which fails if the name is taken), then
 /// removed. Missing parent folders are created.
@@ -658,7 +655,7 @@ pub(crate) fn create_file_when_ready(
     let temp = dir.join(format!(
         ".{name}.vaultd-{}-{}.tmp",
         std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        crate::note::write::next_temp_number()
     ));
     let result = (|| {
         let mut f = std::fs::OpenOptions::new()
