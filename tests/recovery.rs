@@ -581,6 +581,39 @@ async fn temp_files_of_an_interrupted_write_are_swept_at_start() {
     }
 }
 
+/// A daemon killed while a lone note's search runs leaves the temp file its results write
+/// made beside the note meanwhile (`note::TempFile`, made while the call runs); the next start
+/// sweeps it and finishes the note, with its one result.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_during_a_lone_notes_call_leaves_a_temp_file_the_next_start_sweeps() {
+    let server = SearxServer::start(Duration::from_secs(60)).await;
+    let vault = TestVault::new(&server.base_url(), "");
+    let mut daemon = vault.start();
+    vault.drop_note("slow.md", &note_with_calls("Slow", &[search_call("slow")]));
+    wait_until("the search under way", Duration::from_secs(20), || {
+        server.requests() == 1 && !leftover_temp_files(&vault).is_empty()
+    });
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    let left = leftover_temp_files(&vault);
+    assert!(
+        left.len() == 1 && left[0].starts_with("In_Progress/.slow.md.vaultd-"),
+        "{left:?}"
+    );
+    server.set_delay(Duration::ZERO);
+    let (code, log) = vault.once();
+    assert_eq!(code, 0, "{log}");
+    assert!(
+        leftover_temp_files(&vault).is_empty(),
+        "{:?}",
+        leftover_temp_files(&vault)
+    );
+    let results = results_in(&vault.read("Done", "slow.md"));
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0]["ok"], true);
+    assert_eq!(server.queries(), vec!["slow", "slow"]);
+}
+
 /// The call id `vaultd check --json` gives the single call of `text`.
 fn only_call_id(vault: &TestVault, text: &str) -> String {
     let path = vault.dir.path().join("check-me.md");
