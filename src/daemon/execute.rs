@@ -1084,37 +1084,35 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lone_notes_results_are_written_into_the_temp_file_made_while_its_call_ran() {
         use std::os::unix::fs::MetadataExt;
-        let (seen, saw) = std::sync::mpsc::channel();
-        let root = Arc::new(std::sync::OnceLock::new());
-        let mut tools = crate::tools::Registry::empty();
-        let spec = |name: &str, effect| crate::tools::ToolSpec {
-            name: name.into(),
-            description: String::new(),
-            source: crate::tools::Source::Builtin,
-            effect,
-            schema: serde_json::json!({"type": "object"}),
-        };
         let policy = crate::tools::Policy {
             enabled: true,
             timeout: std::time::Duration::from_secs(10),
             rate_limit: crate::config::RateLimit::default(),
             approval: None,
         };
-        for (name, effect) in [
-            ("see", Effect::ReadOnly),
-            ("see_and_act", Effect::ExternalSideEffect),
+        // A daemon for each, so that each note is surely alone (`one_note`).
+        for (name, tool, effect) in [
+            ("early.md", "see", Effect::ReadOnly),
+            ("later.md", "see_and_act", Effect::ExternalSideEffect),
         ] {
-            let tool = SeeTemp {
-                spec: spec(name, effect),
+            let (seen, saw) = std::sync::mpsc::channel();
+            let root = Arc::new(std::sync::OnceLock::new());
+            let see = SeeTemp {
+                spec: crate::tools::ToolSpec {
+                    name: tool.into(),
+                    description: String::new(),
+                    source: crate::tools::Source::Builtin,
+                    effect,
+                    schema: serde_json::json!({"type": "object"}),
+                },
                 root: root.clone(),
-                seen: seen.clone(),
+                seen,
             };
-            tools.add(Box::new(tool), policy.clone()).unwrap();
-        }
-        let d = InProcess::start_with_registry("", tools);
-        root.set(d.vault.root().to_path_buf()).unwrap();
-        tokio::task::block_in_place(|| {
-            for (name, tool) in [("early.md", "see"), ("later.md", "see_and_act")] {
+            let mut tools = crate::tools::Registry::empty();
+            tools.add(Box::new(see), policy.clone()).unwrap();
+            let d = InProcess::start_with_registry("", tools);
+            root.set(d.vault.root().to_path_buf()).unwrap();
+            tokio::task::block_in_place(|| {
                 drop_call(&d, name, tool);
                 let temp = saw
                     .recv_timeout(std::time::Duration::from_secs(10))
@@ -1123,20 +1121,17 @@ mod tests {
                 d.wait_for("the note in Done", &|| d.in_state(State::Done, name));
                 let done = d.vault.folder(State::Done).join(name);
                 assert_eq!(std::fs::metadata(&done).unwrap().ino(), temp, "{name}");
-                assert!(
-                    std::fs::read_to_string(&done)
-                        .unwrap()
-                        .contains("looked beside")
-                );
+                let text = std::fs::read_to_string(&done).unwrap();
+                assert!(text.contains("looked beside"), "{text}");
                 let left: Vec<_> = std::fs::read_dir(d.vault.folder(State::InProgress))
                     .unwrap()
                     .flatten()
                     .map(|e| e.file_name())
                     .collect();
                 assert!(left.is_empty(), "{name}: {left:?}");
-            }
-        });
-        d.stop().await;
+            });
+            d.stop().await;
+        }
     }
 
     /// A note whose calls are all read_only starts them while its claim record is still on
