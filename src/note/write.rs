@@ -178,11 +178,10 @@ pub fn update_note_unsynced(
 /// Puts `text` back as the note at `path` (temp file, fsync, rename, folder fsync), whatever
 /// the note holds now: recovery's repair of a note a crash left damaged.
 pub fn restore_note(root: &Path, path: &Path, text: &str) -> Result<(), WriteError> {
-    let folder = open_folder(Some(root), path).map_err(|e| io_error(path, e))?;
-    let temp = temp_path(path);
-    let written = write_temp(&folder, &temp, path, text.as_bytes(), true)
-        .and_then(|()| folder.rename(file_name(&temp), file_name(path)));
-    if let Err(source) = written {
+    let (folder, temp) = TempFile::make(Some(root), path)
+        .and_then(|made| made.fill(text, true))
+        .map_err(|e| io_error(path, e))?;
+    if let Err(source) = folder.rename(file_name(&temp), file_name(path)) {
         let _ = folder.remove(file_name(&temp));
         return Err(io_error(path, source));
     }
@@ -241,16 +240,12 @@ fn update(
         // on any other (a person's edit since), a crash must not leave the note empty, since
         // recovery would put back the claimed text, without the edit.
         let sync = durable != Durable::Soon || kept != Some(base.as_str());
-        let (temp, written) = match ahead.take().filter(|t| t.is_beside(path)) {
-            Some(made) => (made.temp.clone(), made.fill(&new, sync)),
-            None => {
-                let temp = temp_path(path);
-                let written = write_temp_beside(root, path, &temp, &new, sync);
-                (temp, written)
-            }
+        let made = match ahead.take().filter(|t| t.is_beside(path)) {
+            Some(made) => Ok(made),
+            None => TempFile::make(root, path),
         };
-        let folder = match written {
-            Ok(folder) => folder,
+        let (folder, temp) = match made.and_then(|made| made.fill(&new, sync)) {
+            Ok(filled) => filled,
             Err(source) if guessed && source.kind() == io::ErrorKind::NotFound => {
                 // Its folder is gone: said (as `Gone`) by the read of the next attempt.
                 guessed_wrong = true;
@@ -351,10 +346,11 @@ fn carried_over(carried: Option<(String, String)>, current: &str, path: &Path) -
     }
 }
 
-/// A temp file made beside a note ahead of its write, empty, with the note's permissions: a
-/// results write begun while the note's calls still run has its folder opened and its file
-/// created off the note's way to Done ([`update_note_settling`]'s `ahead`). Removed when
-/// dropped unwritten; one left by a crash is swept as any other ([`is_stale_temp`]).
+/// The temp file of a note write, in the note's folder, created empty with the note's
+/// permissions, then filled and renamed over the note. Every write makes its own, except a
+/// results write begun while the note's calls still run, which has it made beforehand, off
+/// the note's way to Done ([`update_note_settling`]'s `ahead`). Removed when dropped
+/// unwritten; one left by a crash is swept as any other ([`is_stale_temp`]).
 pub struct TempFile {
     /// The note it is made for, and its own path beside it.
     note: PathBuf,
@@ -367,7 +363,12 @@ impl TempFile {
     /// Creates the temp file for the note at `path` below `root`, its folder reached as the
     /// write reaches it (without a symlink, docs/design.md §9.13).
     pub fn beside(root: &Path, path: &Path) -> io::Result<TempFile> {
-        let folder = open_folder(Some(root), path)?;
+        TempFile::make(Some(root), path)
+    }
+
+    /// The temp file for the note at `path`, its folder opened below `root` when given.
+    fn make(root: Option<&Path>, path: &Path) -> io::Result<TempFile> {
+        let folder = open_folder(root, path)?;
         let temp = temp_path(path);
         let file = create_temp(&folder, &temp, path)?;
         Ok(TempFile {
@@ -381,15 +382,15 @@ impl TempFile {
         self.note == path
     }
 
-    /// `new` written into it and (with `sync`) fsynced; its folder, for the rename. Removed
-    /// again if that fails.
-    fn fill(mut self, new: &str, sync: bool) -> io::Result<crate::beneath::Folder> {
+    /// `new` written into it and (with `sync`) fsynced; its folder and its path, for the
+    /// rename. Removed again if that fails.
+    fn fill(mut self, new: &str, sync: bool) -> io::Result<(crate::beneath::Folder, PathBuf)> {
         let (folder, mut file) = self.made.take().expect("a temp file is filled once");
         let filled = file
             .write_all(new.as_bytes())
             .and_then(|()| if sync { file.sync_all() } else { Ok(()) });
         match filled {
-            Ok(()) => Ok(folder),
+            Ok(()) => Ok((folder, std::mem::take(&mut self.temp))),
             Err(e) => {
                 let _ = folder.remove(file_name(&self.temp));
                 Err(e)
@@ -402,25 +403,6 @@ impl Drop for TempFile {
     fn drop(&mut self) {
         if let Some((folder, _)) = &self.made {
             let _ = folder.remove(file_name(&self.temp));
-        }
-    }
-}
-
-/// [`update`]'s temp file: `new` written to `temp` in the note's folder (opened beneath
-/// `root` when given), fsynced when `sync`; removed again if that fails.
-fn write_temp_beside(
-    root: Option<&Path>,
-    path: &Path,
-    temp: &Path,
-    new: &str,
-    sync: bool,
-) -> io::Result<crate::beneath::Folder> {
-    let folder = open_folder(root, path)?;
-    match write_temp(&folder, temp, path, new.as_bytes(), sync) {
-        Ok(()) => Ok(folder),
-        Err(e) => {
-            let _ = folder.remove(file_name(temp));
-            Err(e)
         }
     }
 }
@@ -763,23 +745,6 @@ fn open_folder(root: Option<&Path>, path: &Path) -> io::Result<crate::beneath::F
 
 fn file_name(path: &Path) -> &std::ffi::OsStr {
     path.file_name().unwrap_or_default()
-}
-
-/// Creates the temp file in `folder` (never over an existing one) with the note's
-/// permissions, writes and (with `sync`) fsyncs it.
-fn write_temp(
-    folder: &crate::beneath::Folder,
-    temp: &Path,
-    note: &Path,
-    bytes: &[u8],
-    sync: bool,
-) -> io::Result<()> {
-    let mut file = create_temp(folder, temp, note)?;
-    file.write_all(bytes)?;
-    if sync {
-        file.sync_all()?;
-    }
-    Ok(())
 }
 
 /// The temp file `temp` for `note`, created in `folder` (never over an existing one) with the
