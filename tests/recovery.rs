@@ -603,11 +603,8 @@ async fn a_kill_during_a_lone_notes_call_leaves_a_temp_file_the_next_start_sweep
     server.set_delay(Duration::ZERO);
     let (code, log) = vault.once();
     assert_eq!(code, 0, "{log}");
-    assert!(
-        leftover_temp_files(&vault).is_empty(),
-        "{:?}",
-        leftover_temp_files(&vault)
-    );
+    let left = leftover_temp_files(&vault);
+    assert!(left.is_empty(), "{left:?}");
     let results = results_in(&vault.read("Done", "slow.md"));
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0]["ok"], true);

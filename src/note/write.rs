@@ -178,7 +178,7 @@ pub fn update_note_unsynced(
 /// Puts `text` back as the note at `path` (temp file, fsync, rename, folder fsync), whatever
 /// the note holds now: recovery's repair of a note a crash left damaged.
 pub fn restore_note(root: &Path, path: &Path, text: &str) -> Result<(), WriteError> {
-    let (folder, temp) = TempFile::make(Some(root), path)
+    let (folder, temp) = TempFile::beside(root, path)
         .and_then(|made| made.fill(text, true))
         .map_err(|e| io_error(path, e))?;
     if let Err(source) = folder.rename(file_name(&temp), file_name(path)) {
