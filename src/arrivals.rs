@@ -198,6 +198,17 @@ impl Arrivals {
     /// since the claim (in the inbox or into Approved/). Errors are logged: the name then
     /// stays and is dropped at the next start (the journal has it).
     pub fn drop_one(&self, vault: &Vault, left: &LeftBehind) {
+        self.drop_one_after(vault, left, crate::files::folder_marks());
+    }
+
+    /// [`drop_one`](Self::drop_one) for the claim whose link was marked before `linked`
+    /// ([`Vault::drop_left_behind_after`]): the grace's end after a link claim.
+    pub fn drop_one_after(
+        &self,
+        vault: &Vault,
+        left: &LeftBehind,
+        linked: crate::files::FolderMarks,
+    ) {
         {
             let mut kept = self.kept.lock().expect("arrivals lock poisoned");
             if let Some(i) = kept.iter().position(|k| k == left) {
@@ -205,7 +216,7 @@ impl Arrivals {
                 return;
             }
         }
-        let dropped = vault.drop_left_behind(left);
+        let dropped = vault.drop_left_behind_after(left, linked);
         if let Ok(false) = dropped
             && let Some(renamed) = find_by_key(vault, left.file)
         {

@@ -163,6 +163,25 @@ pub fn flush_folders() {
     FLUSHER.flush();
 }
 
+/// How many folder marks ([`fsync_dir_soon`]) were made so far: what a later
+/// [`flush_folders_through`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FolderMarks(u64);
+
+/// The marks made so far, the caller's own among them.
+pub fn folder_marks() -> FolderMarks {
+    FolderMarks(FLUSHER.lock().marked)
+}
+
+/// Returns once every folder marked before `marks` were taken is fsynced; at once when a
+/// round since covered them, whatever was marked after. A link claim's first name, dropped
+/// a grace after the claim, so waits for its link's folder only, and finds it durable by
+/// then: it no longer forces a round for the folders of the notes in flight since (which
+/// put two folder fsyncs beside every note of a steady stream).
+pub fn flush_folders_through(marks: FolderMarks) {
+    FLUSHER.flush_to(marks.0);
+}
+
 /// How long the flusher waits after a first mark before its round: long enough for the notes
 /// in flight to join it, short against what a crash could then cost (moves recovery redoes).
 pub const FLUSH_LINGER: std::time::Duration = std::time::Duration::from_millis(50);
@@ -252,8 +271,13 @@ impl Flusher {
     }
 
     fn flush(&self) {
+        let target = self.lock().marked;
+        self.flush_to(target);
+    }
+
+    /// Returns once the first `target` marks are durable.
+    fn flush_to(&self, target: u64) {
         let mut st = self.lock();
-        let target = st.marked;
         if st.durable >= target {
             return;
         }
@@ -444,6 +468,35 @@ mod tests {
         let st = flusher.lock();
         assert_eq!((st.marked, st.durable), (160, 160));
         assert!(st.dirty.is_empty(), "{:?}", st.dirty);
+    }
+
+    /// A flush through older marks returns at once when a round covered them, and does not
+    /// force a round for the marks made since (they wait for their linger); one through the
+    /// newest marks does. (Judged only on an attempt that took well under the linger: a round
+    /// that came on its own would make any answer right.)
+    #[test]
+    fn a_flush_through_covered_marks_leaves_later_marks_to_their_round() {
+        let dir = tempfile::tempdir().unwrap();
+        for _ in 0..20 {
+            let flusher: &'static Flusher = Box::leak(Box::default());
+            flusher.mark(dir.path());
+            let linked = flusher.lock().marked;
+            flusher.flush();
+            flusher.mark(dir.path()); // a later note's: its round is FLUSH_LINGER away
+            let marked_at = std::time::Instant::now();
+            let later = flusher.lock().marked;
+            flusher.flush_to(linked);
+            let st = flusher.lock();
+            if marked_at.elapsed() > FLUSH_LINGER / 2 {
+                continue; // too slow to tell
+            }
+            assert_eq!((st.durable, st.marked), (linked, later), "no round forced");
+            drop(st);
+            flusher.flush_to(later);
+            assert_eq!(flusher.lock().durable, later);
+            return;
+        }
+        panic!("no attempt took less than half of FLUSH_LINGER");
     }
 
     #[test]

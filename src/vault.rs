@@ -343,12 +343,23 @@ impl Vault {
     /// checked: a note saved there meanwhile (another file) is put back, never deleted.
     /// True when a name was removed.
     pub fn drop_left_behind(&self, left: &LeftBehind) -> io::Result<bool> {
+        self.drop_left_behind_after(left, crate::files::folder_marks())
+    }
+
+    /// [`drop_left_behind`](Self::drop_left_behind) of a name whose claim's link was marked
+    /// durable-soon before `linked` were taken: only those marks are waited for.
+    pub fn drop_left_behind_after(
+        &self,
+        left: &LeftBehind,
+        linked: crate::files::FolderMarks,
+    ) -> io::Result<bool> {
         let Some(aside) = aside_name(&left.path) else {
             return Ok(false);
         };
         // The claim's link was made durable soon (`link_with`): it is, before its first name
-        // goes. Nothing waits when its round is long over (the grace is seconds).
-        crate::files::flush_folders();
+        // goes. Nothing waits when its round is over (a round begins 50 ms after a mark, and
+        // the grace is 100 ms by default).
+        crate::files::flush_folders_through(linked);
         match rename_noreplace(&self.root, &left.path, &aside) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),

@@ -122,18 +122,20 @@ impl Daemon {
             let linked = self
                 .on_this_thread(move || {
                     let (claimed, left) = vault.link_to(&p, State::InProgress)?;
+                    // The link's folder mark among them: what the first name's drop waits for.
+                    let marks = crate::files::folder_marks();
                     let read = note::read_settled(&claimed);
-                    Ok((claimed, left, read))
+                    Ok((claimed, left, marks, read))
                 })
                 .await;
             match linked {
-                Ok((claimed, left, read)) => {
+                Ok((claimed, left, marks, read)) => {
                     self.arrivals.hold(&left);
                     let (me, l) = (self.clone(), left.clone());
                     tokio::spawn(async move {
                         tokio::time::sleep(keep).await;
                         let _ = tokio::task::spawn_blocking(move || {
-                            me.arrivals.drop_one(&me.vault, &l)
+                            me.arrivals.drop_one_after(&me.vault, &l, marks)
                         })
                         .await;
                     });

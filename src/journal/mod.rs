@@ -141,7 +141,9 @@
 //! rename of its results write), and the folder of a new `.eml` in the outbox. Under load one
 //! round covers dozens of notes. What a crash can undo of them, and why that is safe:
 //! - the claim's rename or hard link: the note is back at the path it was claimed from (a
-//!   link's first name is dropped live only after a flush, and at start-up only while the
+//!   link's first name is dropped live only once the link's folder mark is durable, a flush
+//!   through that mark (`files::flush_folders_through`: by the grace's end a round has
+//!   most often covered it, and it waits for nothing), and at start-up only while the
 //!   claimed note is found, so a record that outlived its link never drops the note's only
 //!   name: `arrivals::settle_after_crash`); a call that started has a
 //!   durable start record, so the stale-copy rule (§9.6) gives it its recorded outcome or
