@@ -229,7 +229,7 @@ impl Arrivals {
                 path: renamed,
                 file: left.file,
             };
-            if let Err(e) = vault.drop_left_behind(&renamed) {
+            if let Err(e) = vault.drop_left_behind_after(&renamed, linked) {
                 tracing::warn!(note = %vault.relative(&renamed.path), "cannot remove the name a claim left behind: {e}");
             }
         } else if let Err(e) = dropped {
