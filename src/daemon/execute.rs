@@ -210,7 +210,7 @@ impl Daemon {
         self.spend_decisions(alone).await?;
         self.report_left_pending(&note.path, plan.left_pending, rules.max_calls)
             .await;
-        let ahead = self.temp_ahead(&note.path, &text, &plan.steps);
+        let ahead = self.temp_ahead(&note.path, &plan.steps);
         let calls = self
             .start_calls(
                 note.run.into(),
@@ -265,7 +265,7 @@ impl Daemon {
             .await;
         let (known, id) = tokio::sync::watch::channel(None);
         let run_of = RunOf::Claiming { ticket, id };
-        let ahead = self.temp_ahead(claimed, &text, &plan.steps);
+        let ahead = self.temp_ahead(claimed, &plan.steps);
         let (began, calls) = if let [(_, Step::Run(call))] = plan.steps.as_slice() {
             // One call: run here, beside the claim record's answer, not in a task of its own
             // (a spawn and a join less on the note's way to Done).
@@ -341,18 +341,13 @@ impl Daemon {
     /// create off the note's way to Done. Only for a note worked on alone, with a call to
     /// wait for (as [`Daemon::on_this_thread`]): under load the pool's threads have other
     /// notes' work, and a note waits for its turn, not for its temp file.
-    /// It is given room for the note's `text` ([`crate::note::TempFile::reserve`]): the
-    /// results write only adds to it.
-    fn temp_ahead(&self, path: &Path, text: &str, steps: &[(String, Step)]) -> TempAhead {
+    fn temp_ahead(&self, path: &Path, steps: &[(String, Step)]) -> TempAhead {
         if !self.note_slots.one_note() || !steps.iter().any(|(_, s)| matches!(s, Step::Run(_))) {
             return None;
         }
         let (root, path) = (self.vault.root().to_path_buf(), path.to_path_buf());
-        let len = text.len() as u64;
         Some(tokio::task::spawn_blocking(move || {
-            let mut temp = crate::note::TempFile::beside(&root, &path)?;
-            temp.reserve(len);
-            Ok(temp)
+            crate::note::TempFile::beside(&root, &path)
         }))
     }
 

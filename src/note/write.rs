@@ -349,22 +349,15 @@ fn carried_over(carried: Option<(String, String)>, current: &str, path: &Path) -
 /// The temp file of a note write, in the note's folder, created empty with the note's
 /// permissions, then filled and renamed over the note. Every write makes its own, except a
 /// results write begun while the note's calls still run, which has it made beforehand, off
-/// the note's way to Done ([`update_note_settling`]'s `ahead`), and given room there
-/// ([`TempFile::reserve`]). Removed when dropped unwritten; one left by a crash (empty, or
-/// its room of zeros) is swept as any other ([`is_stale_temp`]).
+/// the note's way to Done ([`update_note_settling`]'s `ahead`). Removed when dropped
+/// unwritten; one left by a crash is swept as any other ([`is_stale_temp`]).
 pub struct TempFile {
     /// The note it is made for, and its own path beside it.
     note: PathBuf,
     temp: PathBuf,
     /// Its folder and the file, open for writing, until it is filled.
     made: Option<(crate::beneath::Folder, File)>,
-    /// Bytes of zeros written into it and fsynced beforehand ([`TempFile::reserve`]).
-    reserved: u64,
 }
-
-/// The most [`TempFile::reserve`] writes ahead: a longer note's write allocates the rest of
-/// its blocks itself.
-const MAX_RESERVE: u64 = 64 * 1024;
 
 impl TempFile {
     /// Creates the temp file for the note at `path` below `root`, its folder reached as the
@@ -382,39 +375,7 @@ impl TempFile {
             note: path.to_path_buf(),
             temp,
             made: Some((folder, file)),
-            reserved: 0,
         })
-    }
-
-    /// Makes room ahead for a write of at least `len` bytes: the file blocks `len` fills,
-    /// written as zeros and fsynced (at most [`MAX_RESERVE`]). The write's own fsync then
-    /// finds its blocks allocated (and, on ext4 without a journal, the new file's folder
-    /// entry already written by the first fsync), and writes only the text and the size on
-    /// the note's way to Done: 0.33 against 0.46 ms for a 1.2 KiB note on this project's
-    /// ext4 (BENCHMARKS.md, twenty-fourth pass). Never more than `len` fills: a block the
-    /// write then cuts off costs its fsync what the room saved. A copy-on-write file system
-    /// writes the text to new blocks anyway and is not expected to gain. Best effort: when
-    /// it fails, the file is empty again and the write allocates its blocks as without it.
-    pub fn reserve(&mut self, len: u64) {
-        use std::os::unix::fs::MetadataExt;
-        let Some((_, file)) = self.made.as_mut() else {
-            return;
-        };
-        let block = match file.metadata() {
-            Ok(m) if (512..=MAX_RESERVE).contains(&m.blksize()) => m.blksize(),
-            _ => return, // unknown, or a network file system's transfer size
-        };
-        let room = (len.max(1).div_ceil(block) * block).min(MAX_RESERVE);
-        let zeros = vec![0u8; room as usize];
-        if file
-            .write_all(&zeros)
-            .and_then(|()| file.sync_all())
-            .is_ok()
-        {
-            self.reserved = room;
-        } else {
-            let _ = file.set_len(0);
-        }
     }
 
     fn is_beside(&self, path: &Path) -> bool {
@@ -424,19 +385,9 @@ impl TempFile {
     /// `new` written into it and (with `sync`) fsynced; its folder and its path, for the
     /// rename. Removed again if that fails.
     fn fill(mut self, new: &str, sync: bool) -> io::Result<(crate::beneath::Folder, PathBuf)> {
-        use std::os::unix::fs::FileExt;
-        let (folder, file) = self.made.take().expect("a temp file is filled once");
-        // At the start, over the room made ahead, which is then cut to the text's length.
-        let len = new.len() as u64;
+        let (folder, mut file) = self.made.take().expect("a temp file is filled once");
         let filled = file
-            .write_all_at(new.as_bytes(), 0)
-            .and_then(|()| {
-                if self.reserved > len {
-                    file.set_len(len)
-                } else {
-                    Ok(())
-                }
-            })
+            .write_all(new.as_bytes())
             .and_then(|()| if sync { file.sync_all() } else { Ok(()) });
         match filled {
             Ok(()) => Ok((folder, std::mem::take(&mut self.temp))),
@@ -1224,61 +1175,6 @@ mod tests {
         drop(TempFile::beside(dir.path(), &path).unwrap());
         assert!(leftovers(&dir).is_empty());
         assert_eq!(fs::read_to_string(&other).unwrap(), "other");
-    }
-
-    /// A temp file given room ahead holds that many zeros, allocated, until it is filled;
-    /// the note then has exactly the new text, shorter or longer than the room, and a write
-    /// that fails to fill it leaves no temp file.
-    #[test]
-    fn a_temp_file_given_room_ahead_holds_exactly_the_text_it_is_filled_with() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let block = fs::metadata(dir.path()).unwrap().blksize();
-        let append_with = |path: &Path, ahead, add: String| {
-            let append = move |t: &str| format!("{t}{add}");
-            update_note_settling(
-                dir.path(),
-                path,
-                append,
-                true,
-                &mut || {},
-                None,
-                Some(ahead),
-            )
-        };
-        // Room for the note's text, in whole blocks: its own text fills them.
-        for (name, old, add) in [
-            ("short.md", "a note".to_string(), " + result".to_string()),
-            (
-                "block.md",
-                "x".repeat(block as usize),
-                "y".repeat(3 * block as usize),
-            ),
-        ] {
-            let path = note(&dir, name, old.as_bytes());
-            let mut ahead = TempFile::beside(dir.path(), &path).unwrap();
-            ahead.reserve(old.len() as u64);
-            let made = dir.path().join(&leftovers(&dir)[0]);
-            let m = fs::metadata(&made).unwrap();
-            let room = (old.len() as u64).div_ceil(block) * block;
-            assert_eq!(m.len(), room, "{name}: zeros written ahead");
-            assert!(m.blocks() * 512 >= room, "{name}: its blocks allocated");
-            let want = format!("{old}{add}");
-            assert_eq!(append_with(&path, ahead, add).unwrap(), want);
-            assert_eq!(fs::read_to_string(&path).unwrap(), want, "{name}");
-            assert!(leftovers(&dir).is_empty());
-        }
-        // Cut shorter than its room (the note was emptied meanwhile): no zeros left.
-        let path = note(&dir, "emptied.md", b"");
-        let mut ahead = TempFile::beside(dir.path(), &path).unwrap();
-        ahead.reserve(2 * block);
-        assert_eq!(append_with(&path, ahead, "r".into()).unwrap(), "r");
-        assert_eq!(fs::read(&path).unwrap(), b"r");
-        // Room never taken for another note, nor left behind.
-        let mut ahead = TempFile::beside(dir.path(), &path).unwrap();
-        ahead.reserve(10);
-        drop(ahead);
-        assert!(leftovers(&dir).is_empty());
     }
 
     /// The results write's hook (where it waits for its outcomes to be durable) runs once
