@@ -86,6 +86,23 @@ fn parse_and_render(c: &mut Criterion) {
     g.finish();
 }
 
+/// A lone search note as the load bench drops it (one call), and the one result the daemon
+/// appends to it on its way to Done: the render is on every note's path.
+fn lone_note(c: &mut Criterion) {
+    let text = "# n-1\n```json\n{\"tool_call\": {\"name\": \"search_web\", \"parameters\": {\"query\": \"lone 1\", \"num_results\": 3}}}\n```\n".to_string();
+    let parsed = parse_note(&text);
+    assert_eq!(parsed.calls.len(), 1);
+    let result = search_result(&parsed.calls[0].call_id, 1);
+    let blocks = [Block::Result(&result)];
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let mut g = c.benchmark_group("lone_note_1_call");
+    g.bench_function("parse", |b| b.iter(|| parse_note(black_box(&text))));
+    g.bench_function("render_1_result", |b| {
+        b.iter(|| append_blocks(black_box(&text), black_box(&blocks), "done", now))
+    });
+    g.finish();
+}
+
 fn call_id(c: &mut Criterion) {
     let call = json!({
         "name": "search_web",
@@ -134,5 +151,11 @@ fn schema_validation(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parse_and_render, call_id, schema_validation);
+criterion_group!(
+    benches,
+    parse_and_render,
+    lone_note,
+    call_id,
+    schema_validation
+);
 criterion_main!(benches);
