@@ -1,5 +1,5 @@
-//! Criterion micro-benches of the pure core: parsing and rendering a big note, call-id
-//! computation, schema validation of one call.
+//! Criterion micro-benches of the pure core: parsing and rendering a big note and a lone
+//! one, call-id computation, schema validation of one call.
 //!
 //! ```text
 //! cargo bench --bench core
