@@ -668,29 +668,27 @@ impl Daemon {
         Ok(f(&self.journal)?)
     }
 
-    /// Runs blocking file work on a note's path (its claim, its results write) off the async
-    /// workers, so a hung network or FUSE mount blocks none of them (and with them the
-    /// shutdown, §9.15). A note worked on alone runs it on this very thread
-    /// (`block_in_place`: the worker's other tasks go to another thread first), without the
-    /// hop to a pool thread and back: on an idle machine each hop wakes a sleeping thread, the
-    /// larger part of a note's time to Done (BENCHMARKS.md, issue 31). With other notes in
-    /// flight the pool's threads are awake and a hop is cheap, while handing the worker over
-    /// for every note costs throughput: there, and on a current-thread runtime (some tests),
+    /// Runs blocking file work on a note's path (its claim, its results write). A note worked
+    /// on alone runs it right here, on its async worker, when the runtime has another worker:
+    /// that one serves everything else meanwhile (the watcher's hints, the journal's answers,
+    /// a second note, which ends the note's being alone). Each hop to another thread wakes a
+    /// sleeping one on an idle machine, the larger part of a lone note's time to Done
+    /// (BENCHMARKS.md, issue 31): `block_in_place`, which runs the work here too but first
+    /// hands the worker's other tasks to a pool thread it wakes, cost 0.10 ms a note more
+    /// (twenty-sixth pass). A hung network or FUSE mount then holds this worker, as the look
+    /// at the note (read here too) already would; only this one (while the note is in flight
+    /// no other note is alone), so the signals and the shutdown (§9.15) are still served. A
+    /// task waiting in this worker's LIFO slot, which no other worker takes, is run first.
+    /// With a single worker (a one-CPU machine) the work hands the worker over first
+    /// (`block_in_place`). With other notes in flight the pool's
+    /// threads are awake and a hop is cheap, while keeping or handing over the worker for
+    /// every note costs throughput: there, and on a current-thread runtime (some tests),
     /// which cannot hand its tasks over, the pool.
     pub(crate) async fn on_this_thread<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> T {
-        use tokio::runtime::{Handle, RuntimeFlavor};
-        if self.note_slots.one_note()
-            && Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread
-        {
-            tokio::task::block_in_place(f)
-        } else {
-            tokio::task::spawn_blocking(f)
-                .await
-                .expect("blocking file work does not panic")
-        }
+        file_work(self.note_slots.one_note(), f).await
     }
 
     pub(crate) async fn blocking<T: Send + 'static>(
@@ -701,5 +699,70 @@ impl Daemon {
         Ok(tokio::task::spawn_blocking(move || f(&j))
             .await
             .expect("journal task does not panic")?)
+    }
+}
+
+/// [`Daemon::on_this_thread`]'s choice, for a note that is `alone` or not.
+async fn file_work<T: Send + 'static>(alone: bool, f: impl FnOnce() -> T + Send + 'static) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let runtime = Handle::current();
+    if !alone || runtime.runtime_flavor() != RuntimeFlavor::MultiThread {
+        return tokio::task::spawn_blocking(f)
+            .await
+            .expect("blocking file work does not panic");
+    }
+    if runtime.metrics().num_workers() >= 2 {
+        // A task this one woke or spawned last waits in this worker's LIFO slot, which the
+        // other worker cannot take: it runs first, not after the work (or never, on a hung
+        // file system).
+        tokio::task::yield_now().await;
+        f()
+    } else {
+        tokio::task::block_in_place(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// Whether the runtime still runs its other tasks (a timer's, here) while a lone note's
+    /// file work is stuck, as on a hung file system, for up to 10 s.
+    fn others_run_while_stuck(workers: usize) -> bool {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            tokio::spawn(async {
+                let (tx, rx) = std::sync::mpsc::channel();
+                // Fires only if some thread drives the timers and runs this task meanwhile.
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let _ = tx.send(());
+                });
+                super::file_work(true, move || {
+                    rx.recv_timeout(Duration::from_secs(10)).is_ok()
+                })
+                .await
+            })
+            .await
+            .unwrap()
+        })
+    }
+
+    /// With two workers, a lone note's file work runs on its own, and the other worker goes
+    /// on serving the daemon (its signals and shutdown among them, §9.15).
+    #[test]
+    fn a_lone_notes_stuck_file_work_leaves_the_other_worker_serving() {
+        assert!(others_run_while_stuck(2));
+    }
+
+    /// With a single worker (a one-CPU machine), the work hands the worker over first: done on
+    /// the worker itself, it would stop the whole daemon.
+    #[test]
+    fn with_one_worker_a_lone_notes_stuck_file_work_stops_nothing() {
+        assert!(others_run_while_stuck(1));
     }
 }
