@@ -486,9 +486,7 @@ impl Daemon {
             return self.storage_lost();
         }
         let reloading = reloads.map(|r| r.start(self));
-        let overflowed = watcher.as_ref().map(|w| w.overflowed.clone());
-        let mut tasks = self
-            .watch_on_a_worker(tasks, rx, overflowed, shutdown)
+        self.watch_until(&mut tasks, rx, watcher.as_ref(), shutdown)
             .await;
         drop(reloading);
         // Ask systemd for the grace period plus a margin, so a `shutdown_grace` above the
@@ -578,50 +576,12 @@ impl Daemon {
         }
     }
 
-    /// [`watch_until`](Self::watch_until) `shutdown`, as a task on an async worker: a hint
-    /// wakes that worker, and the note task it starts runs next on the same thread (its LIFO
-    /// slot), where from this thread (`block_on`'s) each note woke two, this one and then a
-    /// worker (BENCHMARKS.md, issue 31, twenty-sixth pass). `shutdown` is waited for here, so
-    /// it need not be `Send`; the start-up before stays here too, its stack not a worker's.
-    /// Gives the note tasks back for the drain.
-    async fn watch_on_a_worker(
-        self: &Arc<Self>,
-        tasks: JoinSet<()>,
-        rx: mpsc::Receiver<Hint>,
-        overflowed: Option<Arc<AtomicBool>>,
-        shutdown: Pin<&mut impl Future<Output = ()>>,
-    ) -> JoinSet<()> {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let me = self.clone();
-        let mut watching = tokio::spawn(async move {
-            let mut tasks = tasks;
-            let stopped = async move {
-                let _ = stopped.await;
-            };
-            tokio::pin!(stopped);
-            me.watch_until(&mut tasks, rx, overflowed, stopped).await;
-            tasks
-        });
-        let ended = tokio::select! {
-            _ = shutdown => {
-                let _ = stop.send(());
-                watching.await
-            }
-            ended = &mut watching => ended,
-        };
-        match ended {
-            Ok(tasks) => tasks,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => JoinSet::new(), // cancelled: the runtime is going down, and its tasks
-        }
-    }
-
     /// `run`: turns hints, rescans and queued notes into note tasks until shutdown.
     async fn watch_until(
         self: &Arc<Self>,
         tasks: &mut JoinSet<()>,
         mut rx: mpsc::Receiver<Hint>,
-        overflowed: Option<Arc<AtomicBool>>,
+        watcher: Option<&watch::WatchHandle>,
         mut shutdown: Pin<&mut impl Future<Output = ()>>,
     ) {
         let _ = sd_notify::notify(&[
@@ -664,8 +624,8 @@ impl Daemon {
                     }
                 }
             }
-            if let Some(flag) = &overflowed
-                && flag.swap(false, Ordering::SeqCst)
+            if let Some(w) = watcher
+                && w.overflowed.swap(false, Ordering::SeqCst)
             {
                 tracing::warn!("too many file events at once; scanning all folders");
                 self.scan_all(tasks);
