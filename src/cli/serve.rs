@@ -90,18 +90,99 @@ pub(super) fn exit_if_shutdown_hangs(grace: std::time::Duration, lock: PathBuf) 
     }
 }
 
-/// Resolves on SIGTERM or SIGINT. The handlers are installed now, inside the runtime, not on
-/// the first poll: the daemon polls this only from its main loop, and until then a SIGTERM
-/// (systemd stopping the unit during start-up) would kill the process instead of waiting.
+/// Resolves on SIGTERM or SIGINT. The handlers are installed now, not on the first poll: the
+/// daemon polls this only from its main loop, and until then a SIGTERM (systemd stopping the
+/// unit during start-up) would kill the process instead of waiting.
+///
+/// They are heard on a thread of their own, not by the async workers: tokio hears a signal
+/// only on a thread that drives its I/O, and a worker stuck in a read of a hung file system
+/// does not (the look at a note reads on its worker). With every worker so stuck, a signal
+/// heard by the workers would never start the drain or its backstop (§9.15). The handlers
+/// (through `signal-hook-registry`, which tokio's own go through too) write the signal's
+/// number to a socket the thread reads. Where that cannot be set up, the workers hear them,
+/// as before.
 pub(super) fn shutdown_signal() -> impl Future<Output = ()> {
+    let own = heard_on_own_thread();
+    let here = match &own {
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(
+                "cannot hear signals on a thread of their own, the async workers hear them: {e}"
+            );
+            Some(listen_here().expect("SIGTERM, SIGINT and SIGHUP handlers can be installed"))
+        }
+    };
+    async move {
+        match (own, here) {
+            (Ok(heard), _) => {
+                if heard.await.is_err() {
+                    // The thread ended without a signal (its socket failed).
+                    let here = listen_here().expect("signal handlers can be installed");
+                    here.await
+                }
+            }
+            (Err(_), Some(here)) => here.await,
+            (Err(_), None) => unreachable!("a thread that did not start leaves `here`"),
+        }
+    }
+}
+
+/// Installs the handlers and starts the `vaultd-signals` thread; what it returns resolves
+/// when SIGTERM or SIGINT came. SIGHUP is caught too (its default action would kill the daemon
+/// mid-call) and only acknowledged: `run` reloads on it with a handler of its own.
+fn heard_on_own_thread() -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+    use std::io::Read;
+    use std::os::fd::IntoRawFd;
+    let (mut numbers, write) = std::os::unix::net::UnixStream::pair()?;
+    // Never blocks in a handler: a full socket already holds a signal the thread will read.
+    write.set_nonblocking(true)?;
+    // Open for the process's life: a handler may run at any time.
+    let fd = write.into_raw_fd();
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        let number = signal as u8;
+        // SAFETY: the action only calls write(2), which is async-signal-safe, on a descriptor
+        // that is never closed.
+        unsafe {
+            signal_hook_registry::register(signal, move || {
+                libc::write(fd, (&raw const number).cast(), 1);
+            })
+        }?;
+    }
+    let (heard, hear) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("vaultd-signals".into())
+        .spawn(move || {
+            let mut number = [0u8; 1];
+            loop {
+                match numbers.read(&mut number) {
+                    Ok(1) if i32::from(number[0]) == libc::SIGTERM => {
+                        tracing::info!("SIGTERM: shutting down");
+                        break;
+                    }
+                    Ok(1) if i32::from(number[0]) == libc::SIGINT => {
+                        tracing::info!("SIGINT: shutting down");
+                        break;
+                    }
+                    Ok(1) => {} // SIGHUP
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Ok(_) | Err(_) => return, // `hear` then falls back to the workers
+                }
+            }
+            let _ = heard.send(());
+        })?;
+    Ok(hear)
+}
+
+/// SIGTERM, SIGINT and SIGHUP handlers on the current runtime; resolves on SIGTERM or SIGINT.
+fn listen_here() -> std::io::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler can be installed");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler can be installed");
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     // SIGHUP's default action would kill the daemon mid-call: caught from here on. `run`
     // reloads the config on it (daemon::reload, which has its own handler); here it is only
     // acknowledged.
-    let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler can be installed");
-    async move {
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(async move {
         loop {
             tokio::select! {
                 _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); return }
@@ -109,5 +190,54 @@ pub(super) fn shutdown_signal() -> impl Future<Output = ()> {
                 _ = hup.recv() => {}
             }
         }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// §9.15: SIGTERM is heard while every async worker is stuck, as in reads of a hung file
+    /// system. (No other test of this process listens for SIGTERM.)
+    #[test]
+    fn sigterm_is_heard_while_every_async_worker_is_stuck() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let signal = {
+            let _inside = runtime.enter();
+            super::shutdown_signal()
+        };
+        let (started, all_stuck) = mpsc::channel();
+        let releases: Vec<mpsc::Sender<()>> = (0..2)
+            .map(|_| {
+                let (release, stuck) = mpsc::channel::<()>();
+                let started = started.clone();
+                runtime.spawn(async move {
+                    let _ = started.send(());
+                    let _ = stuck.recv_timeout(Duration::from_secs(30));
+                });
+                release
+            })
+            .collect();
+        for _ in 0..2 {
+            all_stuck.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
+        let (heard, hear) = mpsc::channel();
+        let handle = runtime.handle().clone();
+        std::thread::spawn(move || {
+            handle.block_on(signal);
+            let _ = heard.send(());
+        });
+        // SAFETY: a signal to this process, whose SIGTERM handler tokio installed above.
+        assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGTERM) }, 0);
+        let in_time = hear.recv_timeout(Duration::from_secs(10)).is_ok();
+        for release in releases {
+            let _ = release.send(());
+        }
+        assert!(in_time, "SIGTERM not heard while the workers were stuck");
     }
 }
