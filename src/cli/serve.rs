@@ -102,27 +102,27 @@ pub(super) fn exit_if_shutdown_hangs(grace: std::time::Duration, lock: PathBuf) 
 /// number to a socket the thread reads. Where that cannot be set up, the workers hear them,
 /// as before.
 pub(super) fn shutdown_signal() -> impl Future<Output = ()> {
-    let own = heard_on_own_thread();
-    let here = match &own {
-        Ok(_) => None,
-        Err(e) => {
+    let heard = heard_on_own_thread()
+        .inspect_err(|e| {
             tracing::warn!(
                 "cannot hear signals on a thread of their own, the async workers hear them: {e}"
-            );
-            Some(listen_here().expect("SIGTERM, SIGINT and SIGHUP handlers can be installed"))
-        }
-    };
+            )
+        })
+        .ok();
+    let here = heard
+        .is_none()
+        .then(|| listen_here().expect("SIGTERM, SIGINT and SIGHUP handlers can be installed"));
     async move {
-        match (own, here) {
-            (Ok(heard), _) => {
+        match (heard, here) {
+            (Some(heard), _) => {
                 if heard.await.is_err() {
                     // The thread ended without a signal (its socket failed).
-                    let here = listen_here().expect("signal handlers can be installed");
-                    here.await
+                    listen_here()
+                        .expect("signal handlers can be installed")
+                        .await
                 }
             }
-            (Err(_), Some(here)) => here.await,
-            (Err(_), None) => unreachable!("a thread that did not start leaves `here`"),
+            (None, here) => here.expect("installed when no thread hears them").await,
         }
     }
 }
