@@ -264,7 +264,10 @@ impl Flusher {
         if !st.started {
             let spawned = std::thread::Builder::new()
                 .name("vaultd-fsync".into())
-                .spawn(move || self.run());
+                .spawn(move || {
+                    crate::background::this_thread();
+                    self.run()
+                });
             st.started = spawned.is_ok();
         }
         st.started

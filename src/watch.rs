@@ -26,6 +26,11 @@ pub enum Hint {
     Rescan,
 }
 
+thread_local! {
+    /// Whether this thread (notify's) has been put in the background.
+    static BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Keeps the OS watcher alive; dropping it stops watching.
 pub struct WatchHandle {
     _watcher: Arc<Mutex<Box<dyn Watcher + Send>>>,
@@ -55,6 +60,13 @@ pub fn start(
     let (new_folders, new_folders_rx) = std::sync::mpsc::channel::<PathBuf>();
     let daemon = tx.clone();
     let handler = move |res: notify::Result<Event>| {
+        // notify's thread runs this, and only this: put it in the background at its first
+        // event (it is notify's to spawn).
+        BACKGROUND.with(|done| {
+            if !done.replace(true) {
+                crate::background::this_thread();
+            }
+        });
         let hints = match res {
             Ok(event) => hints_for(event, poll),
             Err(e) => {
@@ -280,6 +292,37 @@ mod tests {
     fn overflow_asks_for_a_rescan() {
         let e = Event::new(EventKind::Other).set_flag(Flag::Rescan);
         assert_eq!(hints_for(e, false), vec![Hint::Rescan]);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_watchers_thread_runs_in_the_background() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        // `ignore` runs on notify's thread: it looks at that thread's policy.
+        let seen = Arc::new(Mutex::new(None));
+        let on_notify = seen.clone();
+        let _watching = start(
+            &[dir.path().to_path_buf()],
+            WatchMode::Events,
+            tx,
+            move |_: &Hint| {
+                // SAFETY: pthread_self has no preconditions.
+                let me = unsafe { libc::pthread_self() };
+                on_notify
+                    .lock()
+                    .unwrap()
+                    .get_or_insert(crate::background::is_background(me));
+                false
+            },
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("a.md"), "x").unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a hint for the new file")
+            .expect("the watcher is running");
+        assert_eq!(*seen.lock().unwrap(), Some(true));
     }
 
     #[test]

@@ -241,6 +241,7 @@ impl Writer {
             .spawn(move || {
                 write_groups(&conn, &queue, &path, &counter, &alone, &storage, room);
             })?;
+        crate::background::thread(&thread);
         Ok(Writer {
             jobs: Some(jobs),
             thread: Some(thread),
