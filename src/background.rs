@@ -1,14 +1,16 @@
-//! Threads that work behind a note, not on its way: the file watcher's, the journal's writer
-//! and the folder flusher. On Linux they run as `SCHED_BATCH`: the same share of the CPU as
-//! any thread (nice 0, no privilege needed), but a wake-up of theirs does not preempt the
-//! thread running (the kernel's fair scheduler gives batch threads no wake-up preemption);
-//! they run when it blocks or its slice ends, or at once on an idle core.
+//! Threads that work behind a note, not on its way: the file watcher's and the folder
+//! flusher. On Linux they run as `SCHED_BATCH`: the same share of the CPU as any thread (nice
+//! 0, no privilege needed), but a wake-up of theirs does not preempt the thread running (the
+//! kernel's fair scheduler gives batch threads no wake-up preemption); they run when it
+//! blocks or its slice ends, or at once on an idle core.
 //!
-//! A lone note's worker wakes each of them several times on its way (every open, link and
-//! rename in a watched folder wakes the watcher's thread; each record queued wakes the
-//! writer), and on a 2-core machine the woken thread often took the worker's core on the spot.
-//! Note by note, drop to Done, 3 runs of 2,000 lone search notes: 0.040 to 0.064 ms less
-//! (BENCHMARKS.md, twenty-seventh pass). Where the policy cannot be set, nothing changes.
+//! A lone note's worker wakes the watcher's thread several times on its way (every open, link
+//! and rename in a watched folder), and on a 2-core machine the woken thread often took the
+//! worker's core on the spot. Note by note, drop to Done, 2,000 lone search notes: 0.075 ms
+//! less (BENCHMARKS.md, twenty-seventh pass). The journal's writer is not one of them: a send
+//! waits for its commit, and under load a batch writer waits for a slice to end before it
+//! commits (sends per second were lower in 6 of 8 rounds on the bench machine's disk with it).
+//! Where the policy cannot be set, nothing changes.
 
 /// Puts the calling thread in the background (see the module's text).
 pub fn this_thread() {
@@ -16,20 +18,10 @@ pub fn this_thread() {
     set_batch(unsafe { libc::pthread_self() });
 }
 
-/// Puts `thread` in the background from the thread that spawned it, so that it is, before
-/// it runs its first line.
-pub fn thread<T>(thread: &std::thread::JoinHandle<T>) {
-    #[cfg(target_os = "linux")]
-    set_batch(std::os::unix::thread::JoinHandleExt::as_pthread_t(thread));
-    #[cfg(not(target_os = "linux"))]
-    let _ = thread;
-}
-
 #[cfg(target_os = "linux")]
 fn set_batch(thread: libc::pthread_t) {
     let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `thread` is a live thread of this process (the caller's, or one whose handle is
-    // held), and `param` outlives the call.
+    // SAFETY: `thread` is the calling thread, and `param` outlives the call.
     let rc = unsafe { libc::pthread_setschedparam(thread, libc::SCHED_BATCH, &param) };
     if rc != 0 {
         tracing::debug!(
@@ -52,20 +44,12 @@ pub(crate) fn is_background(thread: libc::pthread_t) -> bool {
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
-    use std::os::unix::thread::JoinHandleExt;
 
     #[test]
     fn a_thread_put_in_the_background_runs_as_a_batch_thread_and_others_do_not() {
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        let held = std::thread::spawn(move || wait.recv().ok());
-        assert!(!is_background(held.as_pthread_t()));
-        thread(&held);
-        assert!(is_background(held.as_pthread_t()));
-        go.send(()).unwrap();
-        held.join().unwrap();
-
         let own = std::thread::spawn(|| {
             this_thread();
+            // SAFETY: pthread_self has no preconditions.
             is_background(unsafe { libc::pthread_self() })
         });
         assert!(own.join().unwrap());

@@ -25,7 +25,7 @@
 //! - [`vault`]: folders, states, moves, ignore rules.
 //! - [`beneath`]: paths below the vault root resolved without following symlinks.
 //! - [`watch`]: filesystem events into a bounded channel.
-//! - [`background`]: the threads behind a note (watcher, journal writer, flusher) never preempt it.
+//! - [`background`]: the threads behind a note (the watcher's, the flusher) never preempt it.
 //! - [`runner`]: one call under permit, timeout, rate limit and policy.
 //! - [`results`]: results too big for a note, saved to `Tool_Results/`.
 //! - [`journal`]: the SQLite record of every claim, call and move.

@@ -996,25 +996,6 @@ mod tests {
         assert!(journal.open_runs().unwrap().is_empty());
     }
 
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn the_writer_thread_runs_in_the_background() {
-        let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::open(dir.path()).unwrap();
-        // SAFETY: pthread_self has no preconditions.
-        let on_the_writer = journal
-            .write(|_tx| {
-                Ok(crate::background::is_background(unsafe {
-                    libc::pthread_self()
-                }))
-            })
-            .unwrap();
-        assert!(on_the_writer, "the journal's writer is a background thread");
-        assert!(!crate::background::is_background(unsafe {
-            libc::pthread_self()
-        }));
-    }
-
     #[test]
     fn two_handles_on_one_file_write_and_read_concurrently() {
         let dir = tempfile::tempdir().unwrap();

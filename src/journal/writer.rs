@@ -241,7 +241,6 @@ impl Writer {
             .spawn(move || {
                 write_groups(&conn, &queue, &path, &counter, &alone, &storage, room);
             })?;
-        crate::background::thread(&thread);
         Ok(Writer {
             jobs: Some(jobs),
             thread: Some(thread),
