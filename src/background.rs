@@ -15,19 +15,17 @@
 /// Puts the calling thread in the background (see the module's text).
 pub fn this_thread() {
     #[cfg(target_os = "linux")]
-    set_batch(unsafe { libc::pthread_self() });
-}
-
-#[cfg(target_os = "linux")]
-fn set_batch(thread: libc::pthread_t) {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `thread` is the calling thread, and `param` outlives the call.
-    let rc = unsafe { libc::pthread_setschedparam(thread, libc::SCHED_BATCH, &param) };
-    if rc != 0 {
-        tracing::debug!(
-            "cannot make a background thread SCHED_BATCH: {}",
-            std::io::Error::from_raw_os_error(rc)
-        );
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pthread_self is the calling thread, and `param` outlives the call.
+        let rc =
+            unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_BATCH, &param) };
+        if rc != 0 {
+            tracing::debug!(
+                "cannot make a background thread SCHED_BATCH: {}",
+                std::io::Error::from_raw_os_error(rc)
+            );
+        }
     }
 }
 
@@ -36,7 +34,7 @@ fn set_batch(thread: libc::pthread_t) {
 pub(crate) fn is_background(thread: libc::pthread_t) -> bool {
     let mut policy = 0;
     let mut param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: as in `set_batch`; both out-pointers are valid.
+    // SAFETY: `thread` is a live thread of this process; both out-pointers are valid.
     let rc = unsafe { libc::pthread_getschedparam(thread, &mut policy, &mut param) };
     rc == 0 && policy == libc::SCHED_BATCH
 }

@@ -26,11 +26,6 @@ pub enum Hint {
     Rescan,
 }
 
-thread_local! {
-    /// Whether this thread (notify's) has been put in the background.
-    static BACKGROUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Keeps the OS watcher alive; dropping it stops watching.
 pub struct WatchHandle {
     _watcher: Arc<Mutex<Box<dyn Watcher + Send>>>,
@@ -59,14 +54,11 @@ pub fn start(
     // A new folder's hint waits until the folder is surely watched (see `watch_new_folders`).
     let (new_folders, new_folders_rx) = std::sync::mpsc::channel::<PathBuf>();
     let daemon = tx.clone();
+    // notify's thread runs the handler, and only it: put in the background at its first
+    // event (the thread is notify's to spawn).
+    let background = std::sync::Once::new();
     let handler = move |res: notify::Result<Event>| {
-        // notify's thread runs this, and only this: put it in the background at its first
-        // event (it is notify's to spawn).
-        BACKGROUND.with(|done| {
-            if !done.replace(true) {
-                crate::background::this_thread();
-            }
-        });
+        background.call_once(crate::background::this_thread);
         let hints = match res {
             Ok(event) => hints_for(event, poll),
             Err(e) => {
